@@ -1,0 +1,36 @@
+# Two entry points (see README): `make book` and `make test`. Each sets up everything it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test env lock clean
+
+env: $(STAMP)
+
+# The virtual environment, from the pinned lock file; the project itself is installed editable.
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+# The rendered book in _build/html, from the notebooks' stored outputs, MathJax served locally.
+book: $(STAMP)
+	bash tools/fetch_mathjax.sh
+	$(VENV)/bin/jupyter-book build --warningiserror --keep-going . 
+
+# The whole suite: unit and property tests, the rendered-book check, nbval on every notebook.
+test: book
+	bash tools/ensure_chromium.sh
+	$(PY) -m pytest --nbval -p no:cacheprovider
+
+# Re-pin every package after changing pyproject.toml's pins.
+lock: $(STAMP)
+	{ echo "# Every package of the test-and-book environment, pinned (pip freeze of .venv)."; \
+	  echo "# Regenerate with: make lock"; \
+	  $(PY) -m pip freeze --exclude-editable; } > requirements.lock
+
+clean:
+	rm -rf _build _mathjax

@@ -1,0 +1,167 @@
+"""Typed RoPE configuration, read from a Hugging Face style ``rope_parameters`` mapping.
+
+Hugging Face keeps RoPE settings in a plain dict (``config.rope_parameters``, formerly
+``config.rope_scaling``). :func:`parse_config` turns such a mapping into a frozen
+:class:`RopeConfig`, checking types and ranges once, so the frequency functions in
+:mod:`rope.frequencies` can be pure functions of typed values.
+
+Keys read (all others are ignored, as transformers does):
+
+=================================  ====================================================
+``rope_type`` (or legacy ``type``) ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
+                                   ``longrope``, ``llama3``; missing means ``default``
+``rope_theta``                     the base b of theta_i = b^(-2i/d); default 10000
+``factor``                         the context-extension factor s (>= 1)
+``max_position_embeddings``        the model's context length (``dynamic``; fallbacks)
+``original_max_position_embeddings``  the pre-training context length L
+``partial_rotary_factor``          fraction of the head dimension that rotates
+yarn: ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``
+longrope: ``short_factor``, ``long_factor``, ``attention_factor``
+llama3: ``low_freq_factor``, ``high_freq_factor``
+=================================  ====================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
+
+DEFAULT_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """A validated RoPE configuration. ``None`` means "not given"."""
+
+    rope_type: str = "default"
+    rope_theta: float = DEFAULT_THETA
+    factor: float | None = None
+    max_position_embeddings: int | None = None
+    original_max_position_embeddings: int | None = None
+    partial_rotary_factor: float = 1.0
+    # yarn
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+    # yarn and longrope
+    attention_factor: float | None = None
+    # longrope
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    # llama3
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        dim = int(head_dim * self.partial_rotary_factor)
+        if dim < 2 or dim % 2:
+            raise ValueError(
+                f"the rotary dimension int(head_dim * partial_rotary_factor) = "
+                f"int({head_dim} * {self.partial_rotary_factor}) = {dim} must be even and >= 2"
+            )
+        return dim
+
+    def require(self, key: str) -> Any:
+        """The value of ``key``, or a ValueError saying that this rope_type needs it."""
+        value = getattr(self, key)
+        if value is None:
+            raise ValueError(f"rope_type {self.rope_type!r} needs the config key {key!r}")
+        return value
+
+    def original_length(self) -> int:
+        """L, the pre-training context: ``original_max_position_embeddings``, else
+        ``max_position_embeddings`` (transformers' ``standardize_rope_params`` does the same)."""
+        if self.original_max_position_embeddings is not None:
+            return self.original_max_position_embeddings
+        if self.max_position_embeddings is not None:
+            return self.max_position_embeddings
+        raise ValueError(
+            f"rope_type {self.rope_type!r} needs the config key 'original_max_position_embeddings' "
+            "(or 'max_position_embeddings')"
+        )
+
+    def extension_factor(self) -> float:
+        """s: ``factor``, else max_position_embeddings / original_max_position_embeddings."""
+        if self.factor is not None:
+            return self.factor
+        if self.max_position_embeddings is not None and self.original_max_position_embeddings is not None:
+            return self.max_position_embeddings / self.original_max_position_embeddings
+        raise ValueError(
+            f"rope_type {self.rope_type!r} needs the config key 'factor' (or both "
+            "'max_position_embeddings' and 'original_max_position_embeddings')"
+        )
+
+
+def _number(key: str, value: Any, *, positive: bool = False, at_least: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"config key {key!r} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"config key {key!r} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"config key {key!r} must be > 0, got {value}")
+    if at_least is not None and value < at_least:
+        raise ValueError(f"config key {key!r} must be >= {at_least}, got {value}")
+    return value
+
+
+def _length(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"config key {key!r} must be a positive int, got {value!r}")
+    return value
+
+
+def _factors(key: str, value: Any) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"config key {key!r} must be a list of numbers, got {value!r}")
+    return tuple(_number(key, v, positive=True) for v in value)
+
+
+def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
+    """Validate a ``rope_parameters`` mapping and return a :class:`RopeConfig`."""
+    if isinstance(config, RopeConfig):
+        return config
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping such as rope_parameters, got {type(config).__name__}")
+    get = {k: v for k, v in config.items() if v is not None}.get
+
+    rope_type = get("rope_type", get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {', '.join(ROPE_TYPES)}")
+
+    fields: dict[str, Any] = {"rope_type": rope_type}
+    if get("rope_theta") is not None:
+        fields["rope_theta"] = _number("rope_theta", get("rope_theta"), positive=True)
+        if fields["rope_theta"] <= 1:
+            raise ValueError(f"config key 'rope_theta' must be > 1, got {fields['rope_theta']}")
+    if get("factor") is not None:
+        fields["factor"] = _number("factor", get("factor"), at_least=1.0)
+    for key in ("max_position_embeddings", "original_max_position_embeddings"):
+        if get(key) is not None:
+            fields[key] = _length(key, get(key))
+    if get("partial_rotary_factor") is not None:
+        prf = _number("partial_rotary_factor", get("partial_rotary_factor"), positive=True)
+        if prf > 1:
+            raise ValueError(f"config key 'partial_rotary_factor' must be in (0, 1], got {prf}")
+        fields["partial_rotary_factor"] = prf
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
+        if get(key) is not None:
+            fields[key] = _number(key, get(key))
+    if get("attention_factor") is not None:
+        fields["attention_factor"] = _number("attention_factor", get("attention_factor"), positive=True)
+    if get("truncate") is not None:
+        if not isinstance(get("truncate"), bool):
+            raise TypeError(f"config key 'truncate' must be a bool, got {get('truncate')!r}")
+        fields["truncate"] = get("truncate")
+    for key in ("short_factor", "long_factor"):
+        if get(key) is not None:
+            fields[key] = _factors(key, get(key))
+    return RopeConfig(**fields)

@@ -1,0 +1,128 @@
+"""Drop-in pieces for Hugging Face transformers models (Llama-style ``rotate_half`` code).
+
+* :class:`RotaryEmbedding` replaces a model's ``rotary_emb`` module: ``forward(x, position_ids)``
+  returns ``(cos, sin)`` of shape ``[batch, seq, rotary_dim]`` in ``x.dtype``, already multiplied by
+  the attention factor, exactly the contract of transformers' ``LlamaRotaryEmbedding``. Angles,
+  cos and sin are computed in float64 and rounded once (transformers rounds the angle to float32
+  first, which costs accuracy at long positions).
+* :func:`apply_rotary_pos_emb` has the signature and result of transformers' function, computes in
+  float32 or better, and also handles partial rotary (cos narrower than the head).
+* :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model.
+
+``dynamic`` and ``longrope`` pick their frequencies from the current length
+``max(position_ids) + 1`` at every call; transformers instead keeps the largest ``dynamic`` base it
+has seen until the length falls back below the original context. Both agree on any single forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .apply import rotation_angles
+from .config import parse_config
+from .frequencies import inv_freq
+
+_SEQ_DEPENDENT = ("dynamic", "longrope")
+
+
+def rope_parameters_from_config(config: Any) -> dict[str, Any]:
+    """The ``rope_parameters`` mapping of a transformers config object, with the top-level keys
+    transformers folds in (``rope_theta``, ``partial_rotary_factor``, ``max_position_embeddings``,
+    and a top-level ``original_max_position_embeddings``, which takes priority as in Phi-3)."""
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    for key in ("rope_theta", "partial_rotary_factor", "max_position_embeddings"):
+        if params.get(key) is None and getattr(config, key, None) is not None:
+            params[key] = getattr(config, key)
+    if getattr(config, "original_max_position_embeddings", None) is not None:
+        params["original_max_position_embeddings"] = config.original_max_position_embeddings
+    return params
+
+
+def head_dim_of(config: Any) -> int:
+    """``config.head_dim``, else ``hidden_size // num_attention_heads``."""
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        try:
+            head_dim = config.hidden_size // config.num_attention_heads
+        except AttributeError as err:
+            raise ValueError("config needs head_dim or hidden_size and num_attention_heads") from err
+    return head_dim
+
+
+class RotaryEmbedding(nn.Module):
+    """``(cos, sin)`` tables for ``rotate_half`` models, from a transformers config or explicit
+    ``rope_parameters`` and ``head_dim``."""
+
+    def __init__(self, config: Any = None, *, rope_parameters: dict | None = None, head_dim: int | None = None):
+        super().__init__()
+        if config is not None:
+            rope_parameters = rope_parameters_from_config(config)
+            head_dim = head_dim_of(config) if head_dim is None else head_dim
+        if rope_parameters is None or head_dim is None:
+            raise ValueError("RotaryEmbedding needs a config, or both rope_parameters and head_dim")
+        self.rope_config = parse_config(rope_parameters)
+        self.head_dim = head_dim
+        theta, self.attention_scaling = inv_freq(self.rope_config, head_dim)
+        self.register_buffer("inv_freq", theta, persistent=False)
+
+    def frequencies(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """``(inv_freq, attention_factor)`` for this call's positions."""
+        if self.rope_config.rope_type not in _SEQ_DEPENDENT:
+            return self.inv_freq, self.attention_scaling
+        theta, attention = inv_freq(self.rope_config, self.head_dim, seq_len=int(position_ids.max()) + 1)
+        return theta.to(position_ids.device), attention
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if position_ids.dtype.is_floating_point:
+            raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+        theta, attention = self.frequencies(position_ids)
+        angles = rotation_angles(position_ids, theta.to(position_ids.device))
+        angles = torch.cat((angles, angles), dim=-1)
+        cos = torch.cos(angles) * attention
+        sin = torch.sin(angles) * attention
+        return cos.to(dtype=x.dtype, device=x.device), sin.to(dtype=x.dtype, device=x.device)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
+    """transformers-compatible: ``q * cos + rotate_half(q) * sin`` on the first ``cos.shape[-1]``
+    coordinates (the rest pass through), in float32 or better, rounded once to q's dtype.
+    ``position_ids`` is accepted for the older signature and ignored."""
+    rotary_dim = cos.shape[-1]
+    if sin.shape != cos.shape:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    if rotary_dim % 2 or rotary_dim > q.shape[-1] or rotary_dim > k.shape[-1]:
+        raise ValueError(f"cos has width {rotary_dim}; expected an even width <= head_dim {q.shape[-1]}")
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def rotate(x):
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        head, tail = x[..., :rotary_dim].to(dtype), x[..., rotary_dim:]
+        y = head * cos.to(dtype) + rotate_half(head) * sin.to(dtype)
+        return torch.cat((y.to(x.dtype), tail), dim=-1)
+
+    return rotate(q), rotate(k)
+
+
+def install(model: nn.Module) -> int:
+    """Replace every ``rotary_emb`` submodule of a transformers model by :class:`RotaryEmbedding`
+    built from the model's config; returns how many were replaced."""
+    replaced = 0
+    for module in list(model.modules()):
+        old = getattr(module, "rotary_emb", None)
+        if isinstance(old, nn.Module) and not isinstance(old, RotaryEmbedding):
+            config = getattr(old, "config", None) or model.config
+            new = RotaryEmbedding(config)
+            device = old.inv_freq.device if hasattr(old, "inv_freq") else None
+            module.rotary_emb = new.to(device) if device is not None else new
+            replaced += 1
+    return replaced

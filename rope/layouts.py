@@ -1,0 +1,65 @@
+"""The two ways a head's coordinates are paired for rotation, and conversion between them.
+
+RoPE rotates d/2 coordinate pairs (x_a, x_b) of the first d = rotary_dim coordinates by angle
+m * theta_i. Which coordinates form pair i is the layout:
+
+* ``"half"`` (GPT-NeoX, Llama in Hugging Face, ``rotate_half``): pair i is (i, i + d/2);
+* ``"interleaved"`` (GPT-J, the RoFormer paper, Meta's original Llama code): pair i is (2i, 2i+1).
+
+Both are the same rotation up to a fixed permutation P of the coordinates: R_half = P R_int P^T.
+Since scores are q^T R_m^T R_n k, permuting the rows of W_q and W_k by P turns a checkpoint
+trained in one layout into one that gives identical attention scores in the other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LAYOUTS = ("half", "interleaved")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+
+
+def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (a_i, b_i) of the two coordinates of pair i, i = 0 .. rotary_dim/2 - 1."""
+    check_layout(layout)
+    half = rotary_dim // 2
+    if layout == "half":
+        return torch.arange(half), torch.arange(half, rotary_dim)
+    return torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)
+
+
+def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
+    """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..), tail fixed."""
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+    a, b = pair_indices(rotary_dim, "interleaved")
+    return torch.cat([a, b, torch.arange(rotary_dim, head_dim)])
+
+
+def half_to_interleaved(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
+    """The inverse of :func:`interleaved_to_half`."""
+    return torch.argsort(interleaved_to_half(head_dim, rotary_dim))
+
+
+def permute_qk_weight(
+    weight: torch.Tensor, num_heads: int, head_dim: int, *, to: str, rotary_dim: int | None = None
+) -> torch.Tensor:
+    """Reorder the output rows of a q or k projection (weight ``[num_heads * head_dim, in]`` or a
+    bias ``[num_heads * head_dim]``) so that a model written for one layout runs in the other.
+
+    ``to="half"`` converts an interleaved checkpoint (Meta's Llama, GPT-J) for ``rotate_half`` code
+    (this is what transformers' Llama conversion script does); ``to="interleaved"`` goes back.
+    """
+    check_layout(to)
+    if weight.shape[0] != num_heads * head_dim:
+        raise ValueError(
+            f"weight has {weight.shape[0]} output rows, expected num_heads * head_dim = {num_heads * head_dim}"
+        )
+    perm = interleaved_to_half(head_dim, rotary_dim) if to == "half" else half_to_interleaved(head_dim, rotary_dim)
+    rows = weight.reshape(num_heads, head_dim, *weight.shape[1:])
+    return rows[:, perm.to(weight.device)].reshape(weight.shape)

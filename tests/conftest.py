@@ -1,0 +1,11 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("ci", parent=settings.get_profile("default"), print_blob=True)
+# A long local hunt: HYPOTHESIS_PROFILE=thorough make test
+settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default"))

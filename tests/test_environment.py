@@ -1,0 +1,43 @@
+"""The three places that name dependencies agree: pyproject.toml, environment.yml, requirements.lock."""
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pyproject_requirements() -> dict[str, Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return {Requirement(r).name.lower(): Requirement(r) for r in listed}
+
+
+def test_environment_yml_names_the_pyproject_dependencies():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    conda = {Requirement(r).name.lower(): Requirement(r) for r in pip_section if not r.startswith("-e")}
+    ours = pyproject_requirements()
+    assert set(conda) == set(ours), f"only in environment.yml: {set(conda) - set(ours)}; only in pyproject: {set(ours) - set(conda)}"
+    for name, requirement in ours.items():
+        assert conda[name].specifier == requirement.specifier, f"{name}: {conda[name]} vs {requirement}"
+
+
+def test_lock_file_satisfies_pyproject():
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[Requirement(name).name.lower().replace("_", "-")] = version.split("+")[0]
+    for name, requirement in pyproject_requirements().items():
+        assert name in pins, f"{name} is missing from requirements.lock (run `make lock`)"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"lock pins {name}=={pins[name]}, pyproject wants {requirement}"
+
+
+def test_import_rope_needs_neither_triton_nor_transformers():
+    code = "import sys, rope; bad = {'triton', 'transformers'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)

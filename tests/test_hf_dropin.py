@@ -1,0 +1,105 @@
+"""rope's drop-in pieces inside a real transformers Llama: same logits as transformers' own RoPE."""
+
+import pytest
+import torch
+
+import rope
+
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+HEAD_DIM, MAX_POSITIONS = 16, 32
+ROPE_PARAMETERS = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 3.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0, "original_max_position_embeddings": 8},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 16,
+        "short_factor": [1.0 + 0.1 * i for i in range(HEAD_DIM // 2)],
+        "long_factor": [2.0 + 0.5 * i for i in range(HEAD_DIM // 2)],
+    },
+}
+
+
+def tiny_llama(rope_parameters: dict, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=4 * HEAD_DIM,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_parameters=dict(rope_parameters),
+        initializer_range=0.2,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("name", list(ROPE_PARAMETERS))
+def test_same_logits_with_rope_swapped_in(name, monkeypatch):
+    model = tiny_llama(ROPE_PARAMETERS[name], seed=len(name))
+    gen = torch.Generator().manual_seed(100 + len(name))
+    # 40 tokens: past max_position_embeddings (dynamic grows its base) and the original lengths.
+    tokens = torch.randint(0, 97, (2, 40), generator=gen)
+    with torch.no_grad():
+        expected = model(tokens).logits
+        assert rope.hf.install(model) == 1
+        monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb)
+        got = model(tokens).logits
+    assert isinstance(model.model.rotary_emb, rope.hf.RotaryEmbedding)
+    assert got.abs().max() > 0.1  # the comparison is not between near-zero logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", list(ROPE_PARAMETERS))
+def test_cos_sin_match_transformers_within_its_float32_angle_error(name):
+    model = tiny_llama(ROPE_PARAMETERS[name], seed=1)
+    gen = torch.Generator().manual_seed(len(name))
+    position_ids = torch.randint(0, 4096, (2, 24), generator=gen)
+    x = torch.randn(2, 24, 8)
+    theirs = modeling_llama.LlamaRotaryEmbedding(model.config)(x, position_ids)
+    ours = rope.hf.RotaryEmbedding(model.config)(x, position_ids)
+    # transformers rounds the angle m * theta_i (at most 4096) to float32 before cos/sin.
+    attention = rope.hf.RotaryEmbedding(model.config).frequencies(position_ids)[1]
+    bound = attention * (4096 * 2.0**-24 + 2.0**-23)
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert (a - b).abs().max() <= bound
+
+
+def test_apply_rotary_pos_emb_equals_apply_rotary():
+    """The transformers-shaped function and rope.apply_rotary agree (q as [batch, heads, seq, dim])."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 6, 32, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 2, 6, 32, generator=gen, dtype=torch.float64)
+    position_ids = torch.randint(0, 10**5, (2, 6), generator=gen)
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5}
+    embedding = rope.hf.RotaryEmbedding(rope_parameters=params, head_dim=32)
+    cos, sin = embedding(q, position_ids)
+    q_hf, k_hf = rope.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    theta, attention = rope.inv_freq(params, 32)
+    q_ref, k_ref = rope.apply_rotary(
+        q.transpose(1, 2), k.transpose(1, 2), position_ids, theta, attention_factor=attention
+    )
+    torch.testing.assert_close(q_hf, q_ref.transpose(1, 2), rtol=0, atol=1e-12)
+    torch.testing.assert_close(k_hf, k_ref.transpose(1, 2), rtol=0, atol=1e-12)
+
+
+def test_rotary_embedding_needs_a_config():
+    with pytest.raises(ValueError, match="needs a config, or both rope_parameters and head_dim"):
+        rope.hf.RotaryEmbedding(rope_parameters={"rope_type": "default"})
