@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML_DIR = ROOT / "_build" / "html"
-CHAPTER = "notebooks/01_rope_2d.html"
+CHAPTER = "notebooks/03_rope_2d.html"
 INTRO = "book/intro.html"
 PAGES = [CHAPTER, INTRO]
 
