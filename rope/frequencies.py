@@ -26,19 +26,19 @@ def _exponents(dim: int) -> torch.Tensor:
     return torch.arange(0, dim, 2, dtype=torch.float64) / dim
 
 
-def _theta(base: float, dim: int) -> torch.Tensor:
+def default_theta(base: float, dim: int) -> torch.Tensor:
     """theta_i = base^(-2i/d), float64."""
     return base ** -_exponents(dim)
 
 
 def _default(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """theta_i = b^(-2i/d) (RoFormer eq. 15)."""
-    return _theta(cfg.rope_theta, dim), 1.0
+    return default_theta(cfg.rope_theta, dim), 1.0
 
 
 def _linear(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """Position interpolation (Chen et al. 2023): positions divided by s, i.e. theta_i / s."""
-    return _theta(cfg.rope_theta, dim) / cfg.require("factor"), 1.0
+    return default_theta(cfg.rope_theta, dim) / cfg.require("factor"), 1.0
 
 
 def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -48,7 +48,7 @@ def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     (interpolated by s) while theta_0 = 1 is unchanged (extrapolated).
     """
     s = cfg.require("factor")
-    return _theta(cfg.rope_theta * s ** (dim / (dim - 2)), dim), 1.0
+    return default_theta(cfg.rope_theta * s ** (dim / (dim - 2)), dim), 1.0
 
 
 def _dynamic(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -60,7 +60,7 @@ def _dynamic(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     length = cfg.require("max_position_embeddings")
     current = length if seq_len is None else max(seq_len, length)
     base = cfg.rope_theta * (s * current / length - (s - 1)) ** (dim / (dim - 2))
-    return _theta(base, dim), 1.0
+    return default_theta(base, dim), 1.0
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -98,7 +98,7 @@ def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-    theta = _theta(base, dim)
+    theta = default_theta(base, dim)
     return theta / s * ramp + theta * (1 - ramp), float(attention)
 
 
@@ -117,7 +117,7 @@ def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
         attention = cfg.attention_factor
     else:
         attention = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(length))
-    return _theta(cfg.rope_theta, dim) / torch.tensor(factors, dtype=torch.float64), float(attention)
+    return default_theta(cfg.rope_theta, dim) / torch.tensor(factors, dtype=torch.float64), float(attention)
 
 
 def _llama3(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -130,7 +130,7 @@ def _llama3(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     if not high > low > 0:
         raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high} and {low}")
     length = cfg.original_length()
-    theta = _theta(cfg.rope_theta, dim)
+    theta = default_theta(cfg.rope_theta, dim)
     wavelength = 2 * math.pi / theta
     smooth = ((length / wavelength - low) / (high - low)).clamp(0, 1)
     return (1 - smooth) * theta / s + smooth * theta, 1.0

@@ -22,9 +22,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML_DIR = ROOT / "_build" / "html"
-CHAPTER = "notebooks/03_rope_2d.html"
 INTRO = "book/intro.html"
-PAGES = [CHAPTER, INTRO]
+
+
+def _toc_chapters() -> list[str]:
+    """Every chapter listed in _toc.yml, as its built page."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [chapter["file"] + ".html" for part in toc["parts"] for chapter in part["chapters"]]
+
+
+CHAPTERS = _toc_chapters()
+PAGES = [INTRO, *CHAPTERS]
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -161,7 +171,7 @@ def dump_dom(chromium, tmp_path_factory):
 
 
 def test_no_page_fetches_anything_remote():
-    _page(CHAPTER)
+    _page(INTRO)
     offenders = []
     for page in sorted(HTML_DIR.rglob("*.html")):
         for tag, attr, url in _parse(page.read_text(encoding="utf-8")).assets:
@@ -186,12 +196,13 @@ def test_local_assets_exist(rel):
     assert mathjax, f"{rel} has no MathJax script tag"
 
 
-def test_chapter_images_are_decodable_files():
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_images_are_decodable_files(chapter):
     from PIL import Image  # matplotlib depends on Pillow
 
-    page = _page(CHAPTER)
+    page = _page(chapter)
     images = _parse(page.read_text(encoding="utf-8")).images
-    assert images, f"{CHAPTER} has no <img> at all"
+    assert images, f"{chapter} has no <img> at all"
     for src in images:
         assert not _is_remote(src), f"remote image {src}"
         if src.startswith("data:"):
@@ -253,7 +264,8 @@ _IMAGE_PROBE = """
 """
 
 
-def test_chapter_images_load_in_browser(dump_dom, tmp_path):
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_images_load_in_browser(chapter, dump_dom, tmp_path):
     """Every <img> of the chapter decodes in Chromium (naturalWidth > 0).
 
     A static page cannot report its images' load state through --dump-dom, so the test opens a
@@ -261,7 +273,7 @@ def test_chapter_images_load_in_browser(dump_dom, tmp_path):
     resolves as on the original) with a small script appended that records, for each image,
     whether the browser decoded it.
     """
-    page = _page(CHAPTER)
+    page = _page(chapter)
     source = page.read_text(encoding="utf-8")
     base = f'<base href="{page.parent.resolve().as_uri()}/">'
     probed, n = re.subn(r"(<head\b[^>]*>)", lambda m: m.group(1) + base, source, count=1)
@@ -276,6 +288,6 @@ def test_chapter_images_load_in_browser(dump_dom, tmp_path):
     found = re.search(r'<pre id="rope-image-report"[^>]*>(.*?)</pre>', dom, re.S)
     assert found, "the image probe did not report (page scripts did not finish in time?)"
     report = json.loads(html.unescape(found.group(1)))
-    assert report, f"{CHAPTER} has no <img> at all"
+    assert report, f"{chapter} has no <img> at all"
     broken = [r for r in report if not (r["decoded"] and r["complete"] and r["naturalWidth"] > 0)]
-    assert not broken, f"images that did not load on {CHAPTER}: {broken}"
+    assert not broken, f"images that did not load on {chapter}: {broken}"

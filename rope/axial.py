@@ -1,0 +1,145 @@
+"""RoPE for two-dimensional positions (image patches at column x, row y).
+
+The relative property in 2D asks R_{(x_m, y_m)}^T R_{(x_n, y_n)} = R_{(x_n - x_m, y_n - y_m)}.
+R_{(x, y)} = exp(x B_x + y B_y) satisfies it when B_x, B_y are skew-symmetric and commute
+(Su Jianlin, "Transformer upgrade path 4: rotary position embedding for 2D positions").
+Commuting skew-symmetric matrices are block diagonal in one common basis, so pair i of the
+head rotates by one angle that is linear in the position:
+
+* axial (RoPE-Axial): pair i rotates by x * theta_x,i for the first ``len(inv_freq_x)`` pairs
+  and by y * theta_y,j for the next ``len(inv_freq_y)`` pairs; for d = 4,
+  R_{(x, y)} = blockdiag(R(x theta), R(y theta));
+* mixed (RoPE-Mixed, Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024):
+  every pair i rotates by x * theta_x,i + y * theta_y,i.
+
+"Pair i" is the pair of :func:`rope.layouts.pair_indices`: (i, i + d/2) in the ``"half"``
+layout, (2i, 2i + 1) in the ``"interleaved"`` layout, so the axial split is by pair index,
+not by coordinate: in the half layout the x pairs are coordinates 0..d/4-1 with d/2..3d/4-1.
+This keeps :func:`rope.permute_qk_weight` valid between the two layouts. Angles, cos, sin
+and products are float64, rounded once to the input dtype, as in :func:`rope.apply_rotary`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .apply import check_inputs, rotate_pairs, rotation_angles
+from .frequencies import inv_freq
+from .layouts import check_layout
+
+
+def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inv_freq_x, inv_freq_y)``, each theta_j = base^(-4j/head_dim), j = 0 .. head_dim/4 - 1.
+
+    Each axis gets the 1D RoPE frequencies of a head of width head_dim/2 (float32, as
+    :func:`rope.inv_freq`). RoPE-Axial in Heo et al. (2024) uses base 100 for ViT grids.
+    """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
+        raise ValueError(f"head_dim must be a positive multiple of 4 (two axes, pairs), got {head_dim!r}")
+    theta, _ = inv_freq({"rope_theta": base}, head_dim // 2)
+    return theta, theta.clone()
+
+
+def mixed_inv_freq(head_dim: int, *, base: float = 10.0, angle: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE-Mixed initial frequencies ``(inv_freq_x, inv_freq_y)``, head_dim/2 entries each.
+
+    With magnitudes r_j = base^(-4j/head_dim) (j < head_dim/4) and direction angle phi
+    (Heo et al. 2024, one random phi per head, then learned), pair j rotates along
+    r_j (cos phi, sin phi) and pair head_dim/4 + j along r_j (-sin phi, cos phi), the
+    perpendicular direction. phi = 0 gives the axial frequencies exactly.
+    """
+    if isinstance(angle, bool) or not isinstance(angle, (int, float)) or not math.isfinite(angle):
+        raise ValueError(f"angle must be a finite number (radians), got {angle!r}")
+    magnitude, _ = axial_inv_freq(head_dim, base=base)
+    magnitude = magnitude.to(torch.float64)
+    cos, sin = math.cos(angle), math.sin(angle)
+    inv_freq_x = torch.cat([magnitude * cos, -magnitude * sin])
+    inv_freq_y = torch.cat([magnitude * sin, magnitude * cos])
+    return inv_freq_x.to(torch.float32), inv_freq_y.to(torch.float32)
+
+
+def _check_positions_xy(q: torch.Tensor, positions_xy) -> None:
+    if not isinstance(positions_xy, torch.Tensor):
+        raise TypeError(f"positions_xy must be a torch.Tensor, got {type(positions_xy).__name__}")
+    if positions_xy.dtype.is_floating_point or positions_xy.dtype.is_complex or positions_xy.dtype == torch.bool:
+        raise TypeError(f"positions_xy must be an integer tensor, got {positions_xy.dtype}")
+    if isinstance(q, torch.Tensor) and q.dim() == 4:
+        batch, seq = q.shape[0], q.shape[1]
+        if tuple(positions_xy.shape) not in ((seq, 2), (batch, seq, 2)):
+            raise ValueError(
+                f"positions_xy must have shape [seq, 2] = [{seq}, 2] or [batch, seq, 2] = [{batch}, {seq}, 2] "
+                f"(last axis: x, y), got {tuple(positions_xy.shape)}"
+            )
+
+
+def _check_frequencies(inv_freq_x, inv_freq_y, mixed: bool) -> torch.Tensor:
+    """The frequencies side by side (validated); mixed needs one (x, y) pair per rotated pair."""
+    for name, t in (("inv_freq_x", inv_freq_x), ("inv_freq_y", inv_freq_y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1 or not t.dtype.is_floating_point:
+            raise ValueError(f"{name} must be a 1-D float tensor, got {t.dtype} {tuple(t.shape)}")
+    if mixed and inv_freq_x.shape != inv_freq_y.shape:
+        raise ValueError(
+            f"mixed=True needs inv_freq_x and inv_freq_y of equal length (one x and one y frequency per pair), "
+            f"got {inv_freq_x.shape[0]} and {inv_freq_y.shape[0]}"
+        )
+    if not mixed and (inv_freq_x.numel() == 0 or inv_freq_y.numel() == 0):
+        raise ValueError("axial RoPE needs at least one frequency per axis in inv_freq_x and inv_freq_y")
+    return inv_freq_x if mixed else torch.cat([inv_freq_x, inv_freq_y.to(inv_freq_x.device)])
+
+
+def pair_angles(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *, mixed: bool = False) -> torch.Tensor:
+    """The float64 angle of every rotated pair, shape ``positions_xy.shape[:-1] + (pairs,)``.
+
+    axial: (x theta_x,0, ..., x theta_x,a-1, y theta_y,0, ..., y theta_y,b-1);
+    mixed: x theta_x,i + y theta_y,i.
+    """
+    x_angles = rotation_angles(positions_xy[..., 0], inv_freq_x)
+    y_angles = rotation_angles(positions_xy[..., 1], inv_freq_y)
+    return x_angles + y_angles if mixed else torch.cat([x_angles, y_angles], dim=-1)
+
+
+def apply_rotary_2d(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions_xy: torch.Tensor,
+    inv_freq_x: torch.Tensor,
+    inv_freq_y: torch.Tensor,
+    *,
+    layout: str = "half",
+    mixed: bool = False,
+    conjugate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys by their 2D positions.
+
+    Args:
+        q: ``[batch, seq, heads_q, head_dim]``.
+        k: ``[batch, seq, heads_k, head_dim]`` (heads_k may differ: GQA, MQA).
+        positions_xy: integer ``[seq, 2]`` or ``[batch, seq, 2]``; ``[..., 0]`` is x, ``[..., 1]`` is y.
+        inv_freq_x, inv_freq_y: 1-D frequencies. Axial: pairs 0 .. a-1 rotate by x * inv_freq_x
+            (a = len(inv_freq_x)), pairs a .. a+b-1 by y * inv_freq_y; rotated width 2(a + b).
+            Mixed: equal lengths p, pair i rotates by x * inv_freq_x[i] + y * inv_freq_y[i];
+            rotated width 2p. Coordinates past the rotated width pass through.
+        layout: ``"half"`` or ``"interleaved"`` (which coordinates form pair i).
+        mixed: RoPE-Mixed instead of axial.
+        conjugate: rotate by minus the angles, the transpose (inverse) rotation.
+
+    Returns:
+        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once from float64.
+    """
+    _check_positions_xy(q, positions_xy)
+    combined = _check_frequencies(inv_freq_x, inv_freq_y, mixed)
+    check_layout(layout)
+    positions_x = positions_xy[..., 0]
+    rotary_dim = check_inputs(q, k, positions_x, combined, None)
+    angles = pair_angles(positions_xy, inv_freq_x, inv_freq_y.to(inv_freq_x.device), mixed=mixed)
+    if positions_x.dim() == 1:
+        angles = angles[None]
+    angles = angles[:, :, None, :]  # [batch or 1, seq, 1, pairs]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if conjugate:
+        sin = -sin
+    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)

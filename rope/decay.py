@@ -1,0 +1,222 @@
+"""Long-term decay of RoPE scores, and how large the base must be for a context length.
+
+Notation: a head of width d has d/2 frequencies theta_i = b^(-2i/d), i = 0 .. d/2 - 1 (i counted
+from 0, as in :mod:`rope.frequencies`); ``distance`` is the relative position s = m - n.
+
+**Decay bound** (RoFormer, Su et al. 2021, sec. 3.4.3). With h_i = q_i conj(k_i) for the complex
+pairs of q and k, the score is Re sum_i h_i e^{i s theta_i}. The partial sums
+
+    S_0 = 0,   S_j(s) = sum_{i=0}^{j-1} e^{i s theta_i}   (j = 1 .. d/2)
+
+turn it, by summation by parts with the convention h_{d/2} = 0, into -sum_i S_{i+1} (h_{i+1} - h_i),
+so |score| <= (max_i |h_{i+1} - h_i|) sum_{j=1}^{d/2} |S_j(s)|. RoFormer's Figure 2 plots the
+*relative upper bound* (1/(d/2)) sum_{j=1}^{d/2} |S_j(s)|; the Position Interpolation paper
+(Chen et al. 2023) calls sum_j |S_j(s)| = B(s) and plots B(s)/d, half of RoFormer's quantity.
+
+**Base condition** (Men et al. 2024, "Base of RoPE Bounds Context Length"). For a random vector
+q with i.i.d. zero-mean coordinates of variance sigma^2, E[q^T R_s q] = sigma^2 tr R_s
+= 2 sigma^2 C(s) with the *cosine sum*
+
+    C(s) = sum_{i=0}^{d/2-1} cos(s theta_i)  (= Re S_{d/2}(s)).
+
+A base b is *admissible for length L* if C(s) >= 0 for every integer s with 0 <= s < L. The set
+of admissible bases is not an interval: a larger base can fail where a smaller one passes, so
+"the smallest base" is defined on an explicit grid (see :func:`min_bases_for_lengths`).
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import torch
+
+from .frequencies import default_theta
+
+# The scan evaluates C(s) in blocks of _BLOCK consecutive distances, starting with one block and
+# doubling the number of blocks per step up to _MAX_BLOCKS (about a million distances per step).
+_BLOCK = 1024
+_MAX_BLOCKS = 1024
+
+
+def _as_distances(distance) -> torch.Tensor:
+    if isinstance(distance, torch.Tensor):
+        if distance.dtype == torch.bool or distance.dtype.is_complex:
+            raise TypeError(f"distance must hold real numbers, got a {distance.dtype} tensor")
+        return distance.to(torch.float64)
+    try:
+        tensor = torch.as_tensor(distance)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"distance must be a real number, sequence or tensor, got {distance!r}") from error
+    if tensor.dtype == torch.bool or tensor.dtype.is_complex:
+        raise TypeError(f"distance must hold real numbers, got {distance!r}")
+    return torch.as_tensor(distance, dtype=torch.float64)  # Python floats would otherwise become float32
+
+
+def _as_frequencies(inv_freq) -> torch.Tensor:
+    if not isinstance(inv_freq, torch.Tensor):
+        raise TypeError(f"inv_freq must be a torch.Tensor, got {type(inv_freq).__name__}")
+    if inv_freq.dim() != 1 or inv_freq.numel() == 0 or not inv_freq.dtype.is_floating_point:
+        raise ValueError(f"inv_freq must be a non-empty 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    return inv_freq.to(torch.float64)
+
+
+def _check_positive_int(name: str, value, *, even: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0 or (even and value % 2):
+        raise ValueError(f"{name} must be a positive {'even ' if even else ''}int, got {value!r}")
+    return int(value)
+
+
+def _check_base(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 1:
+        raise ValueError(f"{name} must be a finite real number > 1, got {value!r}")
+    return float(value)
+
+
+def partial_sums(distance, inv_freq: torch.Tensor) -> torch.Tensor:
+    """S_j(s) = sum_{i=0}^{j-1} e^{i s theta_i} for j = 0 .. d/2 (RoFormer sec. 3.4.3), complex128.
+
+    Returns shape ``distance.shape + (d/2 + 1,)``; entry ``[..., j]`` is S_j, so ``[..., 0]`` is
+    S_0 = 0. ``distance`` may be any real numbers (PI evaluates non-integer s).
+    """
+    s = _as_distances(distance)
+    theta = _as_frequencies(inv_freq)
+    terms = torch.exp(1j * (s[..., None] * theta))
+    zero = torch.zeros(*s.shape, 1, dtype=terms.dtype)
+    return torch.cat([zero, torch.cumsum(terms, dim=-1)], dim=-1)
+
+
+def relative_upper_bound(distance, inv_freq: torch.Tensor) -> torch.Tensor:
+    """(1/(d/2)) sum_{j=1}^{d/2} |S_j(s)|, the curve of RoFormer's Figure 2, float64.
+
+    Multiplied by (d/2) * max_i |h_{i+1} - h_i| (with h_{d/2} = 0) it bounds |sum_i h_i e^{i s theta_i}|;
+    B(s)/d of the Position Interpolation paper is half of it.
+    """
+    return partial_sums(distance, inv_freq)[..., 1:].abs().mean(dim=-1)
+
+
+def cosine_sum(distance, inv_freq: torch.Tensor) -> torch.Tensor:
+    """C(s) = sum_i cos(s theta_i) = tr(R_s) / 2, the expected score E[q^T R_s q] / (2 sigma^2), float64."""
+    s = _as_distances(distance)
+    theta = _as_frequencies(inv_freq)
+    return torch.cos(s[..., None] * theta).sum(dim=-1)
+
+
+def first_negative_distance(base: float, dim: int, *, limit: int) -> int | None:
+    """The smallest integer s in [0, limit) with C(s) < 0 for theta_i = base^(-2i/d), or None.
+
+    Scans s = 0, 1, 2, ... in blocks and stops at the first negative value, so the cost grows with
+    the answer, not with ``limit``. Within a block starting at a, the angle-addition formula
+    cos((a + j) theta) = cos(a theta) cos(j theta) - sin(a theta) sin(j theta) turns the sums over i
+    for many blocks into one matrix product; each C(s) is accurate to about d/2 * s * 1e-16.
+    The scan is many small tensor operations: on a busy machine, ``torch.set_num_threads(1)``
+    can make it many times faster.
+    """
+    base = _check_base("base", base)
+    dim = _check_positive_int("dim", dim, even=True)
+    limit = _check_positive_int("limit", limit)
+    theta = default_theta(base, dim)
+    offsets = torch.arange(_BLOCK, dtype=torch.float64)[:, None] * theta
+    within_block = torch.cat([offsets.cos(), -offsets.sin()], dim=1)  # [_BLOCK, d]
+    start, blocks = 0, 1
+    while start < limit:
+        anchors = (start + _BLOCK * torch.arange(blocks, dtype=torch.float64))[:, None] * theta
+        at_anchor = torch.cat([anchors.cos(), anchors.sin()], dim=1)  # [blocks, d]
+        values = (at_anchor @ within_block.T).reshape(-1)[: limit - start]  # C(start), C(start + 1), ...
+        negative = torch.nonzero(values < 0)
+        if negative.numel():
+            return start + int(negative[0, 0])
+        start += blocks * _BLOCK
+        blocks = min(2 * blocks, _MAX_BLOCKS)
+    return None
+
+
+def base_is_admissible(base: float, length: int, dim: int) -> bool:
+    """True if C(s) = sum_i cos(s base^(-2i/d)) >= 0 for every integer 0 <= s < length (Men et al. 2024)."""
+    length = _check_positive_int("length", length)
+    return first_negative_distance(base, dim, limit=length) is None
+
+
+def base_grid(lower: float, upper: float, points_per_decade: int) -> torch.Tensor:
+    """The log grid 10^(k / points_per_decade), integer k, of the bases in [lower, upper], float64."""
+    lower, upper = _check_base("lower", lower), _check_base("upper", upper)
+    points_per_decade = _check_positive_int("points_per_decade", points_per_decade)
+    if upper < lower:
+        raise ValueError(f"upper must be >= lower, got lower={lower!r}, upper={upper!r}")
+    first = math.ceil(math.log10(lower) * points_per_decade - 1e-9)
+    last = math.floor(math.log10(upper) * points_per_decade + 1e-9)
+    if last < first:
+        raise ValueError(f"no grid point 10^(k/{points_per_decade}) lies in [lower, upper] = [{lower!r}, {upper!r}]")
+    return 10.0 ** (torch.arange(first, last + 1, dtype=torch.float64) / points_per_decade)
+
+
+RULES = ("first", "stable")
+
+
+def min_bases_for_lengths(
+    lengths,
+    dim: int,
+    *,
+    rule: str = "first",
+    points_per_decade: int = 100,
+    lower: float = 10.0,
+    upper: float = 1e12,
+) -> list[float]:
+    """For each length L, the smallest admissible base on the grid ``base_grid(lower, upper, points_per_decade)``.
+
+    Admissibility is not monotone in b, so "smallest" needs a rule:
+
+    * ``rule="first"``: the first grid point b, in increasing order, with C(s) >= 0 for all
+      integers 0 <= s < L. Every smaller grid point fails; some larger ones may fail too.
+      Found by one walk up the grid: at each point the first negative distance s*
+      (:func:`first_negative_distance`, which stops early) settles every waiting L <= s*.
+    * ``rule="stable"``: the smallest grid point b such that *every* grid point from b up to
+      ``upper`` is admissible (so the answer depends on ``upper``). Found by one walk down the
+      grid from ``upper``: the first failing point settles L, with the grid point above it.
+
+    Between grid points a base may pass or fail unseen: the grid is the definition. If the answer
+    is ``lower`` itself, it only says that ``lower`` passes. Raises ValueError if no grid point up
+    to ``upper`` is admissible for some L ("first"), or if the top grid point fails ("stable").
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be 'first' or 'stable', got {rule!r}")
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise TypeError(f"lengths must be a sequence of positive ints, got {lengths!r}")
+    lengths = [_check_positive_int("each length", length) for length in lengths]
+    dim = _check_positive_int("dim", dim, even=True)
+    grid = base_grid(lower, upper, points_per_decade).tolist()
+    answers: dict[int, float] = {}
+    waiting = sorted(set(lengths))
+    if rule == "first":
+        for base in grid:
+            if not waiting:
+                break
+            first_negative = first_negative_distance(base, dim, limit=waiting[-1])
+            passed = len(waiting) if first_negative is None else sum(length <= first_negative for length in waiting)
+            answers.update((length, base) for length in waiting[:passed])
+            waiting = waiting[passed:]
+        if waiting:
+            raise ValueError(
+                f"no base on the grid up to upper={upper!r} is admissible for length {waiting[0]}; raise upper"
+            )
+    else:
+        above = None
+        for base in reversed(grid):
+            if not waiting:
+                break
+            first_negative = first_negative_distance(base, dim, limit=waiting[-1])
+            passed = len(waiting) if first_negative is None else sum(length <= first_negative for length in waiting)
+            if passed < len(waiting) and above is None:
+                raise ValueError(f"upper={upper!r} is not admissible for length {waiting[-1]}; raise upper")
+            answers.update((length, above) for length in waiting[passed:])
+            waiting = waiting[:passed]
+            above = base
+        answers.update((length, grid[0]) for length in waiting)
+    return [answers[length] for length in lengths]
+
+
+def min_base_for_length(length: int, dim: int, **grid_options) -> float:
+    """The smallest admissible base for one length; see :func:`min_bases_for_lengths` for the
+    keyword arguments (``rule``, ``points_per_decade``, ``lower``, ``upper``)."""
+    length = _check_positive_int("length", length)
+    return min_bases_for_lengths([length], dim, **grid_options)[0]

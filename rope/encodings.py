@@ -1,0 +1,227 @@
+"""Position encodings that came before RoPE, and ALiBi, as small exact functions.
+
+The book's chapter on earlier encodings derives their properties; the chapters on length
+extrapolation compare RoPE with them. Conventions, stated once:
+
+* positions are counted from 0; a *relative position* is ``key - query``, the sign used
+  by Shaw et al. (2018) and by T5, so a key after its query has a positive relative position;
+* when a function takes ``q_len`` and ``k_len``, the queries are the *last* ``q_len`` tokens of
+  the ``k_len`` keys (query i sits at position ``i + k_len - q_len``, as in decoding with a cache);
+  with ``q_len == k_len`` query i sits at position i;
+* values are computed in float64 (or exactly, in integers) and rounded once to the requested dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _positive_int(name: str, value, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def _integer_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of integers, got {type(value).__name__}")
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    return value
+
+
+def _float_dtype(dtype) -> torch.dtype:
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of float16, bfloat16, float32, float64, got {dtype!r}")
+    return dtype
+
+
+def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """omega_i = base^(-2i/d) for i = 0 .. d/2 - 1, float64, shape ``[dim/2]``.
+
+    The angular frequency of pair i of the sinusoidal encoding (Vaswani et al. 2017, section 3.5);
+    its wavelength 2 pi / omega_i grows geometrically from 2 pi to just under 2 pi * base. The same
+    numbers are RoPE's default theta_i (RoFormer eq. 15 writes them with i = 1 .. d/2 as
+    base^(-2(i-1)/d)).
+    """
+    _positive_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (sin/cos pairs), got {dim}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a number, got {type(base).__name__} {base!r}")
+    if not math.isfinite(base) or base <= 1:
+        raise ValueError(f"base must be a finite number > 1, got {base!r}")
+    return float(base) ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def sinusoidal(
+    positions: torch.Tensor, dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """The sinusoidal absolute encoding p_pos of Vaswani et al. (2017), shape ``positions.shape + (dim,)``.
+
+    Interleaved, as in the paper's formula (not the concatenated [sin..., cos...] of tensor2tensor
+    and fairseq, whose frequencies are also spaced differently)::
+
+        PE(pos, 2i)     = sin(pos * omega_i)
+        PE(pos, 2i + 1) = cos(pos * omega_i),    omega_i = base^(-2i/d),  i = 0 .. d/2 - 1.
+
+    ``positions`` may be integer or float (fractional positions arise under interpolation).
+    The angles, sines and cosines are float64; the result is rounded once to ``dtype``.
+    """
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"positions must be an integer or float tensor, got {positions.dtype}")
+    _float_dtype(dtype)
+    omega = sinusoidal_frequencies(dim, base).to(positions.device)
+    angles = positions.to(torch.float64)[..., None] * omega
+    if not torch.isfinite(angles).all():
+        raise ValueError("positions must be finite")
+    encoding = torch.stack((torch.sin(angles), torch.cos(angles)), dim=-1)  # [..., dim/2, 2]
+    return encoding.flatten(-2).to(dtype)
+
+
+def _relative_distances(q_len: int, k_len: int) -> torch.Tensor:
+    """key position - query position, ``[q_len, k_len]``, queries right-aligned to the keys."""
+    _positive_int("q_len", q_len)
+    _positive_int("k_len", k_len)
+    if q_len > k_len:
+        raise ValueError(f"q_len must be <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
+    query_positions = torch.arange(k_len - q_len, k_len)
+    return torch.arange(k_len)[None, :] - query_positions[:, None]
+
+
+def shaw_relative_indices(q_len: int, k_len: int, max_relative_position: int) -> torch.Tensor:
+    """Shaw et al. (2018) relative indices: ``clip(j - i, -k, k) + k``, int64 ``[q_len, k_len]``.
+
+    Query i and key j use the learned vectors a_ij^K = w^K_{clip(j-i, k)} and a_ij^V = w^V_{clip(j-i, k)}
+    (Shaw et al. 2018, section 3) with ``k = max_relative_position``; the 2k + 1 vectors are stored as rows
+    0 .. 2k of a table, so the returned matrix indexes it directly (row k is offset 0).
+    """
+    k = _positive_int("max_relative_position", max_relative_position)
+    return _relative_distances(q_len, k_len).clamp(-k, k) + k
+
+
+def deberta_relative_indices(q_len: int, k_len: int, span: int) -> torch.Tensor:
+    """DeBERTa's (He et al. 2021, section 3.1) relative distance delta(i, j), int64 ``[q_len, k_len]``::
+
+        delta(i, j) = 0            if i - j <= -k
+                      2k - 1       if i - j >= k
+                      i - j + k    otherwise,          k = span.
+
+    Note the sign: delta grows with *query minus key*, the opposite of Shaw's and T5's ``j - i``.
+    The content-to-position term reads row delta(i, j) of the position table; the
+    position-to-content term reads row delta(j, i), which for q_len == k_len is the transpose.
+    """
+    k = _positive_int("span", span)
+    return (-_relative_distances(q_len, k_len) + k).clamp(0, 2 * k - 1)
+
+
+def _t5_log_thresholds(max_exact: int, log_buckets: int, max_distance: int) -> list[int]:
+    """Smallest distance n of each log bucket j = 1 .. log_buckets - 1, exactly.
+
+    n falls in bucket max_exact + j or later iff log(n / e) / log(D / e) * c >= j, i.e. (integers
+    only) n^c * e^j >= D^j * e^c, with e = max_exact, c = log_buckets, D = max_distance.
+    """
+    e, c, big_d = max_exact, log_buckets, max_distance
+
+    def reached(n: int, j: int) -> bool:
+        return n**c * e**j >= big_d**j * e**c
+
+    thresholds = []
+    for j in range(1, c):
+        n = max(e, math.floor(e * (big_d / e) ** (j / c)))  # float estimate, corrected below
+        while n > e and reached(n - 1, j):
+            n -= 1
+        while not reached(n, j):
+            n += 1
+        thresholds.append(n)
+    return thresholds
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """T5's bucket of each relative position ``key - query`` (Raffel et al. 2020, section 2.1).
+
+    Bidirectional: half the buckets for keys at or before the query, half (offset by
+    num_buckets // 2) for keys after it. Causal: keys after the query share bucket 0 with distance 0
+    (attention masks them anyway). Within each half of B buckets, with distance n >= 0 and
+    e = B // 2::
+
+        bucket = n                                                       if n < e
+                 min(B - 1, e + floor(log(n / e) / log(max_distance / e) * (B - e)))   otherwise
+
+    so small distances get a bucket each and larger ones share logarithmically wider buckets; the
+    last bucket collects every distance from a point below max_distance on (91 for T5's settings).
+    The floor is evaluated exactly (by integer comparison), so a distance at which the log
+    expression is exactly an integer lands in the upper bucket. transformers and Mesh TensorFlow
+    evaluate it in float32, which can round such a point down (e.g. distance 60 with
+    num_buckets=72, max_distance=100, causal); float64 can too (distance 8 with num_buckets=18,
+    max_distance=128). For T5's settings (32 buckets, max_distance 128, either direction) the exact
+    rule and transformers agree at every distance.
+
+    Returns an int64 tensor of the shape of ``relative_position``, values in [0, num_buckets).
+    """
+    _integer_tensor("relative_position", relative_position)
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
+    _positive_int("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
+    half = num_buckets // 2 if bidirectional else num_buckets
+    max_exact = half // 2
+    _positive_int("max_distance", max_distance, minimum=max_exact + 1)
+
+    relative_position = relative_position.to(torch.int64)
+    if bidirectional:
+        offset = (relative_position > 0).to(torch.int64) * half
+        distance = relative_position.abs()
+    else:
+        offset = torch.zeros_like(relative_position)
+        distance = (-relative_position).clamp(min=0)
+    thresholds = _t5_log_thresholds(max_exact, half - max_exact, max_distance)
+    log_bucket = max_exact + torch.bucketize(
+        distance, torch.tensor(thresholds, dtype=torch.int64, device=distance.device), right=True
+    )
+    return offset + torch.where(distance < max_exact, distance, log_bucket)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al. 2022, section 3), float64 ``[num_heads]``.
+
+    For n a power of two, head h = 1 .. n gets slope 2^(-8h/n): a geometric sequence from 2^(-8/n)
+    down to 2^(-8). Otherwise, with n the largest power of two not above num_heads, the first n heads
+    get those slopes and the remaining num_heads - n heads get the odd-numbered slopes
+    2^(-8h/(2n)), h = 1, 3, 5, .., of the 2n recipe, which lie between the first ones (the order
+    of the paper's reference code, which appends them).
+    """
+    _positive_int("num_heads", num_heads)
+    n = 2 ** (num_heads.bit_length() - 1)
+    exponents = list(range(1, n + 1)) + [h / 2 for h in range(1, 2 * (num_heads - n), 2)]
+    return torch.tensor([2.0 ** (-8.0 * h / n) for h in exponents], dtype=torch.float64)
+
+
+def alibi_bias(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
+    """ALiBi's additive attention bias, ``[heads, q, k]`` in the dtype of ``slopes``::
+
+        bias[h, i, j] = -slopes[h] * |k_positions[j] - q_positions[i]|
+
+    In causal attention (keys at or before the query) this is the paper's -m * (i - j); keys after
+    the query, which a causal mask removes, get the mirror image. Computed in float64 and rounded once.
+    """
+    for name, value in (("q_positions", q_positions), ("k_positions", k_positions)):
+        if _integer_tensor(name, value).dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"slopes must be a torch.Tensor, got {type(slopes).__name__}")
+    if slopes.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"slopes must be a float tensor, got {slopes.dtype}")
+    if slopes.dim() != 1:
+        raise ValueError(f"slopes must be 1-D [heads], got shape {tuple(slopes.shape)}")
+    distance = (k_positions.to(torch.float64)[None, :] - q_positions.to(torch.float64)[:, None]).abs()
+    return (-slopes.to(torch.float64)[:, None, None] * distance.to(slopes.device)).to(slopes.dtype)
