@@ -6,10 +6,17 @@ Entry points:
 * :func:`apply_rotary` — rotate q and k (both layouts, partial rotary, GQA, any positions);
 * :mod:`rope.hf` — a drop-in ``rotary_emb`` module and ``apply_rotary_pos_emb`` for transformers;
 * :mod:`rope.layouts` — half-split vs interleaved pairing and checkpoint weight permutation;
-* :mod:`rope.reference` — float64 matrix, complex and elementwise forms (the book's reference).
+* :mod:`rope.reference` — float64 matrix, complex and elementwise forms (the book's reference);
+* :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);
+* :mod:`rope.axial` — 2D (image) RoPE, axial and mixed frequencies;
+* :mod:`rope.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B;
+* :mod:`rope.encodings` — the encodings before RoPE: sinusoidal, Shaw, T5 buckets, DeBERTa, ALiBi;
+* :mod:`rope.decay` — the long-term decay bound and the base needed for a context length;
+* :mod:`rope.linear_attention` — RoPE in linear attention, O(N) and the O(N^2) reference;
+* :mod:`rope.fused` — the Triton kernel as ``torch.ops.rope.rotary`` (imported on demand).
 """
 
-from . import hf, layouts, reference
+from . import angles, axial, decay, encodings, general, hf, layouts, linear_attention, reference
 from .apply import apply_rotary
 from .config import ROPE_TYPES, RopeConfig, parse_config
 from .frequencies import FREQUENCY_FUNCTIONS, inv_freq
@@ -19,10 +26,16 @@ __all__ = [
     "FREQUENCY_FUNCTIONS",
     "ROPE_TYPES",
     "RopeConfig",
+    "angles",
     "apply_rotary",
+    "axial",
+    "decay",
+    "encodings",
+    "general",
     "hf",
     "inv_freq",
     "layouts",
+    "linear_attention",
     "parse_config",
     "permute_qk_weight",
     "reference",

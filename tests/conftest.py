@@ -1,6 +1,12 @@
 import os
 
+import torch
 from hypothesis import HealthCheck, settings
+
+# Without a GPU the Triton kernels run in Triton's CPU interpreter, which must be switched on
+# before any module holding @triton.jit functions is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "default", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]

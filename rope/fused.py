@@ -1,0 +1,86 @@
+"""The Triton kernel as PyTorch operators: ``torch.ops.rope.rotary`` and ``torch.ops.rope.rotary_``.
+
+Registered with ``torch.library.custom_op``, a fake (meta) implementation and an autograd
+formula, so that ``torch.compile(fullgraph=True)`` traces through them and ``gradcheck`` /
+``opcheck`` pass. The backward of y = s R_m x is dx = s R_m^T dy: the same kernel with the sign
+of the sines flipped (``conjugate``), written to a new tensor, never into the incoming gradient.
+
+``rotary_`` rotates q and k in place (no autograd: use it for inference, e.g. on a KV cache).
+Importing this module imports Triton; :func:`rope.apply_rotary` does so only when it needs it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_rotary
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+@torch.library.custom_op("rope::rotary", mutates_args=())
+def rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    interleaved: bool,
+    rotary_dim: int,
+    scale: float,
+    conjugate: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors."""
+    q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
+    q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
+    triton_rotary.launch(
+        q, k, q_out, k_out, positions, inv_freq,
+        interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=conjugate,
+    )
+    return q_out, k_out
+
+
+@rotary.register_fake
+def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate = inputs
+    ctx.save_for_backward(positions, inv_freq)
+    ctx.options = (interleaved, rotary_dim, scale, not conjugate)
+
+
+def _backward(ctx, grad_q, grad_k):
+    positions, inv_freq = ctx.saved_tensors
+    grad_q, grad_k = rotary(grad_q, grad_k, positions, inv_freq, *ctx.options)
+    return grad_q, grad_k, None, None, None, None, None, None
+
+
+rotary.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("rope::rotary_", mutates_args=("q", "k"))
+def rotary_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    interleaved: bool,
+    rotary_dim: int,
+    scale: float,
+    conjugate: bool,
+) -> None:
+    """q <- s R q and k <- s R k in place; the last dimension of q and k must be contiguous."""
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError("in-place rotation needs q and k with a contiguous last dimension")
+    triton_rotary.launch(
+        q, k, q, k, positions, inv_freq,
+        interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=conjugate,
+    )
+
+
+@rotary_.register_fake
+def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate):
+    return None

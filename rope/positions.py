@@ -1,0 +1,63 @@
+"""Position ids for packed batches and for sequences sharded across devices.
+
+:func:`rope.apply_rotary` (and its kernel) takes one integer position per token, so every
+layout of tokens is a matter of computing those positions:
+
+* a KV-cache step or a chunk of a long prompt: ``torch.arange(seq) + offset``;
+* sequences packed end to end into one row (``cu_seqlens`` = [0, n_0, n_0 + n_1, ...], as in
+  flash-attention's varlen API): :func:`packed_positions`;
+* context parallelism, a sequence split over ``world_size`` ranks, contiguously or in the
+  load-balanced "zigzag" order used with causal attention (rank r holds chunks r and 2W - 1 - r
+  of 2W equal chunks): :func:`context_parallel_positions`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_int_tensor(name: str, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+
+
+def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Positions of sequences packed end to end: token t of sequence j, which occupies
+    [cu_seqlens[j], cu_seqlens[j + 1]), gets ``offsets[j] + t - cu_seqlens[j]`` (offsets default 0,
+    e.g. the lengths already in each sequence's KV cache). Returns int64 ``[cu_seqlens[-1]]``."""
+    _check_int_tensor("cu_seqlens", cu_seqlens)
+    if cu_seqlens.numel() < 2 or cu_seqlens[0].item() != 0:
+        raise ValueError("cu_seqlens must start at 0 and hold at least one sequence: [0, n_0, n_0 + n_1, ...]")
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    if (lengths < 0).any():
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu_seqlens.tolist()}")
+    starts = cu_seqlens[:-1].to(torch.int64)
+    if offsets is not None:
+        _check_int_tensor("offsets", offsets)
+        if offsets.numel() != lengths.numel():
+            raise ValueError(f"offsets must have one entry per sequence ({lengths.numel()}), got {offsets.numel()}")
+        starts = starts - offsets.to(device=cu_seqlens.device, dtype=torch.int64)
+    total = int(cu_seqlens[-1])
+    token = torch.arange(total, device=cu_seqlens.device)
+    return token - torch.repeat_interleave(starts, lengths.to(torch.int64), output_size=total)
+
+
+def context_parallel_positions(seq_len: int, world_size: int, rank: int, *, zigzag: bool = False) -> torch.Tensor:
+    """The positions of the tokens rank ``rank`` holds when a sequence of ``seq_len`` tokens is
+    split over ``world_size`` ranks: one contiguous chunk each, or (``zigzag``) chunks ``rank`` and
+    ``2 world_size - 1 - rank`` of ``2 world_size``. ``seq_len`` must divide evenly."""
+    for name, value in (("seq_len", seq_len), ("world_size", world_size), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got {world_size} and {rank}")
+    chunks = 2 * world_size if zigzag else world_size
+    if seq_len <= 0 or seq_len % chunks:
+        raise ValueError(f"seq_len {seq_len} must be a positive multiple of {chunks} (the number of chunks)")
+    size = seq_len // chunks
+    owned = (rank, chunks - 1 - rank) if zigzag else (rank,)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in owned])

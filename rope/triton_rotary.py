@@ -1,0 +1,186 @@
+"""The fused Triton RoPE kernel: q and k rotated in one launch, angles computed in the kernel.
+
+For pair i = (x_a, x_b) of a head of the token at integer position m (RoFormer eq. 34),
+
+    y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i)),   y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i)),
+
+with s the attention factor and the sign of the sines flipped for the conjugate (transpose)
+rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied. The math
+is float32 for float16, bfloat16 and float32 inputs and float64 for float64 inputs, with one
+rounding to the input dtype at the end.
+
+The angle is reduced exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the
+64-bit fixed-point turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and takes
+cos/sin in float32 of an angle already in [-pi, pi). No cos/sin table is read.
+
+Grid: (token blocks, head blocks of q then of k, batch). Each program computes its
+``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. q and
+k may be strided views (e.g. slices of a packed qkv projection); only the last dimension must
+be contiguous.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton
+import triton.language as tl
+
+from .angles import INV_TWO_PI_PIECES
+
+
+@triton.jit
+def _fixed_point_phase(theta, C):
+    """T = frac(theta / 2 pi) * 2^64 mod 2^64 as int64; theta float64 holding a float32 value."""
+    phase = tl.zeros(theta.shape, dtype=tl.int64)
+    for j in tl.static_range(4):
+        x = theta * tl.load(C + j)  # exact: 24-bit times 26-bit significands
+        fraction = x - x.to(tl.int64).to(tl.float64)  # exact, in (-1, 1)
+        phase += (fraction * 9223372036854775808.0).to(tl.int64) * 2  # 2^63 units, times 2, wraps
+    return phase
+
+
+@triton.jit
+def _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+             CONJUGATE: tl.constexpr, FP64: tl.constexpr):
+    """s cos(m theta_i) and +-s sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced angles."""
+    j = tl.arange(0, HALF_PAD)
+    theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
+    turns = pos[:, None] * _fixed_point_phase(theta, C)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
+    if FP64:
+        angle = turns.to(tl.float64) * 3.4061215800865545e-19  # 2 pi / 2^64
+    else:  # the top 32 bits suffice for float32: units of 2 pi / 2^32
+        angle = (turns >> 32).to(tl.float32) * 1.4629180792671596e-09
+    cos = tl.cos(angle)
+    sin = tl.sin(angle)
+    if FP64:  # the attention factor arrives as two float32 numbers (Triton passes floats as float32)
+        cos = cos * scale_hi + cos * scale_lo
+        sin = sin * scale_hi + sin * scale_lo
+    else:
+        cos = cos * scale_hi
+        sin = sin * scale_hi
+    if CONJUGATE:
+        sin = -sin
+    return cos, sin
+
+
+@triton.jit
+def _rotate_heads(x_row, o_row, row_mask, cos, sin, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                  TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  COPY_TAIL: tl.constexpr):
+    """Rotate the [BLOCK_S, BLOCK_H] heads at x_row into o_row (pointers to coordinate 0)."""
+    j = tl.arange(0, HALF_PAD)
+    if INTERLEAVED:
+        a = 2 * j
+        b = 2 * j + 1
+    else:
+        a = j
+        b = j + HALF
+    mask = row_mask & (j < HALF)[None, None, :]
+    xa = tl.load(x_row + a[None, None, :], mask=mask, other=0.0)
+    xb = tl.load(x_row + b[None, None, :], mask=mask, other=0.0)
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    ya = xa.to(c.dtype) * c - xb.to(c.dtype) * s
+    yb = xb.to(c.dtype) * c + xa.to(c.dtype) * s
+    tl.store(o_row + a[None, None, :], ya.to(xa.dtype), mask=mask)
+    tl.store(o_row + b[None, None, :], yb.to(xb.dtype), mask=mask)
+    if COPY_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_PAD)
+        tail_mask = row_mask & (t < 2 * HALF + TAIL)[None, None, :]
+        tail = tl.load(x_row + t[None, None, :], mask=tail_mask)
+        tl.store(o_row + t[None, None, :], tail, mask=tail_mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    Q, K, QO, KO, POS, FREQ, C,
+    seq_len, heads_q, heads_k, scale_hi, scale_lo,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
+    sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
+    sp_b, sp_s,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
+):
+    """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
+    [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's)."""
+    batch = tl.program_id(2).to(tl.int64)
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    s_mask = s < seq_len
+    s = s.to(tl.int64)
+    pos = tl.load(POS + batch * sp_b + s * sp_s, mask=s_mask, other=0).to(tl.int64)
+    cos, sin = _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
+
+    blocks_q = tl.cdiv(heads_q, BLOCK_H)
+    blocks = blocks_q + tl.cdiv(heads_k, BLOCK_H)
+    for i in tl.static_range(GROUP):
+        block = tl.program_id(1) * GROUP + i
+        if block < blocks:
+            if block < blocks_q:
+                h = (block * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+                row_mask = s_mask[:, None, None] & (h < heads_q)[None, :, None]
+                x_row = Q + batch * sq_b + s[:, None, None] * sq_s + h[None, :, None] * sq_h
+                o_row = QO + batch * sqo_b + s[:, None, None] * sqo_s + h[None, :, None] * sqo_h
+            else:
+                h = ((block - blocks_q) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+                row_mask = s_mask[:, None, None] & (h < heads_k)[None, :, None]
+                x_row = K + batch * sk_b + s[:, None, None] * sk_s + h[None, :, None] * sk_h
+                o_row = KO + batch * sko_b + s[:, None, None] * sko_s + h[None, :, None] * sko_h
+            _rotate_heads(x_row, o_row, row_mask, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL)
+
+
+_PIECES: dict[torch.device, torch.Tensor] = {}
+
+
+def _pieces(device: torch.device) -> torch.Tensor:
+    if device not in _PIECES:
+        _PIECES[device] = torch.tensor(INV_TWO_PI_PIECES, dtype=torch.float64, device=device)
+    return _PIECES[device]
+
+
+def _launch_sizes(batch: int, seq_len: int, heads: int, head_blocks_of) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_H, GROUP), from a sweep on an H100 (benchmarks/tune_blocks.py): two tokens by
+    up to 16 heads per block; one program per token block for all heads (angles computed once)
+    when that still gives a few waves of programs, else one head block per program (decode)."""
+    block_h = min(triton.next_power_of_2(heads), 16)
+    block_s = 2 if batch * seq_len >= 2048 else 1
+    programs = batch * triton.cdiv(seq_len, block_s)
+    group = head_blocks_of(block_h) if programs >= 2048 else 1
+    return block_s, block_h, group
+
+
+def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate,
+           block_s=None, block_h=None, group=None, num_warps=4):
+    """Rotate q into q_out and k into k_out (the outputs may alias the inputs: in place).
+
+    q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
+    contiguous; positions integer ``[seq]`` or ``[batch, seq]``; inv_freq ``[rotary_dim/2]``.
+    ``block_s``, ``block_h``, ``group`` and ``num_warps`` override the launch heuristics (tuning).
+    """
+    batch, seq_len, heads_q, head_dim = q.shape
+    heads_k = k.shape[2]
+    half = rotary_dim // 2
+    half_pad = triton.next_power_of_2(half)
+    tail = head_dim - rotary_dim
+
+    def head_blocks_of(block_h):
+        return triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h)
+
+    default = _launch_sizes(batch, seq_len, max(heads_q, heads_k), head_blocks_of)
+    block_s, block_h, group = block_s or default[0], block_h or default[1], group or default[2]
+    scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # scale rounded to float32
+    pos_strides = (0, positions.stride(0)) if positions.dim() == 1 else tuple(positions.stride())
+    grid = (triton.cdiv(seq_len, block_s), triton.cdiv(head_blocks_of(block_h), group), batch)
+    _rotary_kernel[grid](
+        q, k, q_out, k_out, positions, inv_freq.contiguous(), _pieces(q.device),
+        seq_len, heads_q, heads_k, scale_hi, scale - scale_hi,
+        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides,
+        HALF=half, HALF_PAD=half_pad, TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=q.dtype == torch.float64,
+        COPY_TAIL=tail > 0 and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr()),
+        BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group,
+        num_warps=num_warps,
+    )
+

@@ -1,0 +1,92 @@
+"""Position ids for packed batches and context parallelism, and rotation through them."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rope
+from rope.positions import context_parallel_positions, packed_positions
+
+BACKEND = "triton" if rope.apply.HAS_TRITON else "torch"
+
+
+@settings(max_examples=20)  # each example runs the kernel once per sequence (interpreted on CPU)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=5), st.integers(0, 2**31 - 1), st.booleans())
+def test_packed_batch_equals_each_sequence_rotated_alone(lengths, seed, with_offsets):
+    gen = torch.Generator().manual_seed(seed)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    offsets = torch.randint(0, 10**6, (len(lengths),), generator=gen) if with_offsets else None
+    positions = packed_positions(cu_seqlens, offsets)
+    expected = [(offsets[j].item() if with_offsets else 0) + t for j, n in enumerate(lengths) for t in range(n)]
+    assert positions.tolist() == expected
+    if not expected:
+        return
+    total = len(expected)
+    q = torch.randn(1, total, 3, 8, generator=gen)
+    k = torch.randn(1, total, 1, 8, generator=gen)
+    theta, _ = rope.inv_freq({}, 8)
+    q_out, k_out = rope.apply_rotary(q, k, positions, theta, backend=BACKEND)
+    for j in range(len(lengths)):
+        lo, hi = cu_seqlens[j].item(), cu_seqlens[j + 1].item()
+        start = offsets[j].item() if with_offsets else 0
+        q_j, k_j = rope.apply_rotary(q[:, lo:hi], k[:, lo:hi], torch.arange(hi - lo) + start, theta, backend=BACKEND)
+        assert torch.equal(q_out[:, lo:hi], q_j) and torch.equal(k_out[:, lo:hi], k_j)
+
+
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_context_parallel_shards_cover_the_sequence_once(zigzag):
+    shards = [context_parallel_positions(24, 3, r, zigzag=zigzag) for r in range(3)]
+    assert sorted(torch.cat(shards).tolist()) == list(range(24))
+    if zigzag:  # causal load balance: every rank holds the same number of (query, key) pairs
+        work = {int((s + 1).sum()) for s in shards}
+        assert len(work) == 1
+
+
+def _rank_main(rank, world_size, init_file, zigzag, result_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    gen = torch.Generator().manual_seed(1234)  # every rank draws the same full sequence
+    seq = 16
+    q = torch.randn(2, seq, 4, 16, generator=gen)
+    k = torch.randn(2, seq, 2, 16, generator=gen)
+    theta, attention = rope.inv_freq({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, 16)
+    positions = context_parallel_positions(seq, world_size, rank, zigzag=zigzag)
+    q_shard, k_shard = rope.apply_rotary(q[:, positions], k[:, positions], positions + 100, theta,
+                                         attention_factor=attention, backend=BACKEND)
+    gathered = [torch.empty_like(q_shard) for _ in range(world_size)]
+    dist.all_gather(gathered, q_shard)
+    if rank == 0:
+        order = torch.cat([context_parallel_positions(seq, world_size, r, zigzag=zigzag) for r in range(world_size)])
+        sharded = torch.empty_like(q)
+        sharded[:, order] = torch.cat(gathered, dim=1)
+        full, _ = rope.apply_rotary(q, k, torch.arange(seq) + 100, theta, attention_factor=attention, backend=BACKEND)
+        torch.save({"sharded": sharded, "full": full}, result_file)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("zigzag", [False, True])
+def test_context_parallel_rotation_equals_the_unsharded_one(zigzag, tmp_path):
+    """Two CPU processes (gloo): each rotates its shard with its own positions; gathered, the
+    result equals rotating the whole sequence at once."""
+    result_file = tmp_path / "result.pt"
+    mp.spawn(_rank_main, args=(2, str(tmp_path / "init"), zigzag, str(result_file)), nprocs=2, join=True)
+    result = torch.load(result_file)
+    assert result["sharded"].abs().max() > 0.1
+    assert torch.equal(result["sharded"], result["full"])
+
+
+def test_bad_positions_input_is_named():
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
+        packed_positions(torch.tensor([1, 3]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        packed_positions(torch.tensor([0, 3, 2]))
+    with pytest.raises(TypeError, match="cu_seqlens must be an integer tensor"):
+        packed_positions(torch.tensor([0.0, 3.0]))
+    with pytest.raises(ValueError, match="offsets must have one entry per sequence"):
+        packed_positions(torch.tensor([0, 3, 5]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="must be a positive multiple of 4"):
+        context_parallel_positions(10, 2, 0, zigzag=True)
+    with pytest.raises(ValueError, match="0 <= rank < world_size"):
+        context_parallel_positions(8, 2, 2)

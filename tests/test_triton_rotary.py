@@ -1,0 +1,165 @@
+"""The fused Triton kernel against float64 references with exactly reduced angles.
+
+Without a GPU the kernel runs in Triton's interpreter on CPU tensors (tests/conftest.py), so
+shapes stay small; with one, the same tests run on CUDA.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytest.importorskip("triton")
+
+import rope  # noqa: E402
+from helpers import ulp  # noqa: E402
+from rope.angles import reduced_angles  # noqa: E402
+from rope.layouts import pair_indices  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+layouts = st.sampled_from(["half", "interleaved"])
+
+
+def reference(x, positions, theta, *, layout, attention_factor=1.0, conjugate=False):
+    """float64 y = s R_m x (or s R_m^T x) on the first 2 len(theta) coordinates, angles reduced exactly."""
+    x = x.to("cpu", torch.float64)
+    angles = reduced_angles(positions.cpu(), theta.cpu())
+    if positions.dim() == 1:
+        angles = angles[None]
+    cos, sin = angles.cos()[:, :, None] * attention_factor, angles.sin()[:, :, None] * attention_factor
+    if conjugate:
+        sin = -sin
+    a, b = pair_indices(2 * theta.numel(), layout)
+    y = x.clone()
+    y[..., a] = x[..., a] * cos - x[..., b] * sin
+    y[..., b] = x[..., b] * cos + x[..., a] * sin
+    return y
+
+
+def assert_close_to(out, ref, x):
+    """Math in float32 (float64 for float64 inputs), then one rounding: within one ulp of the
+    output dtype (the interpreter truncates to bfloat16 instead of rounding) plus the math error,
+    relative to the largest coordinate of the head."""
+    math_error = 1e-12 if x.dtype == torch.float64 else 5e-7
+    scale = x.to("cpu", torch.float64).abs().amax(-1, keepdim=True)
+    bound = 1.01 * ulp(ref, x.dtype) + math_error * scale
+    err = (out.to("cpu", torch.float64) - ref).abs()
+    assert torch.all(err <= bound), f"{x.dtype}: worst error {(err / bound).max().item():.3g} x the bound"
+
+
+@st.composite
+def problems(draw):
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    batch, seq = draw(st.integers(1, 2)), draw(st.integers(1, 6))
+    heads_q, heads_k = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    head_dim = 2 * draw(st.integers(1, 20))
+    rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
+    dtype = draw(st.sampled_from(DTYPES))
+    # q and k as views into one packed [batch, seq, heads_q + 2 heads_k, head_dim] projection, or separate.
+    if draw(st.booleans()):
+        qkv = torch.randn(batch, seq, heads_q + 2 * heads_k, head_dim, generator=gen).to(dtype)
+        q, k = qkv[:, :, :heads_q], qkv[:, :, heads_q:heads_q + heads_k]
+    else:
+        q = torch.randn(batch, seq, heads_q, head_dim, generator=gen).to(dtype)
+        k = torch.randn(batch, seq, heads_k, head_dim, generator=gen).to(dtype)
+    high = draw(st.sampled_from([64, 2**20, 2**31 - 1]))
+    shape = (seq,) if draw(st.booleans()) else (batch, seq)
+    positions = torch.randint(-high if draw(st.booleans()) else 0, high, shape, generator=gen)
+    theta, _ = rope.inv_freq({"rope_theta": draw(st.floats(10.0, 1e6))}, rotary_dim)
+    return q.to(DEVICE), k.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE)
+
+
+@given(problems(), layouts, st.sampled_from([1.0, 1.2345]), st.booleans())
+def test_kernel_matches_float64_reference(problem, layout, attention_factor, conjugate):
+    q, k, positions, theta = problem
+    q_out, k_out = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=attention_factor,
+                                     conjugate=conjugate, backend="triton")
+    rotary_dim = 2 * theta.numel()
+    for x, out in ((q, q_out), (k, k_out)):
+        assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+        ref = reference(x, positions, theta, layout=layout, attention_factor=attention_factor, conjugate=conjugate)
+        assert_close_to(out, ref, x)
+        assert torch.equal(out[..., rotary_dim:], x[..., rotary_dim:])
+
+
+def _small(dtype=torch.float32, seed=0, heads=(3, 2), head_dim=12):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 5, heads[0], head_dim, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+    k = torch.randn(2, 5, heads[1], head_dim, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+    positions = torch.randint(0, 2**31 - 1, (2, 5), generator=gen).to(DEVICE)
+    theta, _ = rope.inv_freq({"rope_theta": 5e5}, 8)
+    return q, k, positions, theta.to(DEVICE)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_in_place_rotation_equals_out_of_place_and_keeps_the_tail(layout):
+    q, k, positions, theta = _small()
+    expected = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=0.9, backend="triton")
+    q_in, k_in = q.clone(), k.clone()
+    torch.ops.rope.rotary_(q_in, k_in, positions, theta, layout == "interleaved", 8, 0.9, False)
+    assert torch.equal(q_in, expected[0]) and torch.equal(k_in, expected[1])
+    assert torch.equal(q_in[..., 8:], q[..., 8:])
+
+
+def test_backward_is_the_conjugate_rotation_and_leaves_the_gradient_alone():
+    q, k, positions, theta = _small(torch.float64)
+    q.requires_grad_(), k.requires_grad_()
+    small = (q[:1, :2, :2].detach().requires_grad_(), k[:1, :2, :1].detach().requires_grad_())
+    assert torch.autograd.gradcheck(
+        lambda a, b: rope.apply_rotary(a, b, positions[:1, :2], theta, attention_factor=1.3, backend="triton"), small
+    )
+    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
+    saved = grad_q.clone()
+    q_out, k_out = rope.apply_rotary(q, k, positions, theta, attention_factor=1.3, backend="triton")
+    got_q, got_k = torch.autograd.grad((q_out, k_out), (q, k), (grad_q, grad_k))
+    assert torch.equal(grad_q, saved)
+    for got, grad in ((got_q, grad_q), (got_k, grad_k)):
+        expected = reference(grad, positions, theta, layout="half", attention_factor=1.3, conjugate=True)
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=1e-12)
+
+
+def test_opcheck():
+    q, k, positions, theta = _small()
+    torch.library.opcheck(torch.ops.rope.rotary.default, (q, k, positions, theta, False, 8, 1.1, False))
+    torch.library.opcheck(torch.ops.rope.rotary_.default, (q.clone(), k.clone(), positions, theta, True, 8, 1.0, True))
+
+
+def test_torch_compile_traces_the_kernel_in_one_graph():
+    q, k, positions, theta = _small()
+
+    def scores(q, k):
+        q, k = rope.apply_rotary(q, k, positions, theta, layout="interleaved", backend="triton")
+        return torch.einsum("bshd,bthd->bhst", q, k.repeat_interleave(2, dim=2)[:, :, :3])
+
+    compiled = torch.compile(scores, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k), scores(q, k), rtol=0, atol=0)
+
+
+def test_kernel_errors_are_named():
+    q, k, positions, theta = _small()
+    with pytest.raises(ValueError, match="head_dim up to 1024"):
+        big = torch.randn(1, 1, 1, 1026, device=DEVICE)
+        rope.apply_rotary(big, big, positions[0, :1], theta, backend="triton")
+    with pytest.raises(ValueError, match="positions is on meta"):
+        rope.apply_rotary(q, k, positions.to("meta"), theta, backend="triton")
+    with pytest.raises(TypeError, match="q must be float16"):
+        rope.apply_rotary(q.int(), k.int(), positions, theta, backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        rope.apply_rotary(q, k, positions, theta, backend="cuda")
+    with pytest.raises(ValueError, match="in-place rotation needs"):
+        torch.ops.rope.rotary_(q.transpose(1, 3), k.transpose(1, 3), positions, theta, False, 8, 1.0, False)
+
+
+@pytest.mark.parametrize("block_s, block_h, group", [(2, 2, 3), (1, 2, 2), (4, 4, 1)])
+def test_every_launch_shape_gives_the_same_result(block_s, block_h, group):
+    """The heuristics pick (BLOCK_S, BLOCK_H, GROUP) by size; small test shapes would only reach
+    GROUP = 1, so the other programs' layouts are forced here."""
+    from rope import triton_rotary
+
+    q, k, positions, theta = _small(torch.bfloat16)
+    expected = rope.apply_rotary(q, k, positions, theta, layout="interleaved", backend="triton")
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    triton_rotary.launch(q, k, q_out, k_out, positions, theta, interleaved=True, rotary_dim=8, scale=1.0,
+                         conjugate=False, block_s=block_s, block_h=block_h, group=group)
+    assert torch.equal(q_out, expected[0]) and torch.equal(k_out, expected[1])
