@@ -39,16 +39,27 @@ SHAPES = [
 CALLS_PER_GRAPH = 10
 
 
+_STREAM: list[torch.cuda.Stream] = []
+
+
+def capture_stream() -> torch.cuda.Stream:
+    """The one side stream every forward of a timed backward and every capture runs on: autograd
+    replays a backward op on its forward op's stream, which must be the capturing stream."""
+    if not _STREAM:
+        _STREAM.append(torch.cuda.Stream())
+    return _STREAM[0]
+
+
 def graph_time_ms(fn, replays: int = 20) -> float:
     """Median device time of one call of ``fn``, from replays of a graph holding CALLS_PER_GRAPH calls."""
-    stream = torch.cuda.Stream()
+    stream = capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):
+        for _ in range(3):  # warm-up: compilation, autotuning, lazy initialisation
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         for _ in range(CALLS_PER_GRAPH):
             fn()
     times = []
@@ -73,8 +84,12 @@ def contenders(q, k, positions, theta, cos, sin):
     """name -> (forward fn, backward fn or None)."""
     def with_grad(forward):
         qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
-        outs = forward(qg, kg)
-        grads = tuple(o.detach().clone() for o in outs)  # random data, made outside any capture
+        stream = capture_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            outs = forward(qg, kg)
+            grads = tuple(o.detach().clone() for o in outs)  # random data, made outside any capture
+        torch.cuda.current_stream().wait_stream(stream)
         return lambda: torch.autograd.grad(outs, (qg, kg), grads, retain_graph=True)
 
     out = {}
@@ -99,6 +114,7 @@ def contenders(q, k, positions, theta, cos, sin):
 
 
 def run(shapes, out_path: str | None) -> str:
+    torch._dynamo.config.recompile_limit = 64  # one compiled graph per shape and pass
     device = torch.cuda.get_device_name()
     theta, _ = rope.inv_freq({"rope_theta": 500000.0}, 128)
     theta = theta.cuda()

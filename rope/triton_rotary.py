@@ -21,6 +21,7 @@ be contiguous.
 
 from __future__ import annotations
 
+import os
 import struct
 
 import torch
@@ -66,10 +67,27 @@ def _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.
 
 
 @triton.jit
-def _rotate_heads(x_row, o_row, row_mask, cos, sin, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                  TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  COPY_TAIL: tl.constexpr):
-    """Rotate the [BLOCK_S, BLOCK_H] heads at x_row into o_row (pointers to coordinate 0)."""
+def _head_block(Q, K, QO, KO, block, blocks_q, batch, s, s_mask, heads_q, heads_k,
+                sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
+                BLOCK_H: tl.constexpr):
+    """Pointers to coordinate 0 of the [BLOCK_S, BLOCK_H] heads of head block ``block`` (q's
+    blocks first, then k's), in the input and the output, and the mask of real rows."""
+    if block < blocks_q:
+        h = (block * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+        row_mask = s_mask[:, None, None] & (h < heads_q)[None, :, None]
+        x_row = Q + batch * sq_b + s[:, None, None] * sq_s + h[None, :, None] * sq_h
+        o_row = QO + batch * sqo_b + s[:, None, None] * sqo_s + h[None, :, None] * sqo_h
+    else:
+        h = ((block - blocks_q) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+        row_mask = s_mask[:, None, None] & (h < heads_k)[None, :, None]
+        x_row = K + batch * sk_b + s[:, None, None] * sk_s + h[None, :, None] * sk_h
+        o_row = KO + batch * sko_b + s[:, None, None] * sko_s + h[None, :, None] * sko_h
+    return x_row, o_row, row_mask
+
+
+@triton.jit
+def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Offsets (a_i, b_i) of the two coordinates of pair i, and the mask of real pairs."""
     j = tl.arange(0, HALF_PAD)
     if INTERLEAVED:
         a = 2 * j
@@ -77,15 +95,22 @@ def _rotate_heads(x_row, o_row, row_mask, cos, sin, HALF: tl.constexpr, HALF_PAD
     else:
         a = j
         b = j + HALF
-    mask = row_mask & (j < HALF)[None, None, :]
-    xa = tl.load(x_row + a[None, None, :], mask=mask, other=0.0)
-    xb = tl.load(x_row + b[None, None, :], mask=mask, other=0.0)
+    return a[None, None, :], b[None, None, :], (j < HALF)[None, None, :]
+
+
+@triton.jit
+def _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                      TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+                      COPY_TAIL: tl.constexpr):
+    """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail."""
+    a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    mask = row_mask & j_mask
     c = cos[:, None, :]
     s = sin[:, None, :]
     ya = xa.to(c.dtype) * c - xb.to(c.dtype) * s
     yb = xb.to(c.dtype) * c + xa.to(c.dtype) * s
-    tl.store(o_row + a[None, None, :], ya.to(xa.dtype), mask=mask)
-    tl.store(o_row + b[None, None, :], yb.to(xb.dtype), mask=mask)
+    tl.store(o_row + a, ya.to(xa.dtype), mask=mask)
+    tl.store(o_row + b, yb.to(xb.dtype), mask=mask)
     if COPY_TAIL:
         t = 2 * HALF + tl.arange(0, TAIL_PAD)
         tail_mask = row_mask & (t < 2 * HALF + TAIL)[None, None, :]
@@ -94,9 +119,16 @@ def _rotate_heads(x_row, o_row, row_mask, cos, sin, HALF: tl.constexpr, HALF_PAD
 
 
 @triton.jit
+def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+    a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    mask = row_mask & j_mask
+    return tl.load(x_row + a, mask=mask, other=0.0), tl.load(x_row + b, mask=mask, other=0.0)
+
+
+@triton.jit
 def _rotary_kernel(
     Q, K, QO, KO, POS, FREQ, C,
-    seq_len, heads_q, heads_k, scale_hi, scale_lo,
+    seq_len, heads_q, heads_k, scale_hi, scale_lo, tokens_bucket,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
     sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
     sp_b, sp_s,
@@ -105,30 +137,52 @@ def _rotary_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
-    [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's)."""
+    [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
+    issued before the angle arithmetic, so that memory latency and the math overlap.
+    ``tokens_bucket`` only keys the autotuning cache."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s < seq_len
     s = s.to(tl.int64)
-    pos = tl.load(POS + batch * sp_b + s * sp_s, mask=s_mask, other=0).to(tl.int64)
-    cos, sin = _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
-
     blocks_q = tl.cdiv(heads_q, BLOCK_H)
     blocks = blocks_q + tl.cdiv(heads_k, BLOCK_H)
-    for i in tl.static_range(GROUP):
-        block = tl.program_id(1) * GROUP + i
-        if block < blocks:
-            if block < blocks_q:
-                h = (block * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
-                row_mask = s_mask[:, None, None] & (h < heads_q)[None, :, None]
-                x_row = Q + batch * sq_b + s[:, None, None] * sq_s + h[None, :, None] * sq_h
-                o_row = QO + batch * sqo_b + s[:, None, None] * sqo_s + h[None, :, None] * sqo_h
-            else:
-                h = ((block - blocks_q) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
-                row_mask = s_mask[:, None, None] & (h < heads_k)[None, :, None]
-                x_row = K + batch * sk_b + s[:, None, None] * sk_s + h[None, :, None] * sk_h
-                o_row = KO + batch * sko_b + s[:, None, None] * sko_s + h[None, :, None] * sko_h
-            _rotate_heads(x_row, o_row, row_mask, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL)
+
+    first = tl.program_id(1) * GROUP  # always < blocks: the grid has cdiv(blocks, GROUP) columns
+    x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first, blocks_q, batch, s, s_mask, heads_q, heads_k,
+                                         sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
+                                         sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
+    xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
+    pos = tl.load(POS + batch * sp_b + s * sp_s, mask=s_mask, other=0).to(tl.int64)
+    cos, sin = _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
+    _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED,
+                      COPY_TAIL)
+    for i in tl.static_range(1, GROUP):
+        if first + i < blocks:
+            x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
+                                                 heads_k, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
+                                                 sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
+            xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
+            _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                              INTERLEAVED, COPY_TAIL)
+
+
+# (BLOCK_S, BLOCK_H, GROUP, num_warps) tried on first use of a shape on a GPU: the leaders of a
+# sweep over the benchmark shapes on an H100 (benchmarks/tune_blocks.py).
+_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (4, 4, 1, 2), (8, 4, 1, 2), (2, 16, 1, 4), (2, 32, 1, 4),
+               (2, 16, 4, 4), (4, 8, 2, 4)]
+
+
+def _small_problems_take_the_first(configs, named_args, **kwargs):
+    """Below 256 tokens launch latency dominates and the sizes hardly matter: no sweep."""
+    return configs[:1] if named_args["tokens_bucket"] < 256 else configs
+
+
+_tuned_kernel = triton.autotune(
+    configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w) for s, h, g, w in _CANDIDATES],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FP64"],
+    prune_configs_by={"early_config_prune": _small_problems_take_the_first},
+    restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
+)(_rotary_kernel)
 
 
 _PIECES: dict[torch.device, torch.Tensor] = {}
@@ -140,15 +194,10 @@ def _pieces(device: torch.device) -> torch.Tensor:
     return _PIECES[device]
 
 
-def _launch_sizes(batch: int, seq_len: int, heads: int, head_blocks_of) -> tuple[int, int, int]:
-    """(BLOCK_S, BLOCK_H, GROUP), from a sweep on an H100 (benchmarks/tune_blocks.py): two tokens by
-    up to 16 heads per block; one program per token block for all heads (angles computed once)
-    when that still gives a few waves of programs, else one head block per program (decode)."""
+def _launch_sizes(batch: int, seq_len: int, heads: int) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_H, GROUP) where no autotuning runs (Triton's interpreter on CPU)."""
     block_h = min(triton.next_power_of_2(heads), 16)
-    block_s = 2 if batch * seq_len >= 2048 else 1
-    programs = batch * triton.cdiv(seq_len, block_s)
-    group = head_blocks_of(block_h) if programs >= 2048 else 1
-    return block_s, block_h, group
+    return (2 if batch * seq_len >= 2048 else 1), block_h, 1
 
 
 def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate,
@@ -157,30 +206,34 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
 
     q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
     contiguous; positions integer ``[seq]`` or ``[batch, seq]``; inv_freq ``[rotary_dim/2]``.
-    ``block_s``, ``block_h``, ``group`` and ``num_warps`` override the launch heuristics (tuning).
+    On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
+    widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
     batch, seq_len, heads_q, head_dim = q.shape
     heads_k = k.shape[2]
     half = rotary_dim // 2
-    half_pad = triton.next_power_of_2(half)
     tail = head_dim - rotary_dim
 
-    def head_blocks_of(block_h):
-        return triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h)
+    def grid(meta):
+        head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
+        return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
-    default = _launch_sizes(batch, seq_len, max(heads_q, heads_k), head_blocks_of)
-    block_s, block_h, group = block_s or default[0], block_h or default[1], group or default[2]
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # scale rounded to float32
     pos_strides = (0, positions.stride(0)) if positions.dim() == 1 else tuple(positions.stride())
-    grid = (triton.cdiv(seq_len, block_s), triton.cdiv(head_blocks_of(block_h), group), batch)
-    _rotary_kernel[grid](
+    args = (
         q, k, q_out, k_out, positions, inv_freq.contiguous(), _pieces(q.device),
-        seq_len, heads_q, heads_k, scale_hi, scale - scale_hi,
+        seq_len, heads_q, heads_k, scale_hi, scale - scale_hi, triton.next_power_of_2(batch * seq_len),
         *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides,
-        HALF=half, HALF_PAD=half_pad, TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
+    )
+    options = dict(
+        HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=q.dtype == torch.float64,
         COPY_TAIL=tail > 0 and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr()),
-        BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group,
-        num_warps=num_warps,
     )
-
+    fixed = block_s or block_h or group
+    if q.is_cuda and not fixed and not os.environ.get("TRITON_INTERPRET"):
+        _tuned_kernel[grid](*args, **options)
+        return
+    default = _launch_sizes(batch, seq_len, max(heads_q, heads_k))
+    sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
+    _rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps)

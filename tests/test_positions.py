@@ -11,6 +11,14 @@ import rope
 from rope.positions import context_parallel_positions, packed_positions
 
 BACKEND = "triton" if rope.apply.HAS_TRITON else "torch"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel runs interpreted on CPU tensors
+
+
+def rotate(q, k, positions, theta, **options):
+    """rope.apply_rotary on DEVICE (the kernel where Triton is installed), result back on the CPU."""
+    out = rope.apply_rotary(q.to(DEVICE), k.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE),
+                            backend=BACKEND, **options)
+    return tuple(t.cpu() for t in out)
 
 
 @settings(max_examples=20)  # each example runs the kernel once per sequence (interpreted on CPU)
@@ -28,11 +36,11 @@ def test_packed_batch_equals_each_sequence_rotated_alone(lengths, seed, with_off
     q = torch.randn(1, total, 3, 8, generator=gen)
     k = torch.randn(1, total, 1, 8, generator=gen)
     theta, _ = rope.inv_freq({}, 8)
-    q_out, k_out = rope.apply_rotary(q, k, positions, theta, backend=BACKEND)
+    q_out, k_out = rotate(q, k, positions, theta)
     for j in range(len(lengths)):
         lo, hi = cu_seqlens[j].item(), cu_seqlens[j + 1].item()
         start = offsets[j].item() if with_offsets else 0
-        q_j, k_j = rope.apply_rotary(q[:, lo:hi], k[:, lo:hi], torch.arange(hi - lo) + start, theta, backend=BACKEND)
+        q_j, k_j = rotate(q[:, lo:hi], k[:, lo:hi], torch.arange(hi - lo) + start, theta)
         assert torch.equal(q_out[:, lo:hi], q_j) and torch.equal(k_out[:, lo:hi], k_j)
 
 
@@ -53,15 +61,14 @@ def _rank_main(rank, world_size, init_file, zigzag, result_file):
     k = torch.randn(2, seq, 2, 16, generator=gen)
     theta, attention = rope.inv_freq({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, 16)
     positions = context_parallel_positions(seq, world_size, rank, zigzag=zigzag)
-    q_shard, k_shard = rope.apply_rotary(q[:, positions], k[:, positions], positions + 100, theta,
-                                         attention_factor=attention, backend=BACKEND)
+    q_shard, k_shard = rotate(q[:, positions], k[:, positions], positions + 100, theta, attention_factor=attention)
     gathered = [torch.empty_like(q_shard) for _ in range(world_size)]
     dist.all_gather(gathered, q_shard)
     if rank == 0:
         order = torch.cat([context_parallel_positions(seq, world_size, r, zigzag=zigzag) for r in range(world_size)])
         sharded = torch.empty_like(q)
         sharded[:, order] = torch.cat(gathered, dim=1)
-        full, _ = rope.apply_rotary(q, k, torch.arange(seq) + 100, theta, attention_factor=attention, backend=BACKEND)
+        full, _ = rotate(q, k, torch.arange(seq) + 100, theta, attention_factor=attention)
         torch.save({"sharded": sharded, "full": full}, result_file)
     dist.destroy_process_group()
 
