@@ -6,7 +6,11 @@
   cos and sin are computed in float64 and rounded once (transformers rounds the angle to float32
   first, which costs accuracy at long positions).
 * :func:`apply_rotary_pos_emb` has the signature and result of transformers' function, computes in
-  float32 or better, and also handles partial rotary (cos narrower than the head).
+  float32 or better, and also handles partial rotary (cos narrower than the head). Given the ``cos``
+  that :class:`RotaryEmbedding` returned, it rotates from the positions and frequencies that
+  ``cos`` was made from (the ``rope_source`` attribute) with :func:`rope.apply_rotary`: the fused
+  exact kernel on CUDA, float64 on the CPU, and no table rounded to the model's dtype in between.
+  Any other ``cos`` (sliced, converted, someone else's) takes the table formula.
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model.
 
 ``dynamic`` and ``longrope`` pick their frequencies from the current length
@@ -21,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .apply import rotation_angles
+from .apply import apply_rotary, rotation_angles
 from .config import parse_config
 from .frequencies import inv_freq
 
@@ -84,7 +88,9 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         cos = torch.cos(angles) * attention
         sin = torch.sin(angles) * attention
-        return cos.to(dtype=x.dtype, device=x.device), sin.to(dtype=x.dtype, device=x.device)
+        cos, sin = cos.to(dtype=x.dtype, device=x.device), sin.to(dtype=x.dtype, device=x.device)
+        cos.rope_source = (position_ids, theta.to(position_ids.device), attention)
+        return cos, sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -97,6 +103,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int =
     """transformers-compatible: ``q * cos + rotate_half(q) * sin`` on the first ``cos.shape[-1]``
     coordinates (the rest pass through), in float32 or better, rounded once to q's dtype.
     ``position_ids`` is accepted for the older signature and ignored."""
+    source = getattr(cos, "rope_source", None)
+    if source is not None and unsqueeze_dim in (1, 2) and q.dim() == k.dim() == 4:
+        return _rotate_from_source(q, k, *source, heads_dim=unsqueeze_dim)
     rotary_dim = cos.shape[-1]
     if sin.shape != cos.shape:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
@@ -111,6 +120,15 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int =
         return torch.cat((y.to(x.dtype), tail), dim=-1)
 
     return rotate(q), rotate(k)
+
+
+def _rotate_from_source(q, k, position_ids, theta, attention, *, heads_dim):
+    """rope.apply_rotary on [batch, heads, seq, dim] (heads_dim 1) or [batch, seq, heads, dim] views."""
+    positions = position_ids[0] if position_ids.dim() == 2 and position_ids.shape[0] == 1 else position_ids
+    if heads_dim == 1:
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    q_out, k_out = apply_rotary(q, k, positions, theta.to(q.device), attention_factor=attention)
+    return (q_out.transpose(1, 2), k_out.transpose(1, 2)) if heads_dim == 1 else (q_out, k_out)
 
 
 def install(model: nn.Module) -> int:

@@ -103,3 +103,24 @@ def test_apply_rotary_pos_emb_equals_apply_rotary():
 def test_rotary_embedding_needs_a_config():
     with pytest.raises(ValueError, match="needs a config, or both rope_parameters and head_dim"):
         rope.hf.RotaryEmbedding(rope_parameters={"rope_type": "default"})
+
+
+def test_cos_from_rotary_embedding_rotates_from_exact_angles():
+    """The drop-in's cos remembers its positions and frequencies, so apply_rotary_pos_emb rotates
+    from them (float64 here, the kernel on CUDA); a converted cos takes the table formula."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 6, 32, generator=gen)
+    k = torch.randn(2, 2, 6, 32, generator=gen)
+    position_ids = torch.randint(2**20, 2**24, (2, 6), generator=gen)
+    params = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    cos, sin = rope.hf.RotaryEmbedding(rope_parameters=params, head_dim=32)(q, position_ids)
+    assert hasattr(cos, "rope_source")
+    q_exact, k_exact = rope.hf.apply_rotary_pos_emb(q, k, cos, sin)
+    theta, attention = rope.inv_freq(params, 32)
+    q_ref, k_ref = rope.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), position_ids, theta,
+                                     attention_factor=attention)
+    assert torch.equal(q_exact, q_ref.transpose(1, 2)) and torch.equal(k_exact, k_ref.transpose(1, 2))
+    q_table, _ = rope.hf.apply_rotary_pos_emb(q, k, cos * 1, sin)  # a new tensor: no source
+    assert not torch.equal(q_table, q_exact)
+    torch.testing.assert_close(q_table, q_exact, rtol=0, atol=1e-5)
