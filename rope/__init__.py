@@ -13,10 +13,33 @@ Entry points:
 * :mod:`rope.encodings` — the encodings before RoPE: sinusoidal, Shaw, T5 buckets, DeBERTa, ALiBi;
 * :mod:`rope.decay` — the long-term decay bound and the base needed for a context length;
 * :mod:`rope.linear_attention` — RoPE in linear attention, O(N) and the O(N^2) reference;
+* :mod:`rope.positions` — position ids for packed batches and context parallelism;
+* :mod:`rope.extrapolation_analysis` — unseen angles and the interpolation bounds of length extension;
+* :mod:`rope.scaling_analysis` — what frequency scaling does to each pair: NTK bases, YaRN ramps, temperatures;
+* :mod:`rope.rerope`, :mod:`rope.logn`, :mod:`rope.dual_chunk` — ReRoPE and Leaky ReRoPE, log-n scaling,
+  Dual Chunk Attention's positions;
+* :mod:`rope.kv_cache` — dynamic NTK with a KV cache: keys cached before or after rotation;
 * :mod:`rope.fused` — the Triton kernel as ``torch.ops.rope.rotary`` (imported on demand).
 """
 
-from . import angles, axial, decay, encodings, general, hf, layouts, linear_attention, reference
+from . import (
+    angles,
+    axial,
+    decay,
+    dual_chunk,
+    encodings,
+    extrapolation_analysis,
+    general,
+    hf,
+    kv_cache,
+    layouts,
+    linear_attention,
+    logn,
+    positions,
+    reference,
+    rerope,
+    scaling_analysis,
+)
 from .apply import apply_rotary
 from .config import ROPE_TYPES, RopeConfig, parse_config
 from .frequencies import FREQUENCY_FUNCTIONS, inv_freq
@@ -30,14 +53,21 @@ __all__ = [
     "apply_rotary",
     "axial",
     "decay",
+    "dual_chunk",
     "encodings",
+    "extrapolation_analysis",
     "general",
     "hf",
     "inv_freq",
+    "kv_cache",
     "layouts",
     "linear_attention",
+    "logn",
     "parse_config",
     "permute_qk_weight",
+    "positions",
     "reference",
+    "rerope",
+    "scaling_analysis",
 ]
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ float64 and rounded once to float32.
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any, Callable, Mapping
 
 import torch
@@ -63,8 +64,13 @@ def _dynamic(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     return default_theta(base, dim), 1.0
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature: sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1."""
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature (Peng et al. 2023, eq. 22 with mscale = 1): the factor on cos
+    and sin, sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (transformers' ``get_mscale``,
+    DeepSeek's ``yarn_get_mscale``)."""
+    for name, value in (("scale", scale), ("mscale", mscale)):
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+            raise TypeError(f"{name} must be a finite real number, got {value!r}")
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -82,9 +88,9 @@ def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     if cfg.attention_factor is not None:
         attention = cfg.attention_factor
     elif cfg.mscale and cfg.mscale_all_dim:  # truthiness, as transformers: 0 counts as absent
-        attention = _yarn_mscale(s, cfg.mscale) / _yarn_mscale(s, cfg.mscale_all_dim)
+        attention = yarn_mscale(s, cfg.mscale) / yarn_mscale(s, cfg.mscale_all_dim)
     else:
-        attention = _yarn_mscale(s)
+        attention = yarn_mscale(s)
     beta_fast = cfg.beta_fast or 32.0
     beta_slow = cfg.beta_slow or 1.0
 

@@ -1,0 +1,121 @@
+"""Dynamic NTK scaling with a KV cache: cache keys before rotation, or they go stale.
+
+Dynamic NTK (emozilla, 2023; ``rope_type="dynamic"`` in :mod:`rope.frequencies`) recomputes the
+base from the current length l = max(position) + 1 once l exceeds max_position_embeddings L::
+
+    b(l) = b * (s * l / L - (s - 1))^(d / (d - 2)),     theta_i(l) = b(l)^(-2i/d).
+
+Run on the whole sequence at once, every query and key is rotated with theta(l) of the full
+length, and the logit of query m and key n depends on m - n only. Decoding with a cache
+that stores keys *after* rotation (as transformers does) freezes key n at the frequencies of
+the step that produced it, theta(l_n), while the new query uses theta(l): the logit becomes
+``q^T R_m(theta(l))^T R_n(theta(l_n)) k``, which is no longer a function of m - n alone and
+differs from the no-cache forward pass as soon as the base has moved (transformers issue
+#25104, "Inconsistent Rotation Base for Dynamic NTK Scaling RoPE"; in PR #24653 bloc97 noted
+that the correct way is to cache keys before rotation). Storing keys *before* rotation and
+rotating all of them with the current theta(l) at every step reproduces the no-cache logits
+exactly, at the price of re-rotating the whole cache each step.
+
+:class:`DynamicNTKKeyCache` implements both choices; :func:`dynamic_ntk_scores` is the
+no-cache reference. Everything is float64 and unscaled (no 1/sqrt(d), no mask).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from .apply import apply_rotary
+from .config import RopeConfig, parse_config
+from .frequencies import inv_freq
+from .layouts import check_layout
+from .rerope import check_positions, check_qk, rotary_scores
+
+STORES = ("unrotated", "rotated")
+
+
+def _dynamic_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
+    cfg = parse_config(config)
+    if cfg.rope_type != "dynamic":
+        raise ValueError(f"config must have rope_type 'dynamic', got {cfg.rope_type!r}")
+    cfg.require("factor")
+    cfg.require("max_position_embeddings")
+    return cfg
+
+
+def current_length(*positions: torch.Tensor) -> int:
+    """l = max(position) + 1 over all tokens seen, the length dynamic NTK scales for (as transformers)."""
+    return max(int(p.max()) for p in positions if p.numel()) + 1
+
+
+def dynamic_ntk_scores(q, k, q_positions, k_positions, config, head_dim: int, *, layout: str = "half") -> torch.Tensor:
+    """No-cache reference: rotate every query and key with theta(l), l = max position + 1,
+    and return the logits, float64 ``[batch, heads_q, q_len, k_len]``."""
+    cfg = _dynamic_config(config)
+    theta, _ = inv_freq(cfg, head_dim, seq_len=current_length(q_positions, k_positions))
+    return rotary_scores(q, k, q_positions, k_positions, theta, layout=layout)
+
+
+class DynamicNTKKeyCache:
+    """The keys of one attention layer under dynamic NTK scaling, cached one way or the other.
+
+    ``store="unrotated"`` keeps raw keys and rotates all of them with the current frequencies at
+    every step (equal to :func:`dynamic_ntk_scores`); ``store="rotated"`` rotates each key once,
+    with the frequencies of the step that appended it, and keeps the result (the transformers
+    behaviour, stale once the base has grown).
+
+    Example::
+
+        cache = DynamicNTKKeyCache({"rope_type": "dynamic", "factor": 4.0,
+                                    "max_position_embeddings": 2048}, head_dim=128)
+        scores = cache.step(q, k, positions)   # prefill, then one token at a time
+    """
+
+    def __init__(self, config: Mapping[str, Any] | RopeConfig, head_dim: int, *, store: str = "unrotated",
+                 layout: str = "half"):
+        self.config = _dynamic_config(config)
+        self.head_dim = head_dim
+        self.config.rotary_dim(head_dim)  # validates head_dim
+        if store not in STORES:
+            raise ValueError(f"store must be 'unrotated' or 'rotated', got {store!r}")
+        check_layout(layout)
+        self.store = store
+        self.layout = layout
+        self.keys: torch.Tensor | None = None  # float64 [batch, cached, heads_k, head_dim]
+        self.positions = torch.zeros(0, dtype=torch.int64)
+
+    def frequencies(self, length: int) -> torch.Tensor:
+        """theta(l) for the current length l."""
+        return inv_freq(self.config, self.head_dim, seq_len=length)[0]
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Append the new keys ``k`` ``[batch, seq, heads_k, head_dim]`` at integer ``positions``
+        ``[seq]`` and return the logits of the new queries ``q`` (same tokens) against every
+        cached key, float64 ``[batch, heads_q, seq, cached]``."""
+        check_positions("positions", positions)
+        if positions.numel() == 0:
+            raise ValueError("positions must hold at least one token")
+        positions = positions.to(torch.int64).cpu()
+        theta = self.frequencies(current_length(self.positions, positions))
+        check_qk(q, k, positions, positions, theta)
+        if q.shape[3] != self.head_dim:
+            raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[3]}")
+        if self.keys is not None and (k.shape[0], k.shape[2]) != (self.keys.shape[0], self.keys.shape[2]):
+            raise ValueError(f"k {tuple(k.shape)} does not match the cached keys {tuple(self.keys.shape)} "
+                             "in batch or heads")
+        new_keys = k.to(torch.float64)
+        if self.store == "rotated":
+            new_keys = _rotate(new_keys, positions, theta, self.layout)
+        self.keys = new_keys if self.keys is None else torch.cat([self.keys, new_keys], dim=1)
+        self.positions = torch.cat([self.positions, positions])
+        if self.store == "unrotated":
+            return rotary_scores(q, self.keys, positions, self.positions, theta, layout=self.layout)
+        q_rotated = _rotate(q.to(torch.float64), positions, theta, self.layout)
+        k_shared = self.keys.repeat_interleave(q.shape[2] // self.keys.shape[2], dim=2)
+        return torch.einsum("bihd,bjhd->bhij", q_rotated, k_shared)
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: torch.Tensor, layout: str) -> torch.Tensor:
+    """R_m(theta) x per token, float64 (apply_rotary on the torch path)."""
+    return apply_rotary(x, x, positions.to(x.device), theta.to(x.device), layout=layout, backend="torch")[0]

@@ -1,0 +1,186 @@
+"""ReRoPE and Leaky ReRoPE (Su, 2023): RoPE with the relative position bent beyond a window w.
+
+With RoPE the logit of query m and key n is ``(R_m q)^T (R_n k) = q^T R_{n-m} k``: it depends on
+r = m - n only. ReRoPE replaces r by a bent position r' (Su, "Transformer upgrade path 12:
+ReRoPE", kexue.fm/archives/9708, and github.com/bojone/rerope)::
+
+    ReRoPE        r' = min(r, w)
+    Leaky ReRoPE  r' = r                   for r < w
+                  r' = w + (r - w) / k     for r >= w,       k = leaky_scale,
+
+so the logit becomes ``q^T R_{-r'} k`` (equivalently ``(R_{r'} q)^T k``). k > 1 compresses the
+distances beyond the window (the inference-time use; k -> infinity is ReRoPE); 0 < k < 1
+stretches them (training with Leaky ReRoPE and inferring with plain RoPE, Su's "reverse" use);
+k = 1 is plain RoPE.
+
+Causal attention only: for a key after its query (r < 0) every function here keeps r' = r, i.e.
+the plain RoPE logit. Those entries carry no ReRoPE meaning; the causal mask removes them. (Su's
+reference code selects the first pass with ``|r| < w``, which gives r' = w for r <= -w; the
+choice is invisible once the mask is applied.)
+
+Two forms of the same logits:
+
+* :func:`rerope_scores`, the *training-time* form: ``q^T R_{-r'} k`` evaluated for each pair
+  with its own (possibly fractional) r', in float64;
+* :func:`rerope_scores_two_pass`, the *inference-time* form built from two ordinary RoPE logit
+  matrices (each a plain ``Q K^T`` of rotated vectors, so any attention kernel computes it),
+  combined by the window mask: pass 1 is plain RoPE (r' = r, used where r < w); pass 2 rotates
+  every query as if it sat at position w and leaves keys unrotated (r' = w, ReRoPE). For Leaky
+  ReRoPE pass 2 uses the interpolated frequencies theta_i / k with queries at m + w (k - 1) and
+  keys at n, whose angle difference is ``(m + w(k-1) - n) theta_i / k = (w + (r - w)/k) theta_i``.
+
+Both return unscaled logits ``[batch, heads_q, q_len, k_len]``; apply the 1/sqrt(d), the mask
+and the softmax yourself. GQA/MQA: query head h reads key head ``h // (heads_q // heads_k)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .apply import FLOAT_DTYPES, rotate_pairs, rotation_angles
+from .layouts import check_layout, pair_indices
+
+
+def check_positions(name: str, positions, length: int | None = None) -> None:
+    """Raise unless ``positions`` is a 1-D integer tensor (of ``length`` entries when given)."""
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of integers, got {type(positions).__name__}")
+    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {positions.dtype}")
+    if positions.dim() != 1:
+        raise ValueError(f"{name} must be 1-D [seq], got shape {tuple(positions.shape)}")
+    if length is not None and positions.shape[0] != length:
+        raise ValueError(f"{name} has {positions.shape[0]} entries, expected {length} (the seq dimension)")
+
+
+def _check_window(window, leaky_scale) -> None:
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise TypeError(f"window must be an int, got {type(window).__name__} {window!r}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if leaky_scale is None:
+        return
+    if isinstance(leaky_scale, bool) or not isinstance(leaky_scale, (int, float)):
+        raise TypeError(f"leaky_scale must be a number or None, got {type(leaky_scale).__name__} {leaky_scale!r}")
+    if not math.isfinite(leaky_scale) or leaky_scale <= 0:
+        raise ValueError(f"leaky_scale must be a finite number > 0, got {leaky_scale!r}")
+
+
+def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
+    """Validate query/key tensors (``[batch, seq, heads, head_dim]``, seq may differ), their 1-D
+    integer positions and the frequencies; return the number of query heads per key head."""
+    for name, t in (("q", q), ("k", k), ("inv_freq", inv_freq)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape [batch, seq, heads, head_dim], got {tuple(t.shape)}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"heads_q = {q.shape[2]} must be a multiple of heads_k = {k.shape[2]} (GQA)")
+    check_positions("q_positions", q_positions, q.shape[1])
+    check_positions("k_positions", k_positions, k.shape[1])
+    if inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point or inv_freq.numel() == 0:
+        raise ValueError(f"inv_freq must be a non-empty 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    if 2 * inv_freq.numel() > q.shape[3]:
+        raise ValueError(f"inv_freq has {inv_freq.numel()} frequencies: rotary_dim {2 * inv_freq.numel()} "
+                         f"exceeds head_dim {q.shape[3]}")
+    return q.shape[2] // k.shape[2]
+
+
+def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str) -> torch.Tensor:
+    """R_p x for each token, float64; ``positions`` may be fractional (float64)."""
+    angles = rotation_angles(positions.to(x.device), inv_freq.to(x.device))[None, :, None, :]  # [1, seq, 1, d/2]
+    return rotate_pairs(x.to(torch.float64), torch.cos(angles), torch.sin(angles), layout, 2 * inv_freq.numel())
+
+
+def _logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
+    """``q_rot . k_rot`` per head pair, ``[batch, heads_q, q_len, k_len]``, key heads shared (GQA)."""
+    k_rot = k_rot.repeat_interleave(q_rot.shape[2] // k_rot.shape[2], dim=2)
+    return torch.einsum("bihd,bjhd->bhij", q_rot, k_rot)
+
+
+def rotary_scores(q, k, q_positions, k_positions, inv_freq, *, layout: str = "half") -> torch.Tensor:
+    """Plain RoPE logits ``(R_m q)^T (R_n k) = q^T R_{n-m} k`` in float64, ``[batch, heads_q, q_len, k_len]``.
+
+    The building block of the two-pass form and of :mod:`rope.kv_cache`. q and k are
+    ``[batch, seq, heads, head_dim]`` with their own lengths and 1-D integer positions.
+    """
+    check_qk(q, k, q_positions, k_positions, inv_freq)
+    check_layout(layout)
+    return _logits(_rotated(q, q_positions, inv_freq, layout), _rotated(k, k_positions, inv_freq, layout))
+
+
+def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: float | None = None) -> torch.Tensor:
+    """The relative position r' used for each (query, key) pair, float64 ``[q_len, k_len]``.
+
+    With r = q_positions[i] - k_positions[j]: ReRoPE ``r' = min(r, w)``; Leaky ReRoPE
+    (``leaky_scale`` = k) ``r' = r`` for r < w and ``w + (r - w) / k`` beyond. Entries with r < 0
+    (keys after the query, removed by the causal mask) keep r' = r.
+    """
+    check_positions("q_positions", q_positions)
+    check_positions("k_positions", k_positions)
+    _check_window(window, leaky_scale)
+    r = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
+    beyond = window + (r - window) / leaky_scale if leaky_scale is not None else torch.full_like(r, float(window))
+    return torch.where(r < window, r, beyond)
+
+
+def rerope_scores(
+    q, k, q_positions, k_positions, inv_freq, *, window: int, leaky_scale: float | None = None, layout: str = "half"
+) -> torch.Tensor:
+    """Training-time (Leaky) ReRoPE logits ``q_i^T R_{-r'_ij} k_j``, float64 ``[batch, heads_q, q_len, k_len]``.
+
+    For pair p of the layout, with (a, b) its two coordinates, the rotation contributes
+    ``(q_a k_a + q_b k_b) cos(r' theta_p) + (q_a k_b - q_b k_a) sin(r' theta_p)``; coordinates past
+    the rotary width contribute ``q . k`` unrotated. r' is :func:`rerope_positions`, fractional
+    for Leaky ReRoPE. Costs d/2 passes over the ``[batch, heads, q_len, k_len]`` logits.
+    """
+    check_qk(q, k, q_positions, k_positions, inv_freq)
+    check_layout(layout)
+    r_prime = rerope_positions(q_positions, k_positions, window=window, leaky_scale=leaky_scale).to(q.device)
+    rotary_dim = 2 * inv_freq.numel()
+    q64 = q.to(torch.float64)
+    k64 = k.to(torch.float64).repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", q64[..., rotary_dim:], k64[..., rotary_dim:])
+    angles = r_prime[..., None] * inv_freq.to(device=q.device, dtype=torch.float64)  # [q_len, k_len, d/2]
+    a, b = pair_indices(rotary_dim, layout)
+    for p, (ia, ib) in enumerate(zip(a.tolist(), b.tolist())):
+        qa, qb, ka, kb = q64[..., ia], q64[..., ib], k64[..., ia], k64[..., ib]  # [batch, seq, heads]
+        aligned = torch.einsum("bih,bjh->bhij", qa, ka) + torch.einsum("bih,bjh->bhij", qb, kb)
+        crossed = torch.einsum("bih,bjh->bhij", qa, kb) - torch.einsum("bih,bjh->bhij", qb, ka)
+        scores += aligned * torch.cos(angles[..., p]) + crossed * torch.sin(angles[..., p])
+    return scores
+
+
+def rerope_scores_two_pass(
+    q, k, q_positions, k_positions, inv_freq, *, window: int, leaky_scale: float | None = None, layout: str = "half"
+) -> torch.Tensor:
+    """Inference-time (Leaky) ReRoPE logits from two plain RoPE passes, float64 ``[batch, heads_q, q_len, k_len]``.
+
+    ``where(r < w, pass1, pass2)`` with pass 1 the plain RoPE logits at the true positions and
+    pass 2 the logits at relative position w (ReRoPE: queries at w, keys at 0) or, for Leaky
+    ReRoPE, under frequencies theta / k with queries at m + w (k - 1) and keys at n (Su's
+    ``leaky_rerope_patch.py``). Equal to :func:`rerope_scores` up to float64 rounding of the
+    angles.
+    """
+    check_qk(q, k, q_positions, k_positions, inv_freq)
+    check_layout(layout)
+    _check_window(window, leaky_scale)
+    inv_freq = inv_freq.to(torch.float64)
+    m = q_positions.to(device=q.device, dtype=torch.float64)
+    n = k_positions.to(device=q.device, dtype=torch.float64)
+    pass1 = _logits(_rotated(q, m, inv_freq, layout), _rotated(k, n, inv_freq, layout))
+    if leaky_scale is None:
+        q2 = _rotated(q, torch.full_like(m, float(window)), inv_freq, layout)
+        k2 = _rotated(k, torch.zeros_like(n), inv_freq, layout)
+    else:
+        q2 = _rotated(q, m + window * (leaky_scale - 1), inv_freq / leaky_scale, layout)
+        k2 = _rotated(k, n, inv_freq / leaky_scale, layout)
+    pass2 = _logits(q2, k2)
+    return torch.where((m[:, None] - n[None, :]) < window, pass1, pass2)

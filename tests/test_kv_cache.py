@@ -1,0 +1,113 @@
+"""rope.kv_cache: dynamic NTK with keys cached before rotation equals recomputing everything;
+keys cached after rotation go stale once the base grows (transformers issue #25104)."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rope
+from rope.kv_cache import DynamicNTKKeyCache, dynamic_ntk_scores
+from rope.reference import rotation_matrix
+
+seeds = st.integers(0, 2**31 - 1)
+layouts = st.sampled_from(["half", "interleaved"])
+
+
+def config(length, factor=4.0, base=10000.0):
+    return {"rope_type": "dynamic", "factor": factor, "max_position_embeddings": length, "rope_theta": base}
+
+
+def random_sequence(seed, total, *, heads_k=2, group=2, head_dim=8):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, total, heads_k * group, head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, total, heads_k, head_dim, generator=gen, dtype=torch.float64)
+    return q, k
+
+
+def decode(cache, q, k, prefill):
+    """Prefill ``prefill`` tokens, then one token per step; yield (step end, logits)."""
+    yield prefill, cache.step(q[:, :prefill], k[:, :prefill], torch.arange(prefill))
+    for t in range(prefill, q.shape[1]):
+        yield t + 1, cache.step(q[:, t : t + 1], k[:, t : t + 1], torch.tensor([t]))
+
+
+@given(seeds, layouts, st.integers(4, 12), st.floats(1.5, 16.0))
+def test_unrotated_cache_equals_recomputing_at_the_current_length(seed, layout, length, factor):
+    total = 3 * length
+    q, k = random_sequence(seed, total)
+    cache = DynamicNTKKeyCache(config(length, factor), 8, store="unrotated", layout=layout)
+    for end, scores in decode(cache, q, k, prefill=length // 2):
+        start = end - scores.shape[2]
+        reference = dynamic_ntk_scores(q[:, start:end], k[:, :end], torch.arange(start, end), torch.arange(end),
+                                       config(length, factor), 8, layout=layout)
+        assert scores.shape == (1, 4, end - start, end)
+        torch.testing.assert_close(scores, reference, rtol=0, atol=1e-12)
+
+
+@given(seeds, layouts, st.integers(4, 12))
+def test_rotated_cache_is_exact_until_the_base_moves_then_stale(seed, layout, length):
+    total = 3 * length
+    q, k = random_sequence(seed, total)
+    cache = DynamicNTKKeyCache(config(length), 8, store="rotated", layout=layout)
+    for end, scores in decode(cache, q, k, prefill=length // 2):
+        start = end - scores.shape[2]
+        reference = dynamic_ntk_scores(q[:, start:end], k[:, :end], torch.arange(start, end), torch.arange(end),
+                                       config(length), 8, layout=layout)
+        error = (scores - reference).abs().max().item()
+        if end <= length:
+            assert error <= 1e-12
+        else:
+            # the newest key shares the query's base; older keys keep older bases
+            torch.testing.assert_close(scores[..., -1], reference[..., -1], rtol=0, atol=1e-12)
+            assert error > 1e-6
+
+
+@given(seeds, layouts)
+def test_rotated_cache_keeps_each_key_at_the_base_of_its_step(seed, layout):
+    length, total, head_dim = 6, 15, 8
+    q, k = random_sequence(seed, total, heads_k=1, group=1, head_dim=head_dim)
+    cache = DynamicNTKKeyCache(config(length), head_dim, store="rotated", layout=layout)
+    *_, (end, scores) = decode(cache, q, k, prefill=3)
+    def theta(seq_len):
+        return rope.inv_freq(config(length), head_dim, seq_len=seq_len)[0]
+    query = rotation_matrix(total - 1, theta(total), layout=layout) @ q[0, -1, 0]
+    for n in range(total):
+        step_length = max(n + 1, 3)  # the prefill step saw positions 0..2
+        key = rotation_matrix(n, theta(step_length), layout=layout) @ k[0, n, 0]
+        assert abs(scores[0, 0, 0, n].item() - (query @ key).item()) <= 1e-12
+
+
+def test_the_stale_error_grows_with_the_length():
+    length = 16
+    q, k = random_sequence(11, 6 * length)
+    stale = DynamicNTKKeyCache(config(length), 8, store="rotated")
+    fresh = DynamicNTKKeyCache(config(length), 8, store="unrotated")
+    pairs = zip(decode(stale, q, k, length), decode(fresh, q, k, length))
+    gaps = [(a - b).abs().max().item() for (_, a), (_, b) in pairs]
+    assert gaps[0] == 0
+    assert max(gaps[-length:]) > 10 * max(gaps[1:3])
+
+
+def test_bad_arguments_are_named():
+    q, k = random_sequence(0, 4)
+    with pytest.raises(ValueError, match="rope_type 'dynamic'"):
+        DynamicNTKKeyCache({"rope_type": "default"}, 8)
+    with pytest.raises(ValueError, match="factor"):
+        DynamicNTKKeyCache({"rope_type": "dynamic", "max_position_embeddings": 8}, 8)
+    with pytest.raises(ValueError, match="store"):
+        DynamicNTKKeyCache(config(8), 8, store="both")
+    with pytest.raises(ValueError, match="layout"):
+        DynamicNTKKeyCache(config(8), 8, layout="gptj")
+    with pytest.raises(ValueError, match="head_dim"):
+        DynamicNTKKeyCache(config(8), 0)
+    cache = DynamicNTKKeyCache(config(8), 8)
+    with pytest.raises(TypeError, match="positions"):
+        cache.step(q, k, torch.arange(4.0))
+    with pytest.raises(ValueError, match="positions"):
+        cache.step(q, k, torch.arange(3))
+    with pytest.raises(ValueError, match="head_dim 6"):
+        DynamicNTKKeyCache(config(8), 6).step(q, k, torch.arange(4))
+    cache.step(q, k, torch.arange(4))
+    with pytest.raises(ValueError, match="cached keys"):
+        cache.step(q[:, :1, :1], k[:, :1, :1], torch.tensor([4]))
