@@ -19,6 +19,7 @@ Entry points:
 * :mod:`rope.rerope`, :mod:`rope.logn`, :mod:`rope.dual_chunk` — ReRoPE and Leaky ReRoPE, log-n scaling,
   Dual Chunk Attention's positions;
 * :mod:`rope.kv_cache` — dynamic NTK with a KV cache: keys cached before or after rotation;
+* :mod:`rope.experiment` — the length-extrapolation experiment, ``python -m rope.experiment`` (imported on demand);
 * :mod:`rope.fused` — the Triton kernel as ``torch.ops.rope.rotary`` (imported on demand).
 """
 

@@ -1,0 +1,112 @@
+"""A small causal transformer whose attention logits come from a pluggable position scheme.
+
+Pre-norm blocks (LayerNorm, causal self-attention, LayerNorm, GELU MLP), token embeddings and
+no absolute position embedding: every piece of position information enters through the
+attention logits
+
+    a_mn = scheme.logits(q, k, positions)[m, n],      softmax over keys n <= m,
+
+where the scheme rotates q and k (RoPE and its context-extension variants), adds a bias (ALiBi)
+or does nothing (NoPE: only the causal mask tells positions apart; Haviv et al. 2022). The
+attention is written out (no fused kernel) so that every scheme, including ReRoPE's per-pair
+relative positions, plugs into the same place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .methods import PositionScheme
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Sizes of :class:`TinyTransformer`."""
+
+    vocab_size: int
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    mlp_ratio: int = 4
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "mlp_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
+            raise ValueError(
+                f"d_model / num_heads must be an even integer (the rotary head dimension), "
+                f"got d_model={self.d_model}, num_heads={self.num_heads}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.qkv = nn.Linear(spec.d_model, 3 * spec.d_model, bias=False)
+        self.out = nn.Linear(spec.d_model, spec.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.spec.num_heads, self.spec.head_dim).unbind(2)
+        logits = scheme.logits(q, k, positions)  # [batch, heads, seq, seq], scaled by 1/sqrt(head_dim)
+        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
+        weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
+        mixed = torch.einsum("bhmn,bnhd->bmhd", weights, v).reshape(batch, seq, -1)
+        return self.out(mixed)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.norm_attention = nn.LayerNorm(spec.d_model)
+        self.attention = CausalSelfAttention(spec)
+        self.norm_mlp = nn.LayerNorm(spec.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(spec.d_model, spec.mlp_ratio * spec.d_model),
+            nn.GELU(),
+            nn.Linear(spec.mlp_ratio * spec.d_model, spec.d_model),
+        )
+
+    def forward(self, x, scheme, positions):
+        x = x + self.attention(self.norm_attention(x), scheme, positions)
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class TinyTransformer(nn.Module):
+    """Next-token logits ``[batch, seq, vocab]`` of int64 tokens ``[batch, seq]`` (positions 0 .. seq-1)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        if not isinstance(spec, ModelSpec):
+            raise TypeError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.num_layers))
+        self.norm = nn.LayerNorm(spec.d_model)
+        self.unembed = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        nn.init.normal_(self.embed.weight, std=1 / math.sqrt(spec.d_model))
+
+    def forward(self, tokens: torch.Tensor, scheme: PositionScheme) -> torch.Tensor:
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tokens.dim() != 2:
+            raise TypeError("tokens must be an int64 tensor [batch, seq]")
+        if not isinstance(scheme, PositionScheme):
+            raise TypeError(f"scheme must be a PositionScheme, got {type(scheme).__name__}")
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, scheme, positions)
+        return self.unembed(self.norm(x))

@@ -1,0 +1,135 @@
+"""Training and evaluation loops: next-token cross-entropy, AdamW, warmup then cosine decay.
+
+Evaluation scores each target token by its kind (see :mod:`rope.experiment.data`):
+
+* ``loss``: mean cross-entropy over every next-token target of the sequence;
+* ``markov_loss``: over Markov tokens only (local structure; floor: the chain's entropy rate);
+* ``recall_loss`` and ``recall_accuracy`` (argmax correct): over recall tokens only, which are
+  predictable only by retrieving a span that may lie anywhere earlier in the context.
+
+A method with ``per_prefix`` (dynamic NTK) is evaluated as it would run when generating: the
+targets in each block of L positions ending at e are scored by a forward pass over the prefix
+of e tokens with the scheme built for length e, so the scale grows with the context read so
+far (with keys re-rotated at each block; the granularity is one block of L, not one token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .data import MARKOV, RECALL, RecallTask
+from .methods import Context, Method, PositionScheme
+from .model import TinyTransformer
+
+
+def _progress(iterable, enabled: bool, **kwargs):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kwargs)
+
+
+def learning_rate_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    """Linear warmup to ``peak`` over ``warmup`` steps, then cosine decay to peak / 10."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(
+    model: TinyTransformer,
+    scheme: PositionScheme,
+    task: RecallTask,
+    *,
+    steps: int,
+    batch_size: int,
+    length: int,
+    learning_rate: float,
+    warmup_steps: int,
+    weight_decay: float,
+    data_seed: int,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    description: str = "train",
+) -> list[float]:
+    """Train ``model`` in place on fresh batches (batch i drawn with seed ``data_seed + i``);
+    return the training loss of every step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=weight_decay)
+    losses = []
+    model.train()
+    bar = _progress(range(steps), progress, desc=description, leave=False)
+    for step in bar:
+        tokens, _ = task.sample(batch_size, length, data_seed + step)
+        tokens = tokens.to(device)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate_at(step, steps, learning_rate, warmup_steps)
+        logits = model(tokens, scheme)
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if progress and step % 20 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+def _scored_logits(model, method: Method, ctx: Context, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token logits for every position of ``tokens`` under ``method`` at ``ctx``."""
+    length = tokens.shape[1]
+    if not method.per_prefix:
+        return model(tokens, method.build(ctx.at(length)))
+    pieces, start = [], 0
+    while start < length:
+        end = min(start + ctx.training_length, length)
+        logits = model(tokens[:, :end], method.build(ctx.at(end)))
+        pieces.append(logits[:, start:end])
+        start = end
+    return torch.cat(pieces, dim=1)
+
+
+@torch.no_grad()
+def evaluate(
+    model: TinyTransformer,
+    method: Method,
+    ctx: Context,
+    tokens: torch.Tensor,
+    kinds: torch.Tensor,
+    *,
+    batch_size: int,
+) -> dict[str, float]:
+    """The metrics of the module docstring on ``tokens`` ``[n, length]`` with kinds ``kinds``."""
+    model.eval()
+    totals = {"all": 0.0, "markov": 0.0, "recall": 0.0, "correct": 0}
+    counts = {"all": 0, "markov": 0, "recall": 0}
+    for first in range(0, tokens.shape[0], batch_size):
+        batch = tokens[first : first + batch_size]
+        target_kinds = kinds[first : first + batch_size, 1:].to(batch.device)
+        logits = _scored_logits(model, method, ctx, batch)[:, :-1].double()
+        targets = batch[:, 1:]
+        nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        correct = logits.argmax(-1) == targets
+        totals["all"] += nll.sum().item()
+        counts["all"] += nll.numel()
+        for name, kind in (("markov", MARKOV), ("recall", RECALL)):
+            mask = target_kinds == kind
+            totals[name] += nll[mask].sum().item()
+            counts[name] += int(mask.sum())
+        totals["correct"] += int(correct[target_kinds == RECALL].sum())
+
+    def mean(total, count):
+        return total / count if count else math.nan
+
+    return {
+        "loss": mean(totals["all"], counts["all"]),
+        "markov_loss": mean(totals["markov"], counts["markov"]),
+        "recall_loss": mean(totals["recall"], counts["recall"]),
+        "recall_accuracy": mean(totals["correct"], counts["recall"]),
+    }

@@ -1,0 +1,266 @@
+"""The extrapolation experiment: the synthetic language, every method's scheme, the tiny preset."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rope import reference
+from rope.encodings import alibi_slopes
+from rope.experiment import METHODS, PRESETS, Context, ModelSpec, RecallTask, TaskSpec, TinyTransformer, run
+from rope.experiment.__main__ import main
+from rope.experiment.data import ANCHOR, MARKOV, RECALL, recall_distances
+from rope.experiment.methods import Alibi, LogN, ReRoPE, Rotary
+from rope.experiment.runner import load_results
+from rope.experiment.train import _scored_logits
+from rope.frequencies import inv_freq
+
+SPEC = TaskSpec(markov_vocab=12, successors=3, anchors=10, span=3, event_rate=0.2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    task = RecallTask(SPEC)
+    tokens, kinds = task.sample(24, 96, seed=5)
+    return task, tokens, kinds
+
+
+def test_sample_is_deterministic_in_its_seed(sample):
+    task, tokens, kinds = sample
+    again, again_kinds = RecallTask(SPEC).sample(24, 96, seed=5)
+    other, _ = task.sample(24, 96, seed=6)
+    assert torch.equal(tokens, again) and torch.equal(kinds, again_kinds)
+    assert not torch.equal(tokens, other)
+    assert tokens.dtype == kinds.dtype == torch.int64 and tokens.shape == kinds.shape == (24, 96)
+
+
+def test_token_ranges_follow_kinds(sample):
+    _, tokens, kinds = sample
+    chain = tokens[kinds != ANCHOR]
+    assert int(chain.min()) >= 0 and int(chain.max()) < SPEC.markov_vocab
+    anchors = tokens[kinds == ANCHOR]
+    assert int(anchors.min()) >= SPEC.markov_vocab and int(anchors.max()) < SPEC.vocab_size
+    assert {MARKOV, ANCHOR, RECALL} <= set(kinds.unique().tolist())
+
+
+def test_markov_tokens_are_transitions_of_the_chain(sample):
+    """Each Markov token has positive probability from the previous chain token (anchors skipped)."""
+    task, tokens, kinds = sample
+    checked = 0
+    for row, row_kinds in zip(tokens.tolist(), kinds.tolist()):
+        state = None
+        for token, kind in zip(row, row_kinds):
+            if kind == ANCHOR:
+                continue
+            if kind == MARKOV and state is not None:
+                assert task.transitions[state, token] > 0
+                checked += 1
+            state = token
+    assert checked > 1000
+
+
+def test_recalled_spans_copy_the_first_occurrence(sample):
+    """After a repeated anchor, the span equals the tokens after that anchor's first occurrence;
+    after a new anchor come Markov tokens; no anchor is new twice."""
+    _, tokens, kinds = sample
+    recalls = 0
+    for row, row_kinds in zip(tokens.tolist(), kinds.tolist()):
+        first = {}
+        for t, (token, kind) in enumerate(zip(row, row_kinds)):
+            if kind != ANCHOR:
+                continue
+            follow = row_kinds[t + 1 : t + 1 + SPEC.span]
+            if token in first:
+                source = first[token]
+                assert follow == [RECALL] * len(follow)
+                assert row[t + 1 : t + 1 + len(follow)] == row[source + 1 : source + 1 + len(follow)]
+                recalls += len(follow)
+            else:
+                assert follow == [MARKOV] * len(follow)
+                first[token] = t
+    assert recalls == int((kinds == RECALL).sum()) > 50
+
+
+def test_recall_distances_reach_back_across_the_sequence(sample):
+    _, tokens, kinds = sample
+    distances = recall_distances(tokens, kinds)
+    assert len(distances) == int((kinds == RECALL).sum())
+    assert float(distances.min()) >= SPEC.span + 1 and float(distances.max()) < tokens.shape[1]
+    assert float(distances.max()) > tokens.shape[1] / 2
+
+
+def test_entropy_rate_matches_the_chain():
+    """H from the stationary distribution equals a long-run average of -ln P along the chain,
+    and pi is stationary (pi P = pi) for a row-stochastic P."""
+    task = RecallTask(SPEC)
+    p = task.transitions
+    assert np.allclose(p.sum(axis=1), 1.0) and ((p > 0).sum(axis=1) == SPEC.successors).all()
+    pi = task.stationary_distribution()
+    assert np.allclose(pi @ p, pi, atol=1e-12) and (pi >= -1e-12).all()
+    rng = np.random.default_rng(11)
+    state, total, steps = 0, 0.0, 40000
+    for _ in range(steps):
+        nxt = rng.choice(SPEC.markov_vocab, p=p[state])
+        total -= math.log(p[state, nxt])
+        state = nxt
+    assert abs(total / steps - task.entropy_rate()) < 0.03
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: TaskSpec(markov_vocab=4, successors=5), "successors"),
+        (lambda: TaskSpec(event_rate=1.5), "event_rate"),
+        (lambda: RecallTask("spec"), "spec"),
+        (lambda: RecallTask(SPEC).sample(2, 0, 1), "length"),
+        (lambda: ModelSpec(vocab_size=10, d_model=30, num_heads=4), "num_heads"),
+        (lambda: run("huge"), "preset"),
+        (lambda: run(PRESETS["tiny"], methods=["rope", "sinusoidal"]), "sinusoidal"),
+    ],
+)
+def test_bad_input_is_rejected(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+TINY = ModelSpec(vocab_size=SPEC.vocab_size, d_model=32, num_heads=2, num_layers=2)
+L = 16
+
+
+def _ctx(length):
+    return Context(length=length, training_length=L, head_dim=TINY.head_dim, num_heads=TINY.num_heads,
+                   rope_theta=10000.0, finetune_factor=4.0)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_runs_at_twice_the_training_length(name):
+    torch.manual_seed(0)
+    model = TinyTransformer(TINY).eval()
+    tokens, _ = RecallTask(SPEC).sample(3, 2 * L, seed=1)
+    with torch.no_grad():
+        logits = _scored_logits(model, METHODS[name], _ctx(L), tokens)
+    assert logits.shape == (3, 2 * L, SPEC.vocab_size) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", ["pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "llama3", "leaky_rerope", "logn"])
+def test_extension_methods_change_nothing_within_the_training_length(name):
+    """At length <= L every factor is 1: the scheme gives RoPE's logits."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 4 * L, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    for length in (L, 4 * L):
+        positions = torch.arange(length)
+        plain = METHODS["rope"].build(_ctx(length)).logits(q[:, :length], k[:, :length], positions)
+        scaled = METHODS[name].build(_ctx(length)).logits(q[:, :length], k[:, :length], positions)
+        assert torch.allclose(scaled, plain, rtol=0, atol=1e-12) == (length == L)
+
+
+def _matrix_logits(q, k, rotation_between):
+    """Float64 reference: logit[b, h, m, n] = q_m^T M k_n / sqrt(d), M = rotation_between(m, n) explicit."""
+    batch, seq, heads, dim = q.shape
+    out = torch.empty(batch, heads, seq, seq, dtype=torch.float64)
+    for m in range(seq):
+        for n in range(seq):
+            rotation = rotation_between(m, n)
+            out[:, :, m, n] = torch.einsum("bhd,de,bhe->bh", q[:, m], rotation, k[:, n]) / math.sqrt(dim)
+    return out
+
+
+def test_schemes_match_explicit_rotation_matrices():
+    """Rotary, YaRN's attention factor, log-n, ALiBi and (Leaky) ReRoPE against float64 R matrices."""
+    gen = torch.Generator().manual_seed(4)
+    seq, dim = 12, 8
+    q, k = (torch.randn(2, seq, 2, dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    positions = torch.arange(seq)
+    theta = inv_freq({"rope_type": "default", "rope_theta": 100.0}, dim)[0]
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+
+    def rot(r):
+        return reference.rotation_matrix(r, theta)
+
+    plain = _matrix_logits(q, k, lambda m, n: rot(n - m))  # (R_m q)^T (R_n k) = q^T R_{n-m} k
+    assert torch.allclose(Rotary(theta).logits(q, k, positions), plain, atol=1e-12)
+    assert torch.allclose(Rotary(theta, 1.3).logits(q, k, positions), 1.3**2 * plain, atol=1e-12)
+
+    length = 4
+    scale = torch.tensor([max(1.0, math.log(m + 1) / math.log(length)) for m in range(seq)], dtype=torch.float64)
+    assert torch.allclose(LogN(theta, length).logits(q, k, positions), plain * scale[:, None], atol=1e-12)
+
+    slopes = alibi_slopes(2)
+    bias = -slopes[:, None, None] * (positions[:, None] - positions[None, :]).abs()
+    unrotated = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(dim)
+    assert torch.allclose(Alibi(2).logits(q, k, positions), unrotated + bias, atol=1e-12)
+
+    window = 5
+    for leaky, bend in ((None, lambda r: min(r, window)), (2.5, lambda r: r if r < window else window + (r - window) / 2.5)):
+        expected = _matrix_logits(q, k, lambda m, n: rot(-bend(m - n)))  # q^T R_{-r'} k, r' = bent m - n
+        got = ReRoPE(theta, window, leaky).logits(q, k, positions)
+        assert torch.allclose(got[..., causal], expected[..., causal], atol=1e-10)
+
+
+def test_dynamic_ntk_reads_each_block_with_its_prefix_length():
+    """Per-prefix evaluation: the first L positions get RoPE's logits, the last block equals NTK at the full length."""
+    torch.manual_seed(0)
+    model = TinyTransformer(TINY).eval()
+    tokens, _ = RecallTask(SPEC).sample(2, 3 * L, seed=2)
+    with torch.no_grad():
+        dynamic = _scored_logits(model, METHODS["dynamic_ntk"], _ctx(L), tokens)
+        plain = model(tokens[:, :L], METHODS["rope"].build(_ctx(L)))
+        ntk = model(tokens, METHODS["ntk"].build(_ctx(3 * L)))
+    assert torch.allclose(dynamic[:, :L], plain, atol=1e-6)
+    assert torch.allclose(dynamic[:, 2 * L :], ntk[:, 2 * L :], atol=1e-5)
+    assert not torch.allclose(dynamic[:, L : 2 * L], ntk[:, L : 2 * L], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory):
+    path = tmp_path_factory.mktemp("experiment") / "tiny.json"
+    results = run("tiny", output=path, progress=False)
+    return path, results
+
+
+def test_tiny_preset_results_file_has_every_method_and_finite_numbers(tiny_results):
+    path, results = tiny_results
+    loaded = load_results(path)
+    config = PRESETS["tiny"]
+    assert loaded["lengths"] == [m * config.training_length for m in config.eval_multiples]
+    assert set(loaded["methods"]) == set(METHODS)
+    for row in loaded["methods"].values():
+        assert all(0.0 <= a <= 1.0 for a in row["recall_accuracy"])
+        assert all(0.0 < x < 2 * math.log(config.task.vocab_size) for x in row["loss"])
+    for key in ("device", "torch", "threads"):
+        assert key in loaded["environment"]
+    assert loaded["wall_time_s"] > 0 and set(loaded["training"]) == {"rope", "alibi", "nope", "pi_finetuned",
+                                                                     "yarn_finetuned"}
+    # Training lowers the loss, and at 1x every frequency method is exactly the RoPE model.
+    assert all(t["final_loss"] < t["first_loss"] for t in loaded["training"].values())
+    for name in ("pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "llama3", "logn", "leaky_rerope"):
+        assert loaded["methods"][name]["loss"][0] == pytest.approx(loaded["methods"]["rope"]["loss"][0], abs=1e-6)
+
+
+def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_results, tmp_path, capsys):
+    _, results = tiny_results
+    path = tmp_path / "again.json"
+    main(["--preset", "tiny", "--methods", "rope", "yarn", "--output", str(path), "--no-progress"])
+    again = load_results(path)
+    for name in ("rope", "yarn"):
+        assert again["methods"][name] == results["methods"][name]
+    assert "YaRN" in capsys.readouterr().out
+    assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_greedy_chain_accuracy_is_the_long_run_hit_rate_of_the_likeliest_successor():
+    task = RecallTask(SPEC)
+    tokens, kinds = task.sample(64, 400, seed=9)
+    best = task.transitions.argmax(axis=1)
+    hits = total = 0
+    for row, row_kinds in zip(tokens.tolist(), kinds.tolist()):
+        state = None
+        for token, kind in zip(row, row_kinds):
+            if kind == MARKOV and state is not None:
+                hits += int(best[state] == token)
+                total += 1
+            if kind != ANCHOR:
+                state = token
+    assert abs(hits / total - task.greedy_chain_accuracy()) < 0.03
+    assert 0.0 < task.chain_only_recall_accuracy(tokens, kinds) < 1.0
