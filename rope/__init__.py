@@ -8,6 +8,7 @@ Entry points:
 * :mod:`rope.layouts` — half-split vs interleaved pairing and checkpoint weight permutation;
 * :mod:`rope.reference` — float64 matrix, complex and elementwise forms (the book's reference);
 * :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);
+* :mod:`rope.precision` — the usual float32 recipe, bf16 tables and position-digit tables, for error studies;
 * :mod:`rope.axial` — 2D (image) RoPE, axial and mixed frequencies;
 * :mod:`rope.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B;
 * :mod:`rope.encodings` — the encodings before RoPE: sinusoidal, Shaw, T5 buckets, DeBERTa, ALiBi;
@@ -37,6 +38,7 @@ from . import (
     linear_attention,
     logn,
     positions,
+    precision,
     reference,
     rerope,
     scaling_analysis,
@@ -67,6 +69,7 @@ __all__ = [
     "parse_config",
     "permute_qk_weight",
     "positions",
+    "precision",
     "reference",
     "rerope",
     "scaling_analysis",
