@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import torch
 
 from .angles import PHASE_BITS, TWO_PI, fixed_point_phases
@@ -121,14 +122,19 @@ def reference_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.T
     chunks m_j (|m| = sum_j m_j 2^(31 j)); for each, the top 64 bits of (m_j U_j) mod 2^96 are
     m_j * top + floor(m_j * low / 2^32), with no int64 overflow, and the chunks add up modulo 2^64.
     Each chunk drops less than two units of 2^-64 turns. Negative m gives the negated angle.
+    Computed on the CPU, whatever the device of ``positions``.
     """
     _check_positions(positions)
     _check_inv_freq(inv_freq)
+    positions = positions.cpu()
     magnitude = positions.to(torch.int64).abs()[..., None]
-    if positions.numel() and int(magnitude.max()) >= 2 ** (_CHUNK_BITS * _REFERENCE_CHUNKS):
-        raise ValueError(f"positions must satisfy |m| < 2^62, got |m| = {int(magnitude.max())}")
+    largest = int(magnitude.max()) if positions.numel() else 0
+    if largest >= 2 ** (_CHUNK_BITS * _REFERENCE_CHUNKS):
+        raise ValueError(f"positions must satisfy |m| < 2^62, got |m| = {largest}")
     turns = torch.zeros(magnitude.shape[:-1] + inv_freq.shape, dtype=torch.int64)
     for chunk, (top, low) in enumerate(_reference_limbs(inv_freq)):
+        if chunk and largest < 2 ** (_CHUNK_BITS * chunk):
+            break  # this and all further chunks are 0 for every position
         m = (magnitude >> (_CHUNK_BITS * chunk)) % 2**_CHUNK_BITS
         turns += m * top + ((m * low) >> 32)  # wraps modulo 2^64; m * low < 2^63
     angles = turns.to(torch.float64) * (float(TWO_PI) / 2.0**64)
@@ -137,9 +143,13 @@ def reference_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.T
 
 def reference_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 cos/sin(m theta_i) of :func:`reference_angles`: within about 5e-16 of the exact values
-    (the angle's rounding, up to 2^-53 pi, plus that of cos/sin)."""
-    angles = reference_angles(positions, inv_freq)
-    return angles.cos(), angles.sin()
+    (the angle's rounding, up to 2^-53 pi, plus that of cos/sin).
+
+    cos and sin are numpy's (one thread): on a two-thread CPU machine, torch's multithreaded
+    float64 cos was seen, on rare runs, to return values a few 1e-9 off for part of a tensor.
+    """
+    angles = reference_angles(positions, inv_freq).numpy()
+    return torch.from_numpy(np.cos(angles)), torch.from_numpy(np.sin(angles))
 
 
 def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,7 +231,8 @@ def cos_sin_error(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must have shape positions.shape + inv_freq.shape = {expected}, got {shape}")
     cos_ref, sin_ref = reference_cos_sin(positions, inv_freq)
-    error = torch.maximum((cos.to(torch.float64) - cos_ref).abs(), (sin.to(torch.float64) - sin_ref).abs())
+    cos_error = (cos.to("cpu", torch.float64) - cos_ref).abs()
+    error = torch.maximum(cos_error, (sin.to("cpu", torch.float64) - sin_ref).abs())
     return error.amax(dim=-1)
 
 
