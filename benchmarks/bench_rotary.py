@@ -8,7 +8,11 @@ For each shape (batch, seq, heads_q, heads_k, head_dim) every contender is timed
 * ``hf eager``: transformers' ``apply_rotary_pos_emb`` (cos/sin tables precomputed, not timed);
 * ``hf compile``: ``torch.compile`` of the same function;
 * ``liger``: Liger-Kernel's ``LigerRopeFunction`` when importable (it rotates in place);
-* ``rope``: this package's fused kernel (:mod:`rope.fused`).
+* ``flash-attn``: flash-attention's Triton rotary (``flash_attn.layers.rotary.apply_rotary_emb``,
+  one call for q and one for k, out of place) when importable;
+* ``rope``: this package's fused kernel (:mod:`rope.fused`), out of place;
+* ``rope in place``: the same kernel writing into q and k (``torch.ops.rope.rotary_``), the
+  like-for-like comparison with Liger; forward only (the in-place operator has no autograd).
 
 Each call is captured ten times in a CUDA graph and the graph replayed, so the numbers are device
 time without Python launch overhead. Reported: GB/s counting q and k read plus written, and that
@@ -37,6 +41,7 @@ SHAPES = [
     (256, 1, 32, 8, 128),
 ]
 CALLS_PER_GRAPH = 10
+COLUMNS = ["copy", "hf eager", "hf compile", "liger", "flash-attn", "rope", "rope in place"]
 
 
 _STREAM: list[torch.cuda.Stream] = []
@@ -95,7 +100,8 @@ def contenders(q, k, positions, theta, cos, sin):
     out = {}
     both = torch.cat([q.reshape(-1), k.reshape(-1)])
     both_copy = torch.empty_like(both)
-    out["copy"] = (lambda: both_copy.copy_(both), None)
+    copy = lambda: both_copy.copy_(both)  # noqa: E731
+    out["copy"] = (copy, copy)  # timed again beside the backward passes
     if importlib.util.find_spec("transformers"):
         out["hf eager"] = (lambda: hf_apply(q, k, cos, sin), with_grad(lambda a, b: hf_apply(a, b, cos, sin)))
         compiled = torch.compile(hf_apply, fullgraph=True)
@@ -108,8 +114,23 @@ def contenders(q, k, positions, theta, cos, sin):
 
         q_l, k_l = q.clone(), k.clone()
         out["liger"] = (lambda: liger(q_l, k_l), with_grad(lambda a, b: liger(a.clone(), b.clone())))
+    if importlib.util.find_spec("flash_attn"):
+        from flash_attn.layers.rotary import apply_rotary_emb
+
+        half = cos.shape[-1] // 2
+        cos_fa, sin_fa = cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()  # [seq, rotary_dim / 2]
+
+        def flash(a, b):
+            return apply_rotary_emb(a, cos_fa, sin_fa), apply_rotary_emb(b, cos_fa, sin_fa)
+
+        out["flash-attn"] = (lambda: flash(q, k), with_grad(flash))
     ours = lambda a, b: rope.apply_rotary(a, b, positions, theta, backend="triton")  # noqa: E731
     out["rope"] = (lambda: ours(q, k), with_grad(ours))
+    import rope.fused  # noqa: F401  (registers torch.ops.rope.rotary_)
+
+    q_i, k_i = q.clone(), k.clone()
+    in_place = lambda: torch.ops.rope.rotary_(q_i, k_i, positions, theta, False, q.shape[-1], 1.0, False)  # noqa: E731
+    out["rope in place"] = (in_place, None)
     return out
 
 
@@ -126,8 +147,8 @@ def run(shapes, out_path: str | None) -> str:
         "GB/s counts q and k read once and written once; `frac` is that bandwidth over the device-to-device",
         "copy of the same bytes in the same run (1.00 = as fast as a copy). Device time from CUDA graph replays.",
         "",
-        "| shape (b, s, hq, hk, d) | pass | " + " | ".join(["copy", "hf eager", "hf compile", "liger", "rope"]) + " |",
-        "| --- | --- | " + " | ".join(["---"] * 5) + " |",
+        "| shape (b, s, hq, hk, d) | pass | " + " | ".join(COLUMNS) + " |",
+        "| --- | --- | " + " | ".join(["---"] * len(COLUMNS)) + " |",
     ]
     for batch, seq, heads_q, heads_k, head_dim in shapes:
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -139,7 +160,9 @@ def run(shapes, out_path: str | None) -> str:
         nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         results = {}
         for name, (forward, backward) in contenders(q, k, positions, theta, cos, sin).items():
-            for pass_name, fn in (("fwd", forward), ("bwd", backward if backward else forward)):
+            for pass_name, fn in (("fwd", forward), ("bwd", backward)):
+                if fn is None:
+                    continue
                 try:
                     results[name, pass_name] = nbytes / graph_time_ms(fn) / 1e6
                 except Exception as err:  # a peer that fails on a shape is reported, not fatal
@@ -147,7 +170,7 @@ def run(shapes, out_path: str | None) -> str:
         for pass_name in ("fwd", "bwd"):
             ceiling = results.get(("copy", pass_name))
             cells = []
-            for name in ("copy", "hf eager", "hf compile", "liger", "rope"):
+            for name in COLUMNS:
                 gbps = results.get((name, pass_name))
                 cells.append("n/a" if gbps is None else f"{gbps:.0f} GB/s ({gbps / ceiling:.2f})")
             row = f"| {batch}, {seq}, {heads_q}, {heads_k}, {head_dim} | {pass_name} | " + " | ".join(cells) + " |"

@@ -30,6 +30,8 @@ from fractions import Fraction
 
 import torch
 
+from .checks import integer_tensor
+
 PHASE_BITS = 64
 _PIECE_BITS = 26  # 24-bit float32 significand x 26-bit piece = 50 bits: exact in float64
 _PIECES = 4  # 1/(2 pi) to 2^-106: enough for every theta below 2^16
@@ -99,8 +101,7 @@ def reduced_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Ten
     theta_i is taken as its float32 value (what :func:`rope.inv_freq` returns). The product
     m * T_i wraps modulo 2^64 in int64; its value read as signed, times 2 pi / 2^64, is the angle.
     """
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
+    integer_tensor("positions", positions)
     turns = positions.to(torch.int64)[..., None] * fixed_point_phases(inv_freq)
     return turns.to(torch.float64) * (float(TWO_PI) / 2.0**PHASE_BITS)
 

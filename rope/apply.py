@@ -22,6 +22,7 @@ import importlib.util
 
 import torch
 
+from .checks import integer_tensor
 from .layouts import check_layout, pair_indices
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -49,8 +50,7 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim):
     for name, t in (("k", k), ("positions", positions), ("inv_freq", inv_freq)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
+    integer_tensor("positions", positions)
     batch, seq = q.shape[0], q.shape[1]
     if tuple(positions.shape) not in ((seq,), (batch, seq)):
         raise ValueError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "

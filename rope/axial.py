@@ -26,6 +26,7 @@ import math
 import torch
 
 from .apply import check_inputs, rotate_pairs, rotation_angles
+from .checks import integer_tensor
 from .frequencies import inv_freq
 from .layouts import check_layout
 
@@ -61,10 +62,7 @@ def mixed_inv_freq(head_dim: int, *, base: float = 10.0, angle: float = 0.0) -> 
 
 
 def _check_positions_xy(q: torch.Tensor, positions_xy) -> None:
-    if not isinstance(positions_xy, torch.Tensor):
-        raise TypeError(f"positions_xy must be a torch.Tensor, got {type(positions_xy).__name__}")
-    if positions_xy.dtype.is_floating_point or positions_xy.dtype.is_complex or positions_xy.dtype == torch.bool:
-        raise TypeError(f"positions_xy must be an integer tensor, got {positions_xy.dtype}")
+    integer_tensor("positions_xy", positions_xy)
     if isinstance(q, torch.Tensor) and q.dim() == 4:
         batch, seq = q.shape[0], q.shape[1]
         if tuple(positions_xy.shape) not in ((seq, 2), (batch, seq, 2)):

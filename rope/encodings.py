@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from .checks import integer_tensor
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -25,14 +27,6 @@ def _positive_int(name: str, value, *, minimum: int = 1) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
-
-def _integer_tensor(name: str, value) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integers, got {type(value).__name__}")
-    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
     return value
 
 
@@ -169,7 +163,7 @@ def t5_relative_bucket(
 
     Returns an int64 tensor of the shape of ``relative_position``, values in [0, num_buckets).
     """
-    _integer_tensor("relative_position", relative_position)
+    integer_tensor("relative_position", relative_position)
     if not isinstance(bidirectional, bool):
         raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
     _positive_int("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
@@ -215,7 +209,7 @@ def alibi_bias(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: tor
     the query, which a causal mask removes, get the mirror image. Computed in float64 and rounded once.
     """
     for name, value in (("q_positions", q_positions), ("k_positions", k_positions)):
-        if _integer_tensor(name, value).dim() != 1:
+        if integer_tensor(name, value).dim() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
     if not isinstance(slopes, torch.Tensor):
         raise TypeError(f"slopes must be a torch.Tensor, got {type(slopes).__name__}")

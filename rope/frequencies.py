@@ -74,6 +74,38 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+def yarn_correction_range(
+    dim: int, base: float, original_length: int, beta_fast: float, beta_slow: float, truncate: bool
+) -> tuple[float, float]:
+    """(low, high) = (i(beta_fast), i(beta_slow)) with i(r) = d ln(L / (2 pi r)) / (2 ln b), the
+    (fractional) pair index that turns r times over L positions; floored/ceiled if ``truncate``
+    and clamped to [0, d - 1] as transformers' ``find_correction_range`` does (the upper clamp is
+    d - 1 although pair indices end at d/2 - 1). Arguments as validated by :mod:`rope.config`;
+    :func:`rope.scaling_analysis.yarn_correction_range` checks them for direct use."""
+
+    def pair_index(rotations: float) -> float:
+        return dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_index(beta_fast), pair_index(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(low, 0), min(high, dim - 1)
+
+
+def yarn_kept_weights(
+    dim: int, base: float, original_length: int, beta_fast: float, beta_slow: float, truncate: bool
+) -> torch.Tensor:
+    """gamma_i = 1 - clamp((i - low) / (high - low), 0, 1), float64, the weight YaRN's code puts on
+    the unscaled theta_i (1 - gamma_i on theta_i / s): linear in the pair index i between the
+    bounds of :func:`yarn_correction_range` (high = low + 0.001 if they coincide, transformers'
+    guard against a zero-width ramp)."""
+    low, high = yarn_correction_range(dim, base, original_length, beta_fast, beta_slow, truncate)
+    if low == high:
+        high += 0.001
+    index = torch.arange(dim // 2, dtype=torch.float64)
+    return 1 - ((index - low) / (high - low)).clamp(0, 1)
+
+
 def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """YaRN (Peng et al. 2023): NTK-by-parts frequencies plus an attention temperature.
 
@@ -91,21 +123,9 @@ def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
         attention = yarn_mscale(s, cfg.mscale) / yarn_mscale(s, cfg.mscale_all_dim)
     else:
         attention = yarn_mscale(s)
-    beta_fast = cfg.beta_fast or 32.0
-    beta_slow = cfg.beta_slow or 1.0
-
-    def pair_index(rotations: float) -> float:
-        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = pair_index(beta_fast), pair_index(beta_slow)
-    if cfg.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # transformers' guard against a zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    kept = yarn_kept_weights(dim, base, length, cfg.beta_fast or 32.0, cfg.beta_slow or 1.0, cfg.truncate)
     theta = default_theta(base, dim)
-    return theta / s * ramp + theta * (1 - ramp), float(attention)
+    return kept * theta + (1 - kept) * theta / s, float(attention)
 
 
 def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:

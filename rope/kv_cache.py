@@ -30,7 +30,8 @@ from .apply import apply_rotary
 from .config import RopeConfig, parse_config
 from .frequencies import inv_freq
 from .layouts import check_layout
-from .rerope import check_positions, check_qk, rotary_scores
+from .checks import integer_tensor
+from .rerope import check_qk, rotary_scores
 
 STORES = ("unrotated", "rotated")
 
@@ -93,7 +94,7 @@ class DynamicNTKKeyCache:
         """Append the new keys ``k`` ``[batch, seq, heads_k, head_dim]`` at integer ``positions``
         ``[seq]`` and return the logits of the new queries ``q`` (same tokens) against every
         cached key, float64 ``[batch, heads_q, seq, cached]``."""
-        check_positions("positions", positions)
+        integer_tensor("positions", positions, dim=1)
         if positions.numel() == 0:
             raise ValueError("positions must hold at least one token")
         positions = positions.to(torch.int64).cpu()

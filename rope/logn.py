@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from .checks import int_at_least, integer_tensor
+
 
 def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
     """``max(1, ln(m + 1) / ln(L))`` for each query position m, float64, shape of ``positions``.
@@ -27,14 +29,8 @@ def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
     Multiply the query (or the logits of its row) by this factor, on top of 1/sqrt(d).
     ``training_length`` L is the pre-training context length (>= 2).
     """
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"positions must be a torch.Tensor of integers, got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
-    if isinstance(training_length, bool) or not isinstance(training_length, int):
-        raise TypeError(f"training_length must be an int, got {type(training_length).__name__} {training_length!r}")
-    if training_length < 2:
-        raise ValueError(f"training_length must be >= 2 (ln L must be positive), got {training_length}")
+    integer_tensor("positions", positions)
+    int_at_least("training_length", training_length, 2)  # ln L must be positive
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0 (counted from 0), got minimum {int(positions.min())}")
     visible = positions.to(torch.float64) + 1

@@ -15,21 +15,14 @@ from __future__ import annotations
 
 import torch
 
-
-def _check_int_tensor(name: str, value) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
-    if value.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+from .checks import integer_tensor
 
 
 def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
     """Positions of sequences packed end to end: token t of sequence j, which occupies
     [cu_seqlens[j], cu_seqlens[j + 1]), gets ``offsets[j] + t - cu_seqlens[j]`` (offsets default 0,
     e.g. the lengths already in each sequence's KV cache). Returns int64 ``[cu_seqlens[-1]]``."""
-    _check_int_tensor("cu_seqlens", cu_seqlens)
+    integer_tensor("cu_seqlens", cu_seqlens, dim=1)
     if cu_seqlens.numel() < 2 or cu_seqlens[0].item() != 0:
         raise ValueError("cu_seqlens must start at 0 and hold at least one sequence: [0, n_0, n_0 + n_1, ...]")
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
@@ -37,7 +30,7 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
         raise ValueError(f"cu_seqlens must be non-decreasing, got {cu_seqlens.tolist()}")
     starts = cu_seqlens[:-1].to(torch.int64)
     if offsets is not None:
-        _check_int_tensor("offsets", offsets)
+        integer_tensor("offsets", offsets, dim=1)
         if offsets.numel() != lengths.numel():
             raise ValueError(f"offsets must have one entry per sequence ({lengths.numel()}), got {offsets.numel()}")
         starts = starts - offsets.to(device=cu_seqlens.device, dtype=torch.int64)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .angles import PHASE_BITS, TWO_PI, fixed_point_phases
+from .checks import integer_tensor
 from .layouts import pair_indices
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -41,13 +42,6 @@ _COLLISION_BLOCK = 2**20
 _TOP_BITS = 32  # the kernel keeps the top 32 of the 64 fixed-point bits for float32
 _CHUNK_BITS = 31  # reference: positions in 31-bit chunks, so that chunk * 32-bit limb < 2^63
 _REFERENCE_CHUNKS = 2  # |m| < 2^62
-
-
-def _check_positions(positions) -> None:
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"positions must be a torch.Tensor of integers, got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"positions must be an integer tensor, got {positions.dtype}")
 
 
 def _check_inv_freq(inv_freq) -> None:
@@ -80,7 +74,7 @@ def recipe_angles(positions: torch.Tensor, inv_freq: torch.Tensor, *, dtype=torc
     float16 are what happens when ``inv_freq`` is cast with the model or the product runs under
     autocast (huggingface/transformers#29496, EleutherAI/gpt-neox#1003).
     """
-    _check_positions(positions)
+    integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
     _check_dtype("dtype", dtype, FLOAT_DTYPES)
     return positions.to(dtype)[..., None] * inv_freq.to(dtype)
@@ -124,7 +118,7 @@ def reference_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.T
     Each chunk drops less than two units of 2^-64 turns. Negative m gives the negated angle.
     Computed on the CPU, whatever the device of ``positions``.
     """
-    _check_positions(positions)
+    integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
     positions = positions.cpu()
     magnitude = positions.to(torch.int64).abs()[..., None]
@@ -160,7 +154,7 @@ def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tupl
     2 pi / 2^64. Its top 32 bits (an arithmetic shift) become a float32 angle in [-pi, pi):
     angle = fl(fl(t >> 32) * fl(2 pi / 2^32)), and cos/sin are taken in float32.
     """
-    _check_positions(positions)
+    integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
     turns = positions.to(torch.int64)[..., None] * fixed_point_phases(inv_freq)
     unit = torch.tensor(float(TWO_PI) / 2.0 ** (PHASE_BITS - _TOP_BITS), dtype=torch.float32)
@@ -171,7 +165,7 @@ def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tupl
 def position_digits(positions: torch.Tensor, *, beta: int = 256, digits: int = 4) -> torch.Tensor:
     """Digits of |m| in base beta, least significant first: d_k = floor(|m| / beta^k) mod beta,
     so that |m| = sum_k d_k beta^k. Shape ``positions.shape + (digits,)``, int64."""
-    _check_positions(positions)
+    integer_tensor("positions", positions)
     _check_base(beta, digits)
     magnitude = positions.to(torch.int64).abs()
     if positions.numel() and int(magnitude.max()) >= beta**digits:
@@ -223,7 +217,7 @@ def cos_sin_error(
 ) -> torch.Tensor:
     """max_i max(|cos_i - cos(m theta_i)|, |sin_i - sin(m theta_i)|) per position, float64, against
     :func:`reference_cos_sin`. ``cos`` and ``sin`` have shape ``positions.shape + inv_freq.shape``."""
-    _check_positions(positions)
+    integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
     expected = tuple(positions.shape) + tuple(inv_freq.shape)
     for name, t in (("cos", cos), ("sin", sin)):

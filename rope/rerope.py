@@ -40,19 +40,8 @@ import math
 import torch
 
 from .apply import FLOAT_DTYPES, rotate_pairs, rotation_angles
+from .checks import integer_tensor
 from .layouts import check_layout, pair_indices
-
-
-def check_positions(name: str, positions, length: int | None = None) -> None:
-    """Raise unless ``positions`` is a 1-D integer tensor (of ``length`` entries when given)."""
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integers, got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got {positions.dtype}")
-    if positions.dim() != 1:
-        raise ValueError(f"{name} must be 1-D [seq], got shape {tuple(positions.shape)}")
-    if length is not None and positions.shape[0] != length:
-        raise ValueError(f"{name} has {positions.shape[0]} entries, expected {length} (the seq dimension)")
 
 
 def _check_window(window, leaky_scale) -> None:
@@ -83,8 +72,8 @@ def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q = {q.shape[2]} must be a multiple of heads_k = {k.shape[2]} (GQA)")
-    check_positions("q_positions", q_positions, q.shape[1])
-    check_positions("k_positions", k_positions, k.shape[1])
+    integer_tensor("q_positions", q_positions, dim=1, length=q.shape[1])
+    integer_tensor("k_positions", k_positions, dim=1, length=k.shape[1])
     if inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point or inv_freq.numel() == 0:
         raise ValueError(f"inv_freq must be a non-empty 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
     if 2 * inv_freq.numel() > q.shape[3]:
@@ -123,8 +112,8 @@ def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: floa
     (``leaky_scale`` = k) ``r' = r`` for r < w and ``w + (r - w) / k`` beyond. Entries with r < 0
     (keys after the query, removed by the causal mask) keep r' = r.
     """
-    check_positions("q_positions", q_positions)
-    check_positions("k_positions", k_positions)
+    integer_tensor("q_positions", q_positions, dim=1)
+    integer_tensor("k_positions", k_positions, dim=1)
     _check_window(window, leaky_scale)
     r = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
     beyond = window + (r - window) / leaky_scale if leaky_scale is not None else torch.full_like(r, float(window))

@@ -50,6 +50,7 @@ from numbers import Integral, Real
 
 import torch
 
+from . import frequencies
 from .frequencies import yarn_mscale
 
 
@@ -211,22 +212,12 @@ def yarn_ramp_paper(
 def yarn_correction_range(
     dim: int, base: float, original_length: int, beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True
 ) -> tuple[float, float]:
-    """(low, high) = (i(beta_fast), i(beta_slow)), floored/ceiled if ``truncate``, clamped to [0, d - 1].
-
-    As transformers' ``find_correction_range``: the upper clamp is d - 1 although pair indices end
-    at d/2 - 1 (it only matters when i(beta_slow) > d/2 - 1).
-    """
-    if not isinstance(truncate, bool):
-        raise TypeError(f"truncate must be a bool, got {truncate!r}")
-    beta_fast = _real("beta_fast", beta_fast, above=0.0)
-    beta_slow = _real("beta_slow", beta_slow, above=0.0)
-    if beta_fast <= beta_slow:
-        raise ValueError(f"beta_fast must be > beta_slow, got beta_fast={beta_fast} and beta_slow={beta_slow}")
-    low = pair_index_for_rotations(beta_fast, dim, base, original_length)
-    high = pair_index_for_rotations(beta_slow, dim, base, original_length)
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    return max(low, 0), min(high, dim - 1)
+    """(low, high) = (i(beta_fast), i(beta_slow)) of :func:`pair_index_for_rotations`, floored/ceiled
+    if ``truncate``, clamped to [0, d - 1], as transformers' ``find_correction_range`` (the upper
+    clamp is d - 1 although pair indices end at d/2 - 1: it only matters when i(beta_slow) > d/2 - 1).
+    The arguments are checked, then :func:`rope.frequencies.yarn_correction_range` computes it."""
+    _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate)
+    return frequencies.yarn_correction_range(dim, base, original_length, beta_fast, beta_slow, truncate)
 
 
 def yarn_ramp_code(
@@ -236,12 +227,22 @@ def yarn_ramp_code(
 
     gamma_i = 1 - clamp((i - low) / (high - low), 0, 1) with (low, high) from
     :func:`yarn_correction_range` (high = low + 0.001 if they coincide): linear in the pair index.
+    The same function :func:`rope.inv_freq` uses for ``yarn`` (:func:`rope.frequencies.yarn_kept_weights`).
     """
-    low, high = yarn_correction_range(dim, base, original_length, beta_fast, beta_slow, truncate)
-    if low == high:
-        high += 0.001
-    index = torch.arange(dim // 2, dtype=torch.float64)
-    return 1 - ((index - low) / (high - low)).clamp(0, 1)
+    _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate)
+    return frequencies.yarn_kept_weights(dim, base, original_length, beta_fast, beta_slow, truncate)
+
+
+def _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate) -> None:
+    _dim(dim)
+    _real("base", base, above=1.0)
+    _length("original_length", original_length)
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be a bool, got {truncate!r}")
+    beta_fast = _real("beta_fast", beta_fast, above=0.0)
+    beta_slow = _real("beta_slow", beta_slow, above=0.0)
+    if beta_fast <= beta_slow:
+        raise ValueError(f"beta_fast must be > beta_slow, got beta_fast={beta_fast} and beta_slow={beta_slow}")
 
 
 def blend_frequencies(inv_freq: torch.Tensor, factor: float, gamma: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,8 @@ given the training length L. With s = max(1, length / L), the frequency methods 
 ==================  =====================================================================
 
 The attention-side methods run on the same RoPE model: ``rerope`` and ``leaky_rerope`` compute
-q^T R_{r'} k with the rectified relative position r' of :func:`rope.rerope.rerope_scores`
+q^T R_{r'} k with the rectified relative position r' of :func:`rope.rerope.rerope_positions`
+in Su's inference-time two-pass form (:func:`rope.rerope.rerope_scores_two_pass`)
 (Su 2023), window w = L/2 and, for the leaky form, slope 1/k with k = max(1, (length - w) / (L - w)),
 which maps the largest distance length - 1 just inside the trained range (and is plain RoPE up
 to L); ``logn`` multiplies the
@@ -40,8 +41,9 @@ from typing import Callable
 import torch
 
 from .. import encodings
-from ..apply import apply_rotary
+from ..apply import rotation_angles
 from ..frequencies import inv_freq
+from ..hf import rotate_half
 
 
 class PositionScheme:
@@ -65,18 +67,23 @@ class NoPosition(PositionScheme):
 
 class Rotary(PositionScheme):
     """RoPE: a_mn = (R_m q_m) . (R_n k_n) / sqrt(d) with frequencies ``inv_freq`` (half layout);
-    ``attention_factor`` multiplies cos and sin, so the logits by its square (YaRN's 1/t)."""
+    ``attention_factor`` multiplies cos and sin, so the logits by its square (YaRN's 1/t).
+
+    The angles m * theta_i come from :func:`rope.apply.rotation_angles` (float64); their cos and
+    sin are rounded once to the model's dtype and applied as ``x cos + rotate_half(x) sin``, the
+    table formula of :func:`rope.hf.apply_rotary_pos_emb`, as models are trained (the float64
+    rotation of :func:`rope.apply_rotary` doubled the training time of this small model)."""
 
     def __init__(self, frequencies: torch.Tensor, attention_factor: float = 1.0):
         self.frequencies = frequencies
         self.attention_factor = attention_factor
 
     def logits(self, q, k, positions):
-        q, k = apply_rotary(
-            q, k, positions, self.frequencies.to(q.device),
-            layout="half", attention_factor=self.attention_factor, backend="torch",
-        )
-        return _dot(q, k)
+        angles = rotation_angles(positions, self.frequencies.to(q.device))
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [seq, 1, head_dim]
+        cos = (torch.cos(angles) * self.attention_factor).to(q.dtype)
+        sin = (torch.sin(angles) * self.attention_factor).to(q.dtype)
+        return _dot(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)
 
 
 class LogN(Rotary):
@@ -94,8 +101,8 @@ class LogN(Rotary):
 
 
 class ReRoPE(PositionScheme):
-    """q_m^T R_{r'} k_n / sqrt(d) with ReRoPE's rectified relative position r' (float64 scores,
-    rounded to the dtype of q); ``leaky_scale`` None is ReRoPE, a number k > 1 is Leaky ReRoPE."""
+    """q_m^T R_{r'} k_n / sqrt(d) with ReRoPE's rectified relative position r' (two float64 RoPE
+    passes joined by the window mask, rounded to the dtype of q); ``leaky_scale`` None is ReRoPE, a number k > 1 is Leaky ReRoPE."""
 
     def __init__(self, frequencies: torch.Tensor, window: int, leaky_scale: float | None = None):
         self.frequencies = frequencies
@@ -103,9 +110,9 @@ class ReRoPE(PositionScheme):
         self.leaky_scale = leaky_scale
 
     def logits(self, q, k, positions):
-        from ..rerope import rerope_scores
+        from ..rerope import rerope_scores_two_pass
 
-        scores = rerope_scores(
+        scores = rerope_scores_two_pass(
             q, k, positions, positions, self.frequencies.to(q.device),
             window=self.window, leaky_scale=self.leaky_scale, layout="half",
         )
