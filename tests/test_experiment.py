@@ -1,5 +1,6 @@
 """The extrapolation experiment: the synthetic language, every method's scheme, the tiny preset."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -247,6 +248,20 @@ def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_result
         assert again["methods"][name] == results["methods"][name]
     assert "YaRN" in capsys.readouterr().out
     assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_gpu_preset_sizes_run_end_to_end():
+    """The gpu preset's model, task and lengths (L = 256, 4 layers of width 256), with a few steps
+    and a short evaluation so that it fits in the CPU suite: shapes and configs are consistent."""
+    config = dataclasses.replace(
+        PRESETS["gpu"], name="gpu-smoke", steps=2, batch_size=2, warmup_steps=1, finetune_steps=1,
+        eval_multiples=(1, 2), eval_tokens=512, eval_batch_tokens=512, threads=1,
+    )
+    results = run(config, methods=["rope", "dynamic_ntk", "leaky_rerope", "alibi", "yarn_finetuned"], progress=False)
+    assert results["lengths"] == [256, 512]
+    assert results["config"]["d_model"] == PRESETS["gpu"].d_model
+    for row in results["methods"].values():
+        assert all(math.isfinite(v) for v in row["loss"])
 
 
 def test_greedy_chain_accuracy_is_the_long_run_hit_rate_of_the_likeliest_successor():
