@@ -22,10 +22,9 @@ import importlib.util
 
 import torch
 
-from .checks import integer_tensor
+from .checks import head_tensors, integer_tensor, tensor
 from .layouts import check_layout, pair_indices
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 KERNEL_MAX_HEAD_DIM = 1024
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -33,14 +32,9 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 def check_inputs(q, k, positions, inv_freq, rotary_dim):
     """Validate apply_rotary's tensors (shapes, dtypes, devices) and return the rotary width."""
-    for name, t in (("q", q), ("k", k), ("positions", positions), ("inv_freq", inv_freq)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape [batch, seq, heads, head_dim], got {tuple(t.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    head_tensors(q=q, k=k)
+    tensor("positions", positions)
+    tensor("inv_freq", inv_freq)
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):

@@ -17,9 +17,8 @@ import math
 
 import torch
 
-from .checks import integer_tensor
+from .checks import FLOAT_DTYPES, integer_tensor
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _positive_int(name: str, value, *, minimum: int = 1) -> int:

@@ -33,10 +33,9 @@ import numpy as np
 import torch
 
 from .angles import PHASE_BITS, TWO_PI, fixed_point_phases
-from .checks import integer_tensor
+from .checks import FLOAT_DTYPES, integer_tensor
 from .layouts import pair_indices
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _COLLISION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _COLLISION_BLOCK = 2**20
 _TOP_BITS = 32  # the kernel keeps the top 32 of the 64 fixed-point bits for float32

@@ -39,8 +39,8 @@ import math
 
 import torch
 
-from .apply import FLOAT_DTYPES, rotate_pairs, rotation_angles
-from .checks import integer_tensor
+from .apply import rotate_pairs, rotation_angles
+from .checks import head_tensors, integer_tensor, tensor
 from .layouts import check_layout, pair_indices
 
 
@@ -60,14 +60,8 @@ def _check_window(window, leaky_scale) -> None:
 def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
     """Validate query/key tensors (``[batch, seq, heads, head_dim]``, seq may differ), their 1-D
     integer positions and the frequencies; return the number of query heads per key head."""
-    for name, t in (("q", q), ("k", k), ("inv_freq", inv_freq)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("q", q), ("k", k)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape [batch, seq, heads, head_dim], got {tuple(t.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be a float tensor, got {t.dtype}")
+    head_tensors(q=q, k=k)
+    tensor("inv_freq", inv_freq)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
     if q.shape[2] % k.shape[2]:

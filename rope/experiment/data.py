@@ -28,16 +28,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from ..checks import int_at_least
+
 MARKOV, ANCHOR, RECALL = 0, 1, 2
 KIND_NAMES = {MARKOV: "markov", ANCHOR: "anchor", RECALL: "recall"}
-
-
-def _int_at_least(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -53,13 +47,13 @@ class TaskSpec:
     seed: int = 0
 
     def __post_init__(self):
-        _int_at_least("markov_vocab", self.markov_vocab, 2)
-        _int_at_least("successors", self.successors, 1)
+        int_at_least("markov_vocab", self.markov_vocab, 2)
+        int_at_least("successors", self.successors, 1)
         if self.successors > self.markov_vocab:
             raise ValueError(f"successors must be <= markov_vocab = {self.markov_vocab}, got {self.successors}")
-        _int_at_least("anchors", self.anchors, 1)
-        _int_at_least("span", self.span, 1)
-        _int_at_least("seed", self.seed, 0)
+        int_at_least("anchors", self.anchors, 1)
+        int_at_least("span", self.span, 1)
+        int_at_least("seed", self.seed, 0)
         for name in ("event_rate", "recall_share"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
@@ -129,9 +123,9 @@ class RecallTask:
 
         Deterministic in ``seed``; all sequences are generated together, one position at a time.
         """
-        _int_at_least("batch", batch, 1)
-        _int_at_least("length", length, 1)
-        _int_at_least("seed", seed, 0)
+        int_at_least("batch", batch, 1)
+        int_at_least("length", length, 1)
+        int_at_least("seed", seed, 0)
         spec = self.spec
         rng = np.random.default_rng([spec.seed, seed])
         rows = np.arange(batch)
