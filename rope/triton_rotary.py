@@ -14,7 +14,9 @@ The angle is reduced exactly (see :mod:`rope.angles`): the kernel turns float32 
 cos/sin in float32 of an angle already in [-pi, pi). No cos/sin table is read.
 
 Grid: (token blocks, head blocks of q then of k, batch). Each program computes its
-``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. q and
+``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. At
+decode (one token per sequence) the batch is read as the token axis, so that a program still
+holds BLOCK_S tokens. q and
 k may be strided views (e.g. slices of a packed qkv projection); only the last dimension must
 be contiguous.
 """
@@ -210,6 +212,12 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
     batch, seq_len, heads_q, head_dim = q.shape
+    if seq_len == 1 and batch > 1:
+        # Decode, one token per sequence: read the batch as the token axis (views, no copies), so
+        # that one program rotates BLOCK_S sequences and builds the turns T_i once for all of them.
+        q, k, q_out, k_out = (t.transpose(0, 1) for t in (q, k, q_out, k_out))
+        positions = positions.transpose(0, 1) if positions.dim() == 2 else positions.expand(batch)
+        batch, seq_len = 1, batch
     heads_k = k.shape[2]
     half = rotary_dim // 2
     tail = head_dim - rotary_dim

@@ -151,6 +151,31 @@ def test_kernel_errors_are_named():
         torch.ops.rope.rotary_(q.transpose(1, 3), k.transpose(1, 3), positions, theta, False, 8, 1.0, False)
 
 
+@pytest.mark.parametrize("shared_positions", [False, True])
+@pytest.mark.parametrize("block_s", [None, 4])
+def test_decode_batches_one_token_per_sequence(shared_positions, block_s):
+    """seq = 1 reads the batch as the token axis: several sequences per program, each at its own
+    position (or all at one shared position), in place and out of place, the tail copied."""
+    from rope import fused, triton_rotary
+
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(7, 1, 4, 10, generator=gen).to(DEVICE, torch.bfloat16)
+    k = torch.randn(7, 1, 2, 10, generator=gen).to(DEVICE, torch.bfloat16)
+    shape = (1,) if shared_positions else (7, 1)
+    positions = torch.randint(0, 2**31 - 1, shape, generator=gen).to(DEVICE)
+    theta, _ = rope.inv_freq({"rope_theta": 1e4}, 8)
+    theta = theta.to(DEVICE)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    triton_rotary.launch(q, k, q_out, k_out, positions, theta, interleaved=False, rotary_dim=8, scale=1.0,
+                         conjugate=False, block_s=block_s)
+    for x, out in ((q, q_out), (k, k_out)):
+        assert_close_to(out, reference(x, positions, theta, layout="half"), x)
+        assert torch.equal(out[..., 8:], x[..., 8:])
+    q_in, k_in = q.clone(), k.clone()
+    fused.rotary_(q_in, k_in, positions, theta, False, 8, 1.0, False)
+    assert torch.equal(q_in, q_out) and torch.equal(k_in, k_out)
+
+
 @pytest.mark.parametrize("block_s, block_h, group", [(2, 2, 3), (1, 2, 2), (4, 4, 1)])
 def test_every_launch_shape_gives_the_same_result(block_s, block_h, group):
     """The heuristics pick (BLOCK_S, BLOCK_H, GROUP) by size; small test shapes would only reach
