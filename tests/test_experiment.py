@@ -247,6 +247,8 @@ def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_result
     for name in ("rope", "yarn"):
         assert again["methods"][name] == results["methods"][name]
     assert "YaRN" in capsys.readouterr().out
+    table = path.with_suffix(".md").read_text()
+    assert "preset `tiny`" in table and f"| YaRN | {again['methods']['yarn']['loss'][0]:.3f} |" in table
     assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .methods import METHODS
 from .presets import PRESETS
@@ -17,8 +18,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--output", default=None,
-                        help="results JSON (default: benchmarks/extrapolation_results.json for the cpu "
-                        "preset, the chapter's file; benchmarks/extrapolation_results_<preset>.json otherwise)")
+                        help="results JSON, with a markdown table beside it (.md) (default: "
+                        "benchmarks/extrapolation_results.json for the cpu preset, the chapter's file; "
+                        "benchmarks/extrapolation_results_<preset>.json otherwise)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=None)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in results["methods"].values():
         print(f"{row['label']:<18}" + "".join(f"{v:>11.3f}" for v in row["loss"])
               + "".join(f"{v:>10.3f}" for v in row["recall_accuracy"]))
-    print(f"wrote {output} ({results['wall_time_s']:.0f} s)")
+    print(f"wrote {output} and its table {Path(output).with_suffix('.md')} ({results['wall_time_s']:.0f} s)")
 
 
 if __name__ == "__main__":

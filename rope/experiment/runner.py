@@ -19,6 +19,7 @@ on the same device and software up to those kernels' summation order.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import math
 import os
@@ -89,6 +90,7 @@ def run(
         path = Path(output)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1) + "\n")
+        path.with_suffix(".md").write_text(results_table(results))
     return results
 
 
@@ -158,6 +160,7 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
             "python": platform.python_version(),
             "platform": platform.platform(),
             "threads": torch.get_num_threads(),
+            "finished_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         },
         "task": {
             "vocab_size": config.task.vocab_size,
@@ -170,6 +173,28 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
         "eval_wall_time_s": eval_seconds,
         "wall_time_s": time.perf_counter() - started,
     }
+
+
+def results_table(results: dict) -> str:
+    """The results as a markdown page: how the run was made, then loss and recall accuracy per
+    method (rows) and evaluation length (columns)."""
+    env, lengths = results["environment"], results["lengths"]
+    training_length = results["config"]["training_length"]
+    lines = [
+        f"# Extrapolation experiment, preset `{results['preset']}`",
+        "",
+        f"Run by `python -m rope.experiment --preset {results['preset']}` on {env['device']} "
+        f"({env['threads']} thread(s)), torch {env['torch']}, Python {env['python']}, "
+        f"finished {env.get('finished_utc', 'at an unrecorded time')} UTC, "
+        f"wall time {results['wall_time_s']:.0f} s. Training length L = {training_length}.",
+    ]
+    for metric, title in (("loss", "Mean next-token loss (nats)"), ("recall_accuracy", "Recall accuracy")):
+        lines += ["", f"## {title}", "",
+                  "| method | " + " | ".join(f"{n // training_length}x ({n})" for n in lengths) + " |",
+                  "| --- | " + " | ".join("---" for _ in lengths) + " |"]
+        lines += [f"| {row['label']} | " + " | ".join(f"{v:.3f}" for v in row[metric]) + " |"
+                  for row in results["methods"].values()]
+    return "\n".join(lines) + "\n"
 
 
 def load_results(path: str | Path) -> dict:
