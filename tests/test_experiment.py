@@ -117,6 +117,7 @@ def test_entropy_rate_matches_the_chain():
         (lambda: RecallTask(SPEC).sample(2, 0, 1), "length"),
         (lambda: ModelSpec(vocab_size=10, d_model=30, num_heads=4), "num_heads"),
         (lambda: run("huge"), "preset"),
+        (lambda: dataclasses.replace(PRESETS["tiny"], seed=-1), "seed"),
         (lambda: run(PRESETS["tiny"], methods=["rope", "sinusoidal"]), "sinusoidal"),
     ],
 )
@@ -250,6 +251,17 @@ def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_result
     table = path.with_suffix(".md").read_text()
     assert "preset `tiny`" in table and f"| YaRN | {again['methods']['yarn']['loss'][0]:.3f} |" in table
     assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_run_seed_changes_training_but_not_the_evaluation_tokens(tiny_results, tmp_path):
+    _, results = tiny_results
+    main(["--preset", "tiny", "--seed", "1", "--methods", "rope", "--output", str(tmp_path / "s1.json"),
+          "--no-progress"])
+    other = load_results(tmp_path / "s1.json")
+    assert other["config"]["seed"] == 1 and results["config"]["seed"] == 0
+    assert other["task"] == results["task"]  # same language, same held-out sequences
+    assert other["training"]["rope"]["first_loss"] != results["training"]["rope"]["first_loss"]
+    assert other["methods"]["rope"]["loss"] != results["methods"]["rope"]["loss"]
 
 
 def test_gpu_preset_sizes_run_end_to_end():

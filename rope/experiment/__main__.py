@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from .methods import METHODS
@@ -20,14 +21,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", default=None,
                         help="results JSON, with a markdown table beside it (.md) (default: "
                         "benchmarks/extrapolation_results.json for the cpu preset, the chapter's file; "
-                        "benchmarks/extrapolation_results_<preset>.json otherwise)")
+                        "benchmarks/extrapolation_results_<preset>.json otherwise; _seed<N> is appended "
+                        "for a --seed other than the preset's)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="run seed: initialization and training batches (default: the preset's, 0)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=None)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
+    config = PRESETS[args.preset]
+    if args.seed is not None:
+        config = replace(config, seed=args.seed)
     suffix = "" if args.preset == "cpu" else f"_{args.preset}"
+    if config.seed != PRESETS[args.preset].seed:
+        suffix += f"_seed{config.seed}"
     output = args.output or f"benchmarks/extrapolation_results{suffix}.json"
-    results = run(args.preset, methods=args.methods, output=output, device=args.device,
+    results = run(config, methods=args.methods, output=output, device=args.device,
                   progress=not args.no_progress)
     lengths = results["lengths"]
     print(f"{'method':<18}" + "".join(f"{'loss@' + str(n):>11}" for n in lengths)

@@ -48,6 +48,8 @@ class ExperimentConfig:
         if not self.eval_multiples or any(isinstance(m, bool) or not isinstance(m, int) or m < 1
                                           for m in self.eval_multiples):
             raise ValueError(f"eval_multiples must be a non-empty tuple of positive ints, got {self.eval_multiples!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"threads must be None or a positive int, got {self.threads!r}")
 

@@ -7,6 +7,10 @@ factor (same tokens per step, so the batch shrinks by the factor). Every method 
 :data:`rope.experiment.methods.METHODS` is evaluated at each length of ``eval_lengths`` on the
 same held-out sequences.
 
+The run seed (``ExperimentConfig.seed``, ``--seed``) sets the initialization and the training
+and fine-tuning batches; the language and the held-out sequences do not depend on it, so runs
+with different seeds are scored on the same tokens and their spread is the training noise.
+
 Determinism: fixed seeds for initialization and for every batch, deterministic torch
 algorithms, and the thread count of the preset (one for ``tiny``); the thread count, device and
 torch version are recorded with the results. On CUDA a few kernels the model needs have no
@@ -36,6 +40,7 @@ from .presets import PRESETS, ExperimentConfig
 from .train import _progress, evaluate, train
 
 PRETRAIN_SEED, FINETUNE_SEED, EVAL_SEED = 1_000_000, 2_000_000, 3_000_000
+RUN_SEED_STRIDE = 10_000_000  # the training batches of run seed r start at PRETRAIN_SEED + r * stride
 BASE_MODELS = ("rope", "alibi", "nope")
 FINETUNED_MODELS = {"pi_finetuned": "pi_finetuned", "yarn_finetuned": "yarn_finetuned"}  # model -> method
 
@@ -112,7 +117,7 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
             model, METHODS[name].build(_context(config, spec, config.training_length)), task,
             steps=config.steps, batch_size=config.batch_size, length=config.training_length,
             learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-            weight_decay=config.weight_decay, data_seed=PRETRAIN_SEED, device=device,
+            weight_decay=config.weight_decay, data_seed=PRETRAIN_SEED + config.seed * RUN_SEED_STRIDE, device=device,
             progress=progress, description=f"train {name}",
         )
         models[name], training[name] = model, _summary(losses, time.perf_counter() - t0, config.training_length)
@@ -128,7 +133,7 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
             steps=config.finetune_steps, batch_size=max(1, config.batch_size // config.finetune_factor),
             length=finetune_length, learning_rate=config.finetune_learning_rate,
             warmup_steps=max(1, config.finetune_steps // 10), weight_decay=config.weight_decay,
-            data_seed=FINETUNE_SEED, device=device, progress=progress, description=f"fine-tune {name}",
+            data_seed=FINETUNE_SEED + config.seed * RUN_SEED_STRIDE, device=device, progress=progress, description=f"fine-tune {name}",
         )
         models[name], training[name] = model, _summary(losses, time.perf_counter() - t0, finetune_length)
 
