@@ -84,13 +84,20 @@ class RotaryEmbedding(nn.Module):
         if position_ids.dtype.is_floating_point:
             raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
         theta, attention = self.frequencies(position_ids)
-        angles = rotation_angles(position_ids, theta.to(position_ids.device))
-        angles = torch.cat((angles, angles), dim=-1)
-        cos = torch.cos(angles) * attention
-        sin = torch.sin(angles) * attention
-        cos, sin = cos.to(dtype=x.dtype, device=x.device), sin.to(dtype=x.dtype, device=x.device)
+        cos, sin = rotate_half_tables(position_ids, theta.to(position_ids.device), attention, x.dtype)
+        cos, sin = cos.to(x.device), sin.to(x.device)
         cos.rope_source = (position_ids, theta.to(position_ids.device), attention)
         return cos, sin
+
+
+def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of shape ``positions.shape + (2 len(inv_freq),)`` for the ``rotate_half``
+    formula: float64 angles m theta_i (each repeated for both halves), cos and sin times
+    ``attention_factor``, rounded once to ``dtype``."""
+    angles = rotation_angles(positions, inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return (torch.cos(angles) * attention_factor).to(dtype), (torch.sin(angles) * attention_factor).to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -202,6 +202,16 @@ def _launch_sizes(batch: int, seq_len: int, heads: int) -> tuple[int, int, int]:
     return (2 if batch * seq_len >= 2048 else 1), block_h, 1
 
 
+def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, fp64: bool,
+                     copy_tail: bool) -> dict:
+    """The ``tl.constexpr`` arguments of :func:`_rotary_kernel` other than the launch sizes."""
+    half, tail = rotary_dim // 2, head_dim - rotary_dim
+    return dict(
+        HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=fp64, COPY_TAIL=copy_tail and tail > 0,
+    )
+
+
 def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate,
            block_s=None, block_h=None, group=None, num_warps=4):
     """Rotate q into q_out and k into k_out (the outputs may alias the inputs: in place).
@@ -219,8 +229,6 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         positions = positions.transpose(0, 1) if positions.dim() == 2 else positions.expand(batch)
         batch, seq_len = 1, batch
     heads_k = k.shape[2]
-    half = rotary_dim // 2
-    tail = head_dim - rotary_dim
 
     def grid(meta):
         head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
@@ -233,10 +241,9 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         seq_len, heads_q, heads_k, scale_hi, scale - scale_hi, triton.next_power_of_2(batch * seq_len),
         *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides,
     )
-    options = dict(
-        HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
-        INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=q.dtype == torch.float64,
-        COPY_TAIL=tail > 0 and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr()),
+    options = kernel_constants(
+        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, fp64=q.dtype == torch.float64,
+        copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(),
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not os.environ.get("TRITON_INTERPRET"):

@@ -1,4 +1,4 @@
-"""The kernel compiles for every GPU generation it must run on (see tests/kernel_targets.py)."""
+"""The kernel compiles for every GPU generation it must run on (see rope/kernel_targets.py)."""
 
 import os
 import subprocess
@@ -18,7 +18,7 @@ def test_kernel_compiles_for_the_target(arch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "kernel_targets.py"), str(arch)],
+    done = subprocess.run([sys.executable, "-m", "rope.kernel_targets", str(arch)],
                           capture_output=True, text=True, env=env, timeout=600)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr

@@ -41,9 +41,8 @@ from typing import Callable
 import torch
 
 from .. import encodings
-from ..apply import rotation_angles
 from ..frequencies import inv_freq
-from ..hf import rotate_half
+from ..hf import apply_rotary_pos_emb, rotate_half_tables
 
 
 class PositionScheme:
@@ -69,21 +68,19 @@ class Rotary(PositionScheme):
     """RoPE: a_mn = (R_m q_m) . (R_n k_n) / sqrt(d) with frequencies ``inv_freq`` (half layout);
     ``attention_factor`` multiplies cos and sin, so the logits by its square (YaRN's 1/t).
 
-    The angles m * theta_i come from :func:`rope.apply.rotation_angles` (float64); their cos and
-    sin are rounded once to the model's dtype and applied as ``x cos + rotate_half(x) sin``, the
-    table formula of :func:`rope.hf.apply_rotary_pos_emb`, as models are trained (the float64
-    rotation of :func:`rope.apply_rotary` doubled the training time of this small model)."""
+    The cos and sin tables of :func:`rope.hf.rotate_half_tables` (float64 angles, rounded once to
+    the model's dtype) are applied by :func:`rope.hf.apply_rotary_pos_emb`'s table formula
+    ``x cos + rotate_half(x) sin``, as models are trained (the float64 rotation of
+    :func:`rope.apply_rotary` doubled the training time of this small model)."""
 
     def __init__(self, frequencies: torch.Tensor, attention_factor: float = 1.0):
         self.frequencies = frequencies
         self.attention_factor = attention_factor
 
     def logits(self, q, k, positions):
-        angles = rotation_angles(positions, self.frequencies.to(q.device))
-        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [seq, 1, head_dim]
-        cos = (torch.cos(angles) * self.attention_factor).to(q.dtype)
-        sin = (torch.sin(angles) * self.attention_factor).to(q.dtype)
-        return _dot(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)
+        cos, sin = rotate_half_tables(positions, self.frequencies.to(q.device), self.attention_factor, q.dtype)
+        q, k = apply_rotary_pos_emb(q, k, cos[None], sin[None], unsqueeze_dim=2)  # q, k: [batch, seq, heads, dim]
+        return _dot(q, k)
 
 
 class LogN(Rotary):

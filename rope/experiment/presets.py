@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..checks import int_at_least
 from .data import TaskSpec
 
 
@@ -48,8 +49,7 @@ class ExperimentConfig:
         if not self.eval_multiples or any(isinstance(m, bool) or not isinstance(m, int) or m < 1
                                           for m in self.eval_multiples):
             raise ValueError(f"eval_multiples must be a non-empty tuple of positive ints, got {self.eval_multiples!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
+        int_at_least("seed", self.seed, 0)
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"threads must be None or a positive int, got {self.threads!r}")
 

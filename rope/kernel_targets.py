@@ -1,12 +1,13 @@
 """Compile the fused RoPE kernel to machine code for named GPU architectures, without a GPU.
 
-    python tests/kernel_targets.py 75 80 90
+    python -m rope.kernel_targets 75 80 90
 
 Triton's NVIDIA backend and the ptxas it bundles build a cubin for any target on any machine,
-so the CPU suite can check what only a GPU would otherwise show: that the kernel uses no feature
-its targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80 the A100;
-sm_90 the H100). Run as a script because Triton's interpreter, which the CPU suite switches on,
-replaces the compiler. Prints one line per variant and exits non-zero if any fails.
+so a machine without a GPU can check what only a GPU would otherwise show: that the kernel uses
+no feature its targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80
+the A100; sm_90 the H100). Run it as a separate process with ``TRITON_INTERPRET`` unset: Triton's
+interpreter, which the CPU test suite switches on, replaces the compiler. Prints one line per
+variant and exits non-zero if any fails. Not imported by ``import rope`` (it imports Triton).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from rope.triton_rotary import _CANDIDATES, _rotary_kernel
+from .triton_rotary import _CANDIDATES, _rotary_kernel, kernel_constants
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
@@ -28,14 +29,13 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps)."""
     block_s, block_h, group, warps = sizes
-    half = (128 - tail) // 2
     signature = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
     signature.update(POS="*i64", FREQ="*fp32", C="*fp64", seq_len="i32", heads_q="i32", heads_k="i32",
                      scale_hi="fp32", scale_lo="fp32", tokens_bucket="i32")
     signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s"]})
-    constants = dict(HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail,
-                     TAIL_PAD=triton.next_power_of_2(max(tail, 1)), INTERLEAVED=interleaved, CONJUGATE=False,
-                     COPY_TAIL=tail > 0, FP64=dtype == "fp64", BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
+    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, fp64=dtype == "fp64",
+                                 copy_tail=True)
+    constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
