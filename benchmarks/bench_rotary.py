@@ -11,8 +11,9 @@ For each shape (batch, seq, heads_q, heads_k, head_dim) every contender is timed
 * ``flash-attn``: flash-attention's Triton rotary (``flash_attn.layers.rotary.apply_rotary_emb``,
   one call for q and one for k, out of place) when importable;
 * ``rope``: this package's fused kernel (:mod:`rope.fused`), out of place;
-* ``rope in place``: the same kernel writing into q and k (``torch.ops.rope.rotary_``), the
-  like-for-like comparison with Liger; forward only (the in-place operator has no autograd).
+* ``rope in place``: the same kernel writing into q and k (``torch.ops.rope.rotary_``) and, in
+  the backward, into the incoming gradients (``grad_in_place=True``): the like-for-like
+  comparison with Liger, which rotates in place both ways.
 
 Each call is captured ten times in a CUDA graph and the graph replayed, so the numbers are device
 time without Python launch overhead. Reported: GB/s counting q and k read plus written, and that
@@ -130,7 +131,8 @@ def contenders(q, k, positions, theta, cos, sin):
 
     q_i, k_i = q.clone(), k.clone()
     in_place = lambda: torch.ops.rope.rotary_(q_i, k_i, positions, theta, False, q.shape[-1], 1.0, False)  # noqa: E731
-    out["rope in place"] = (in_place, None)
+    grad_in_place = lambda a, b: rope.apply_rotary(a, b, positions, theta, backend="triton", grad_in_place=True)  # noqa: E731
+    out["rope in place"] = (in_place, with_grad(grad_in_place))
     return out
 
 

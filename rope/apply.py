@@ -122,6 +122,7 @@ def apply_rotary(
     attention_factor: float = 1.0,
     conjugate: bool = False,
     backend: str = "auto",
+    grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys by their positions.
 
@@ -138,6 +139,10 @@ def apply_rotary(
         backend: ``"torch"`` (float64 math, any device), ``"triton"`` (the fused kernel, float32
             math, float64 for float64 inputs; differentiable), or ``"auto"``: the kernel for CUDA
             tensors when Triton is installed, torch otherwise.
+        grad_in_place: on the kernel path, let the backward overwrite the incoming gradients
+            with the input gradients when they are contiguous (saves a q- and a k-sized buffer;
+            the tensors autograd passes in are destroyed). The torch path's backward is
+            autograd's own and ignores it.
 
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the
@@ -147,10 +152,13 @@ def apply_rotary(
     check_layout(layout)
     if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
         raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
+    if not isinstance(grad_in_place, bool):
+        raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
     if _use_kernel(q, backend):
         from .fused import rotary
 
-        return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor), conjugate)
+        return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
+                      conjugate, grad_in_place)
     angles = rotation_angles(positions, inv_freq)
     if positions.dim() == 1:
         angles = angles[None]

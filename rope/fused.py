@@ -3,7 +3,10 @@
 Registered with ``torch.library.custom_op``, a fake (meta) implementation and an autograd
 formula, so that ``torch.compile(fullgraph=True)`` traces through them and ``gradcheck`` /
 ``opcheck`` pass. The backward of y = s R_m x is dx = s R_m^T dy: the same kernel with the sign
-of the sines flipped (``conjugate``), written to a new tensor, never into the incoming gradient.
+of the sines flipped (``conjugate``), written to a new tensor; the incoming gradient is left
+alone unless ``grad_in_place`` asks for it to be overwritten (one buffer less per tensor, as
+flash-attention's ``inplace`` backward does), which happens only where that gradient is
+contiguous: an expanded or strided gradient (e.g. from ``sum()``) still gets a new tensor.
 
 ``rotary_`` rotates q and k in place (no autograd: use it for inference, e.g. on a KV cache).
 Importing this module imports Triton; :func:`rope.apply_rotary` does so only when it needs it.
@@ -30,8 +33,10 @@ def rotary(
     rotary_dim: int,
     scale: float,
     conjugate: bool,
+    grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors."""
+    """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors. ``grad_in_place``
+    only changes the backward (see the module docstring)."""
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
     triton_rotary.launch(
@@ -42,20 +47,24 @@ def rotary(
 
 
 @rotary.register_fake
-def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate):
+def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad_in_place=False):
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate = inputs
+    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad_in_place = inputs  # defaults filled in
     ctx.save_for_backward(positions, inv_freq)
     ctx.options = (interleaved, rotary_dim, scale, not conjugate)
+    ctx.grad_in_place = grad_in_place
 
 
 def _backward(ctx, grad_q, grad_k):
     positions, inv_freq = ctx.saved_tensors
-    grad_q, grad_k = rotary(grad_q, grad_k, positions, inv_freq, *ctx.options)
-    return grad_q, grad_k, None, None, None, None, None, None
+    if ctx.grad_in_place and grad_q.is_contiguous() and grad_k.is_contiguous():
+        rotary_(grad_q, grad_k, positions, inv_freq, *ctx.options)
+    else:
+        grad_q, grad_k = rotary(grad_q, grad_k, positions, inv_freq, *ctx.options)
+    return grad_q, grad_k, None, None, None, None, None, None, None
 
 
 rotary.register_autograd(_backward, setup_context=_setup_context)

@@ -10,8 +10,10 @@ is float32 for float16, bfloat16 and float32 inputs and float64 for float64 inpu
 rounding to the input dtype at the end.
 
 The angle is reduced exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the
-64-bit fixed-point turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and takes
-cos/sin in float32 of an angle already in [-pi, pi). No cos/sin table is read.
+64-bit fixed-point turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and
+evaluates cos/sin of the angle, already in [-pi, pi), from its quarter turn and Taylor
+polynomials (:func:`_cos_sin_of_turns`; float32 math) or with float64 library functions (float64
+inputs). No cos/sin table is read.
 
 Grid: (token blocks, head blocks of q then of k, batch). Each program computes its
 ``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. At
@@ -23,6 +25,7 @@ be contiguous.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 
@@ -44,6 +47,32 @@ def _fixed_point_phase(theta, C):
     return phase
 
 
+# 1/n!, the Taylor coefficients of _cos_sin_of_turns (rounded to float32 in the kernel).
+_F2, _F3, _F4, _F5, _F6, _F7, _F8, _F9, _F10 = (tl.constexpr(1.0 / math.factorial(n)) for n in range(2, 11))
+
+
+@triton.jit
+def _cos_sin_of_turns(turns):
+    """float32 cos and sin of 2 pi turns / 2^32, for int64 ``turns`` in [-2^31, 2^31).
+
+    The quadrant q = round(turns / 2^30) comes from the integer, exactly; the rest is an angle
+    x in [-pi/4, pi/4], where Taylor polynomials through x^9 (sine) and x^10 (cosine) are
+    within 2e-9 of the functions (the next terms, (pi/4)^11/11! and (pi/4)^12/12!), below the
+    float32 rounding of the result. Then cos(x + q pi/2) and sin(x + q pi/2) are cos x and sin x
+    swapped and negated by q mod 4. No range reduction, no branch: the accurate library sine
+    would reduce an angle that is already reduced."""
+    quadrant = (turns + (1 << 29)) >> 30  # in {-2, ..., 2}
+    x = (turns - (quadrant << 30)).to(tl.float32) * 1.4629180792671596e-09  # 2 pi / 2^32
+    x2 = x * x
+    sin = x - x * x2 * (_F3 - x2 * (_F5 - x2 * (_F7 - x2 * _F9)))
+    cos = 1.0 - x2 * (_F2 - x2 * (_F4 - x2 * (_F6 - x2 * (_F8 - x2 * _F10))))
+    q = quadrant & 3
+    odd = (q & 1) == 1
+    cos_q = tl.where(odd, sin, cos)
+    sin_q = tl.where(odd, cos, sin)
+    return tl.where((q == 1) | (q == 2), -cos_q, cos_q), tl.where(q >= 2, -sin_q, sin_q)
+
+
 @triton.jit
 def _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
              CONJUGATE: tl.constexpr, FP64: tl.constexpr):
@@ -53,10 +82,10 @@ def _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.
     turns = pos[:, None] * _fixed_point_phase(theta, C)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
     if FP64:
         angle = turns.to(tl.float64) * 3.4061215800865545e-19  # 2 pi / 2^64
-    else:  # the top 32 bits suffice for float32: units of 2 pi / 2^32
-        angle = (turns >> 32).to(tl.float32) * 1.4629180792671596e-09
-    cos = tl.cos(angle)
-    sin = tl.sin(angle)
+        cos = tl.cos(angle)
+        sin = tl.sin(angle)
+    else:  # the top 32 bits suffice for float32
+        cos, sin = _cos_sin_of_turns(turns >> 32)
     if FP64:  # the attention factor arrives as two float32 numbers (Triton passes floats as float32)
         cos = cos * scale_hi + cos * scale_lo
         sin = sin * scale_hi + sin * scale_lo

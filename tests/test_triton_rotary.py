@@ -11,10 +11,14 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 import rope  # noqa: E402
 from helpers import ulp  # noqa: E402
 from rope.angles import reduced_angles  # noqa: E402
 from rope.layouts import pair_indices  # noqa: E402
+from rope.triton_rotary import _cos_sin_of_turns  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -46,6 +50,32 @@ def assert_close_to(out, ref, x):
     bound = 1.01 * ulp(ref, x.dtype) + math_error * scale
     err = (out.to("cpu", torch.float64) - ref).abs()
     assert torch.all(err <= bound), f"{x.dtype}: worst error {(err / bound).max().item():.3g} x the bound"
+
+
+@triton.jit
+def _cos_sin_probe(TURNS, COS, SIN, N: tl.constexpr):
+    i = tl.program_id(0) * N + tl.arange(0, N)
+    cos, sin = _cos_sin_of_turns(tl.load(TURNS + i))
+    tl.store(COS + i, cos)
+    tl.store(SIN + i, sin)
+
+
+def test_cos_sin_of_turns_within_two_float32_roundings_everywhere():
+    """The kernel's cos/sin of 2 pi t / 2^32 (quadrant from the integer t, Taylor polynomials on
+    [-pi/4, pi/4]) against float64, at every multiple of pi/4 (where the quadrant changes or the
+    remainder is largest) and its neighbours, the ends of the int32 range, and random t. Bound:
+    the float32 conversion and scaling of the remainder (under 1e-7 rad) plus the float32
+    rounding of the polynomials; the Taylor remainders are below 2e-9."""
+    gen = torch.Generator().manual_seed(11)
+    edges = [k * 2**29 + d for k in range(-4, 5) for d in range(-3, 4)]
+    edges = [t for t in edges if -2**31 <= t < 2**31]
+    turns = torch.cat([torch.tensor(edges), torch.randint(-2**31, 2**31, (4096 - len(edges),), generator=gen)])
+    turns = turns.to(DEVICE)
+    cos, sin = torch.empty(turns.shape, device=DEVICE), torch.empty(turns.shape, device=DEVICE)
+    _cos_sin_probe[(turns.numel() // 512,)](turns, cos, sin, N=512)
+    angle = turns.cpu().double() * (2 * torch.pi / 2**32)
+    err = torch.maximum((cos.cpu().double() - angle.cos()).abs(), (sin.cpu().double() - angle.sin()).abs())
+    assert err.max() < 2e-7, f"worst error {err.max().item():.3g} at t = {turns[err.argmax()].item()}"
 
 
 @st.composite
@@ -119,9 +149,38 @@ def test_backward_is_the_conjugate_rotation_and_leaves_the_gradient_alone():
         torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_backward_overwrites_the_gradient_only_when_asked(layout):
+    """grad_in_place=True: the input gradients are the incoming gradient tensors, rotated in place
+    (and still right); an expanded gradient (from sum(), stride 0) gets a new tensor."""
+    q, k, positions, theta = _small(torch.float64, seed=3)
+    q.requires_grad_(), k.requires_grad_()
+    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
+    expected = [reference(g, positions, theta, layout=layout, attention_factor=1.3, conjugate=True)
+                for g in (grad_q, grad_k)]
+    outs = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=1.3, backend="triton",
+                             grad_in_place=True)
+    got = torch.autograd.grad(outs, (q, k), (grad_q, grad_k))
+    for g, incoming, ref in zip(got, (grad_q, grad_k), expected):
+        assert g.data_ptr() == incoming.data_ptr()
+        torch.testing.assert_close(incoming.cpu(), ref, rtol=0, atol=1e-12)
+
+    outs = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=1.3, backend="triton",
+                             grad_in_place=True)
+    got_q, got_k = torch.autograd.grad(outs[0].sum() + 2 * outs[1].sum(), (q, k))
+    for g, scale, x in ((got_q, 1.0, q), (got_k, 2.0, k)):
+        ones = torch.full_like(x, scale)
+        torch.testing.assert_close(g.cpu(), reference(ones, positions, theta, layout=layout, attention_factor=1.3,
+                                                      conjugate=True), rtol=0, atol=1e-12)
+    with pytest.raises(TypeError, match="grad_in_place must be a bool"):
+        rope.apply_rotary(q, k, positions, theta, backend="triton", grad_in_place=1)
+
+
 def test_opcheck():
     q, k, positions, theta = _small()
     torch.library.opcheck(torch.ops.rope.rotary.default, (q, k, positions, theta, False, 8, 1.1, False))
+    leaf = (q.clone().requires_grad_(), k.clone().requires_grad_())
+    torch.library.opcheck(torch.ops.rope.rotary.default, (*leaf, positions, theta, True, 8, 1.0, True, True))
     torch.library.opcheck(torch.ops.rope.rotary_.default, (q.clone(), k.clone(), positions, theta, True, 8, 1.0, True))
 
 
@@ -134,6 +193,16 @@ def test_torch_compile_traces_the_kernel_in_one_graph():
 
     compiled = torch.compile(scores, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k), scores(q, k), rtol=0, atol=0)
+
+    def loss(q, k):  # the backward, with the gradient rotated in place, traced too
+        q, k = rope.apply_rotary(q, k, positions, theta, backend="triton", grad_in_place=True)
+        return (q * q.detach()).sum() + (k * k.detach()).sum()
+
+    leaves = (q.detach().requires_grad_(), k.detach().requires_grad_())
+    expected = torch.autograd.grad(loss(*leaves), leaves)
+    got = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
 def test_kernel_errors_are_named():
