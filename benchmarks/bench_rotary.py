@@ -136,6 +136,14 @@ def contenders(q, k, positions, theta, cos, sin):
     return out
 
 
+def launch_sizes() -> str:
+    """The launch sizes the autotuner chose for the kernel's last launch (the last rope contender)."""
+    from rope import triton_rotary
+
+    config = triton_rotary._tuned_kernel.best_config
+    return ", ".join(f"{name}={value}" for name, value in config.kwargs.items()) + f", num_warps={config.num_warps}"
+
+
 def run(shapes, out_path: str | None) -> str:
     torch._dynamo.config.recompile_limit = 64  # one compiled graph per shape and pass
     device = torch.cuda.get_device_name()
@@ -152,6 +160,7 @@ def run(shapes, out_path: str | None) -> str:
         "| shape (b, s, hq, hk, d) | pass | " + " | ".join(COLUMNS) + " |",
         "| --- | --- | " + " | ".join(["---"] * len(COLUMNS)) + " |",
     ]
+    picks = []
     for batch, seq, heads_q, heads_k, head_dim in shapes:
         gen = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(batch, seq, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -169,6 +178,7 @@ def run(shapes, out_path: str | None) -> str:
                     results[name, pass_name] = nbytes / graph_time_ms(fn) / 1e6
                 except Exception as err:  # a peer that fails on a shape is reported, not fatal
                     print(f"{name} {pass_name} failed: {type(err).__name__}: {err}")
+        picks.append(f"- {batch}, {seq}, {heads_q}, {heads_k}, {head_dim}: {launch_sizes()}")
         for pass_name in ("fwd", "bwd"):
             ceiling = results.get(("copy", pass_name))
             cells = []
@@ -178,6 +188,7 @@ def run(shapes, out_path: str | None) -> str:
             row = f"| {batch}, {seq}, {heads_q}, {heads_k}, {head_dim} | {pass_name} | " + " | ".join(cells) + " |"
             lines.append(row)
             print(row, flush=True)
+    lines += ["", "The autotuner's launch sizes for rope (fwd and bwd share them):", "", *picks]
     text = "\n".join(lines) + "\n"
     if out_path:
         with open(out_path, "w") as f:
