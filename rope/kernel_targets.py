@@ -30,7 +30,7 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps)."""
     block_s, block_h, group, warps = sizes
     signature = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
-    signature.update(POS="*i64", FREQ="*fp32", C="*fp64", seq_len="i32", heads_q="i32", heads_k="i32",
+    signature.update(POS="*i64", FREQ="*fp32", seq_len="i32", heads_q="i32", heads_k="i32",
                      scale_hi="fp32", scale_lo="fp32", tokens_bucket="i32")
     signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s"]})
     constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, fp64=dtype == "fp64",
@@ -39,7 +39,7 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
-    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "C"] + STRIDES
+    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ"] + STRIDES
     source = ASTSource(
         fn=_rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},

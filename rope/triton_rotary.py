@@ -36,15 +36,23 @@ import triton.language as tl
 from .angles import INV_TWO_PI_PIECES
 
 
+# The four pieces of 1/(2 pi), compiled in as float64 immediates (no load on the angle's path).
+_PIECE_0, _PIECE_1, _PIECE_2, _PIECE_3 = (tl.constexpr(piece) for piece in INV_TWO_PI_PIECES)
+
+
 @triton.jit
-def _fixed_point_phase(theta, C):
+def _phase_part(theta, piece):
+    """frac(theta * piece) in units of 2^-64 turns, as int64 (wrapping)."""
+    x = theta * piece  # exact: 24-bit times 26-bit significands
+    fraction = x - x.to(tl.int64).to(tl.float64)  # exact, in (-1, 1)
+    return (fraction * 9223372036854775808.0).to(tl.int64) * 2  # 2^63 units, times 2, wraps
+
+
+@triton.jit
+def _fixed_point_phase(theta):
     """T = frac(theta / 2 pi) * 2^64 mod 2^64 as int64; theta float64 holding a float32 value."""
-    phase = tl.zeros(theta.shape, dtype=tl.int64)
-    for j in tl.static_range(4):
-        x = theta * tl.load(C + j)  # exact: 24-bit times 26-bit significands
-        fraction = x - x.to(tl.int64).to(tl.float64)  # exact, in (-1, 1)
-        phase += (fraction * 9223372036854775808.0).to(tl.int64) * 2  # 2^63 units, times 2, wraps
-    return phase
+    return (_phase_part(theta, _PIECE_0) + _phase_part(theta, _PIECE_1) + _phase_part(theta, _PIECE_2)
+            + _phase_part(theta, _PIECE_3))
 
 
 # 1/n!, the Taylor coefficients of _cos_sin_of_turns (rounded to float32 in the kernel).
@@ -74,12 +82,12 @@ def _cos_sin_of_turns(turns):
 
 
 @triton.jit
-def _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+def _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
              CONJUGATE: tl.constexpr, FP64: tl.constexpr):
     """s cos(m theta_i) and +-s sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced angles."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
-    turns = pos[:, None] * _fixed_point_phase(theta, C)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
+    turns = pos[:, None] * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
     if FP64:
         angle = turns.to(tl.float64) * 3.4061215800865545e-19  # 2 pi / 2^64
         cos = tl.cos(angle)
@@ -158,7 +166,7 @@ def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INT
 
 @triton.jit
 def _rotary_kernel(
-    Q, K, QO, KO, POS, FREQ, C,
+    Q, K, QO, KO, POS, FREQ,
     seq_len, heads_q, heads_k, scale_hi, scale_lo, tokens_bucket,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
     sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
@@ -184,7 +192,7 @@ def _rotary_kernel(
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
     pos = tl.load(POS + batch * sp_b + s * sp_s, mask=s_mask, other=0).to(tl.int64)
-    cos, sin = _cos_sin(pos, FREQ, C, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
+    cos, sin = _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED,
                       COPY_TAIL)
     for i in tl.static_range(1, GROUP):
@@ -214,15 +222,6 @@ _tuned_kernel = triton.autotune(
     prune_configs_by={"early_config_prune": _small_problems_take_the_first},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(_rotary_kernel)
-
-
-_PIECES: dict[torch.device, torch.Tensor] = {}
-
-
-def _pieces(device: torch.device) -> torch.Tensor:
-    if device not in _PIECES:
-        _PIECES[device] = torch.tensor(INV_TWO_PI_PIECES, dtype=torch.float64, device=device)
-    return _PIECES[device]
 
 
 def _launch_sizes(batch: int, seq_len: int, heads: int) -> tuple[int, int, int]:
@@ -266,7 +265,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # scale rounded to float32
     pos_strides = (0, positions.stride(0)) if positions.dim() == 1 else tuple(positions.stride())
     args = (
-        q, k, q_out, k_out, positions, inv_freq.contiguous(), _pieces(q.device),
+        q, k, q_out, k_out, positions, inv_freq.contiguous(),
         seq_len, heads_q, heads_k, scale_hi, scale - scale_hi, triton.next_power_of_2(batch * seq_len),
         *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides,
     )
