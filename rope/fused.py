@@ -5,8 +5,9 @@ formula, so that ``torch.compile(fullgraph=True)`` traces through them and ``gra
 ``opcheck`` pass. The backward of y = s R_m x is dx = s R_m^T dy: the same kernel with the sign
 of the sines flipped (``conjugate``), written to a new tensor; the incoming gradient is left
 alone unless ``grad_in_place`` asks for it to be overwritten (one buffer less per tensor, as
-flash-attention's ``inplace`` backward does), which happens only where that gradient is
-contiguous: an expanded or strided gradient (e.g. from ``sum()``) still gets a new tensor.
+flash-attention's ``inplace`` backward does), which happens only where the two gradients are
+contiguous and separate: an expanded or strided gradient (e.g. from ``sum()``), or one buffer
+passed as both, still gets new tensors.
 
 ``rotary_`` rotates q and k in place (no autograd: use it for inference, e.g. on a KV cache).
 Importing this module imports Triton; :func:`rope.apply_rotary` does so only when it needs it.
@@ -58,9 +59,16 @@ def _setup_context(ctx, inputs, output):
     ctx.grad_in_place = grad_in_place
 
 
+def _rotatable_in_place(grad_q: torch.Tensor, grad_k: torch.Tensor) -> bool:
+    """Contiguous (no element written twice) and not sharing storage with each other (one launch
+    rotates both, so a shared buffer would be read after another program wrote it)."""
+    return (grad_q.is_contiguous() and grad_k.is_contiguous()
+            and not torch._C._is_alias_of(grad_q, grad_k))
+
+
 def _backward(ctx, grad_q, grad_k):
     positions, inv_freq = ctx.saved_tensors
-    if ctx.grad_in_place and grad_q.is_contiguous() and grad_k.is_contiguous():
+    if ctx.grad_in_place and _rotatable_in_place(grad_q, grad_k):
         rotary_(grad_q, grad_k, positions, inv_freq, *ctx.options)
     else:
         grad_q, grad_k = rotary(grad_q, grad_k, positions, inv_freq, *ctx.options)

@@ -172,6 +172,13 @@ def test_backward_overwrites_the_gradient_only_when_asked(layout):
         ones = torch.full_like(x, scale)
         torch.testing.assert_close(g.cpu(), reference(ones, positions, theta, layout=layout, attention_factor=1.3,
                                                       conjugate=True), rtol=0, atol=1e-12)
+    shared = torch.randn_like(k)  # one contiguous buffer as both gradients (q and k of one shape): not in place
+    q1, k1 = q[:, :, :2].detach().requires_grad_(), k.detach().requires_grad_()
+    outs = rope.apply_rotary(q1, k1, positions, theta, layout=layout, backend="triton", grad_in_place=True)
+    expected = reference(shared, positions, theta, layout=layout, conjugate=True)
+    got = torch.autograd.grad(outs, (q1, k1), (shared, shared))
+    for g in got:
+        torch.testing.assert_close(g.cpu(), expected, rtol=0, atol=1e-12)
     with pytest.raises(TypeError, match="grad_in_place must be a bool"):
         rope.apply_rotary(q, k, positions, theta, backend="triton", grad_in_place=1)
 
