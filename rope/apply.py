@@ -140,9 +140,9 @@ def apply_rotary(
             math, float64 for float64 inputs; differentiable), or ``"auto"``: the kernel for CUDA
             tensors when Triton is installed, torch otherwise.
         grad_in_place: on the kernel path, let the backward overwrite the incoming gradients
-            with the input gradients when they are contiguous (saves a q- and a k-sized buffer;
-            the tensors autograd passes in are destroyed). The torch path's backward is
-            autograd's own and ignores it.
+            with the input gradients when both are contiguous and separate buffers (saves a q-
+            and a k-sized buffer; the tensors autograd passes in are destroyed). The torch
+            path's backward is autograd's own and ignores it.
 
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the
