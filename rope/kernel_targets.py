@@ -8,12 +8,25 @@ no feature its targets lack (sm_75 is the T4 of a Colab runtime, with no native 
 the A100; sm_90 the H100). Run it as a separate process with ``TRITON_INTERPRET`` unset: Triton's
 interpreter, which the CPU test suite switches on, replaces the compiler. Prints one line per
 variant and exits non-zero if any fails. Not imported by ``import rope`` (it imports Triton).
+
+    python -m rope.kernel_targets --code 90
+
+prints instead, for each launch size the autotuner may pick, the machine code Triton's bundled
+``cuobjdump`` disassembles from the cubin: SASS instructions (there are no loops, so a thread
+executes each at most once), registers, shared memory, and whether the program issues its 128-bit loads of q/k
+before its first use of a loaded frequency (the float32 to float64 conversion that starts the
+angle), i.e. whether the memory latency of q/k and the angle computation overlap.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import warnings
 
 import triton
@@ -48,6 +61,33 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
 
 
+def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16") -> dict:
+    """SASS instruction count, registers, shared bytes and load order of one variant (head_dim 128,
+    half layout, no tail)."""
+    kernel = compile_variant(arch, dtype, sizes, interleaved=False, tail=0)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([cuobjdump, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
+    first_vector_load = opcodes.index("LDG.E.128")
+    first_frequency_use = opcodes.index("F2F.F64.F32")
+    return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", usage).group(1)),
+                shared=kernel.metadata.shared, loads_first=first_vector_load < first_frequency_use)
+
+
+def print_machine_code(arch: int) -> None:
+    print("| BLOCK_S, BLOCK_H, GROUP, warps | SASS instructions | registers | shared bytes | q/k loads first |")
+    print("| --- | --- | --- | --- | --- |")
+    for sizes in _CANDIDATES:
+        code = machine_code(arch, sizes)
+        print(f"| {', '.join(map(str, sizes))} | {code['instructions']} | {code['registers']} | {code['shared']} "
+              f"| {'yes' if code['loads_first'] else 'no'} |")
+
+
 def main(arches: list[int]) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     failures = 0
@@ -66,4 +106,13 @@ def main(arches: list[int]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main([int(a) for a in sys.argv[1:]] or [75, 80, 90]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("arches", type=int, nargs="*", default=[75, 80, 90], help="sm versions, e.g. 75 80 90")
+    parser.add_argument("--code", action="store_true", help="print the machine code table for each arch instead")
+    args = parser.parse_args()
+    if args.code:
+        warnings.filterwarnings("ignore", category=UserWarning)
+        for arch in args.arches:
+            print_machine_code(arch)
+    else:
+        sys.exit(main(args.arches))
