@@ -152,7 +152,8 @@ def test_backward_is_the_conjugate_rotation_and_leaves_the_gradient_alone():
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_backward_overwrites_the_gradient_only_when_asked(layout):
     """grad_in_place=True: the input gradients are the incoming gradient tensors, rotated in place
-    (and still right); an expanded gradient (from sum(), stride 0) gets a new tensor."""
+    (and still right); an expanded gradient (from sum(), stride 0), or one buffer passed as both
+    gradients, gets new tensors."""
     q, k, positions, theta = _small(torch.float64, seed=3)
     q.requires_grad_(), k.requires_grad_()
     grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
