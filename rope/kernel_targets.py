@@ -13,9 +13,9 @@ variant and exits non-zero if any fails. Not imported by ``import rope`` (it imp
 
 prints instead, for each launch size the autotuner may pick, the machine code Triton's bundled
 ``cuobjdump`` disassembles from the cubin: SASS instructions (there are no loops, so a thread
-executes each at most once), registers, shared memory, and whether the program issues its 128-bit loads of q/k
-before its first use of a loaded frequency (the float32 to float64 conversion that starts the
-angle), i.e. whether the memory latency of q/k and the angle computation overlap.
+executes each at most once), registers, shared memory, and how many of its 128-bit loads of q/k
+the program issues before its first use of a loaded frequency (the float32 to float64
+conversion that starts the angle): those loads wait in memory while the angle is computed.
 """
 
 from __future__ import annotations
@@ -73,19 +73,21 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         usage = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
                                check=True).stdout
     opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
-    first_vector_load = opcodes.index("LDG.E.128")
-    first_frequency_use = opcodes.index("F2F.F64.F32")
+    angle_starts = opcodes.index("F2F.F64.F32")
+    vector_loads = [i for i, opcode in enumerate(opcodes) if opcode == "LDG.E.128"]
     return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", usage).group(1)),
-                shared=kernel.metadata.shared, loads_first=first_vector_load < first_frequency_use)
+                shared=kernel.metadata.shared, vector_loads=len(vector_loads),
+                loads_before_angle=sum(i < angle_starts for i in vector_loads))
 
 
 def print_machine_code(arch: int) -> None:
-    print("| BLOCK_S, BLOCK_H, GROUP, warps | SASS instructions | registers | shared bytes | q/k loads first |")
+    print("| BLOCK_S, BLOCK_H, GROUP, warps | SASS instructions | registers | shared bytes "
+          "| q/k loads before the angle |")
     print("| --- | --- | --- | --- | --- |")
     for sizes in _CANDIDATES:
         code = machine_code(arch, sizes)
         print(f"| {', '.join(map(str, sizes))} | {code['instructions']} | {code['registers']} | {code['shared']} "
-              f"| {'yes' if code['loads_first'] else 'no'} |")
+              f"| {code['loads_before_angle']} of {code['vector_loads']} |")
 
 
 def main(arches: list[int]) -> int:
