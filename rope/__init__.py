@@ -10,6 +10,7 @@ Entry points:
 * :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);
 * :mod:`rope.precision` — the usual float32 recipe, bf16 tables and position-digit tables, for error studies;
 * :mod:`rope.axial` — 2D (image) RoPE, axial and mixed frequencies;
+* :mod:`rope.mrope` — multimodal RoPE (Qwen2-VL, Qwen3-VL): time, row and column positions;
 * :mod:`rope.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B;
 * :mod:`rope.encodings` — the encodings before RoPE: sinusoidal, Shaw, T5 buckets, DeBERTa, ALiBi;
 * :mod:`rope.decay` — the long-term decay bound and the base needed for a context length;
@@ -37,6 +38,7 @@ from . import (
     layouts,
     linear_attention,
     logn,
+    mrope,
     positions,
     precision,
     reference,
@@ -66,6 +68,7 @@ __all__ = [
     "layouts",
     "linear_attention",
     "logn",
+    "mrope",
     "parse_config",
     "permute_qk_weight",
     "positions",

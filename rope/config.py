@@ -18,7 +18,13 @@ Keys read (all others are ignored, as transformers does):
 yarn: ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``
 longrope: ``short_factor``, ``long_factor``, ``attention_factor``
 llama3: ``low_freq_factor``, ``high_freq_factor``
+M-RoPE: ``mrope_section``          pairs that follow the t, h, w positions (:mod:`rope.mrope`);
+        ``mrope_interleaved``      interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL)
 =================================  ====================================================
+
+M-RoPE combines with any ``rope_type``: the frequencies are those of the type, the section only
+says which position each pair reads. ``rope_type`` ``mrope`` (old Qwen2-VL configs) means
+``default`` with a required ``mrope_section``, as transformers reads it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+import torch
+
+from .mrope import check_section, section_axes
 
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
 
@@ -56,6 +66,9 @@ class RopeConfig:
     # llama3
     low_freq_factor: float | None = None
     high_freq_factor: float | None = None
+    # M-RoPE
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
 
     def rotary_dim(self, head_dim: int) -> int:
         """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it."""
@@ -68,6 +81,13 @@ class RopeConfig:
                 f"int({head_dim} * {self.partial_rotary_factor}) = {dim} must be even and >= 2"
             )
         return dim
+
+    def mrope_axes(self, head_dim: int) -> torch.Tensor | None:
+        """The t/h/w axis of each rotated pair (:func:`rope.mrope.section_axes`), or ``None``
+        without an ``mrope_section``."""
+        if self.mrope_section is None:
+            return None
+        return section_axes(self.mrope_section, self.rotary_dim(head_dim) // 2, interleaved=self.mrope_interleaved)
 
     def require(self, key: str) -> Any:
         """The value of ``key``, or a ValueError saying that this rope_type needs it."""
@@ -134,8 +154,12 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     get = {k: v for k, v in config.items() if v is not None}.get
 
     rope_type = get("rope_type", get("type", "default"))
+    if rope_type == "mrope":
+        if get("mrope_section") is None:
+            raise ValueError("rope_type 'mrope' needs the config key 'mrope_section'")
+        rope_type = "default"
     if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {', '.join(ROPE_TYPES)}")
+        raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {', '.join(ROPE_TYPES)} (or 'mrope')")
 
     fields: dict[str, Any] = {"rope_type": rope_type}
     if get("rope_theta") is not None:
@@ -164,4 +188,10 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     for key in ("short_factor", "long_factor"):
         if get(key) is not None:
             fields[key] = _factors(key, get(key))
+    if get("mrope_section") is not None:
+        fields["mrope_section"] = check_section(get("mrope_section"), "config key 'mrope_section'")
+    if get("mrope_interleaved") is not None:
+        if not isinstance(get("mrope_interleaved"), bool):
+            raise TypeError(f"config key 'mrope_interleaved' must be a bool, got {get('mrope_interleaved')!r}")
+        fields["mrope_interleaved"] = get("mrope_interleaved")
     return RopeConfig(**fields)

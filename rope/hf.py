@@ -11,7 +11,12 @@
   ``cos`` was made from (the ``rope_source`` attribute) with :func:`rope.apply_rotary`: the fused
   exact kernel on CUDA, float64 on the CPU, and no table rounded to the model's dtype in between.
   Any other ``cos`` (sliced, converted, someone else's) takes the table formula.
-* :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model.
+* :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
+  after checking that the new module returns the old one's tables.
+
+M-RoPE models (Qwen2-VL and its successors, ``mrope_section`` in the config) pass position ids
+``[3, batch, seq]``; :class:`RotaryEmbedding` then turns each pair by the t, h or w position its
+section assigns (:mod:`rope.mrope`), and ``apply_rotary_pos_emb`` rotates from those angles.
 
 ``dynamic`` and ``longrope`` pick their frequencies from the current length
 ``max(position_ids) + 1`` at every call; transformers instead keeps the largest ``dynamic`` base it
@@ -28,6 +33,7 @@ from torch import nn
 from .apply import apply_rotary, rotation_angles
 from .config import parse_config
 from .frequencies import inv_freq
+from .mrope import apply_mrope, mrope_angles
 
 _SEQ_DEPENDENT = ("dynamic", "longrope")
 
@@ -71,6 +77,7 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         theta, self.attention_scaling = inv_freq(self.rope_config, head_dim)
         self.register_buffer("inv_freq", theta, persistent=False)
+        self.register_buffer("mrope_axes", self.rope_config.mrope_axes(head_dim), persistent=False)
 
     def frequencies(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention_factor)`` for this call's positions."""
@@ -79,15 +86,33 @@ class RotaryEmbedding(nn.Module):
         theta, attention = inv_freq(self.rope_config, self.head_dim, seq_len=int(position_ids.max()) + 1)
         return theta.to(position_ids.device), attention
 
+    def pair_angles(self, position_ids: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Float64 angle of every pair: m theta_i, or p_a(i) theta_i with M-RoPE, where
+        ``position_ids`` is ``[3, batch, seq]`` (or ``[batch, seq]``, the same position on t, h, w,
+        as transformers expands it)."""
+        if self.mrope_axes is None:
+            return rotation_angles(position_ids, theta)
+        return mrope_angles(position_ids, theta, self.mrope_axes.to(position_ids.device))
+
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if position_ids.dtype.is_floating_point:
             raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
+        if self.mrope_axes is not None and position_ids.dim() == 2:
+            position_ids = position_ids.expand(3, -1, -1)
         theta, attention = self.frequencies(position_ids)
-        cos, sin = rotate_half_tables(position_ids, theta.to(position_ids.device), attention, x.dtype)
+        theta = theta.to(position_ids.device)
+        cos, sin = _tables(self.pair_angles(position_ids, theta), attention, x.dtype)
         cos, sin = cos.to(x.device), sin.to(x.device)
-        cos.rope_source = (position_ids, theta.to(position_ids.device), attention)
+        cos.rope_source = (position_ids, theta, attention, self.mrope_axes)
         return cos, sin
+
+
+def _tables(angles: torch.Tensor, attention_factor: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotate_half`` tables from float64 pair angles: each angle for both halves, cos and sin
+    times the attention factor, rounded once to ``dtype``."""
+    angles = torch.cat((angles, angles), dim=-1)
+    return (torch.cos(angles) * attention_factor).to(dtype), (torch.sin(angles) * attention_factor).to(dtype)
 
 
 def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float,
@@ -95,9 +120,7 @@ def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attentio
     """``(cos, sin)`` of shape ``positions.shape + (2 len(inv_freq),)`` for the ``rotate_half``
     formula: float64 angles m theta_i (each repeated for both halves), cos and sin times
     ``attention_factor``, rounded once to ``dtype``."""
-    angles = rotation_angles(positions, inv_freq)
-    angles = torch.cat((angles, angles), dim=-1)
-    return (torch.cos(angles) * attention_factor).to(dtype), (torch.sin(angles) * attention_factor).to(dtype)
+    return _tables(rotation_angles(positions, inv_freq), attention_factor, dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -129,25 +152,75 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int =
     return rotate(q), rotate(k)
 
 
-def _rotate_from_source(q, k, position_ids, theta, attention, *, heads_dim):
-    """rope.apply_rotary on [batch, heads, seq, dim] (heads_dim 1) or [batch, seq, heads, dim] views."""
-    positions = position_ids[0] if position_ids.dim() == 2 and position_ids.shape[0] == 1 else position_ids
+def _rotate_from_source(q, k, position_ids, theta, attention, axes, *, heads_dim):
+    """rope.apply_rotary (rope.mrope.apply_mrope with M-RoPE axes) on [batch, heads, seq, dim]
+    (heads_dim 1) or [batch, seq, heads, dim] views; a batch of one position row is shared."""
     if heads_dim == 1:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
-    q_out, k_out = apply_rotary(q, k, positions, theta.to(q.device), attention_factor=attention)
+    if axes is None:
+        positions = position_ids[0] if position_ids.dim() == 2 and position_ids.shape[0] == 1 else position_ids
+        q_out, k_out = apply_rotary(q, k, positions, theta.to(q.device), attention_factor=attention)
+    else:
+        positions = position_ids[:, 0] if position_ids.shape[1] == 1 else position_ids
+        q_out, k_out = apply_mrope(q, k, positions, theta.to(q.device), axes, attention_factor=attention)
     return (q_out.transpose(1, 2), k_out.transpose(1, 2)) if heads_dim == 1 else (q_out, k_out)
+
+
+PROBE_TOLERANCE = 1e-5
+"""How far install's probe lets the old and new tables differ: transformers' float32 angles at
+positions below 8 are off by less than 1e-6; a wrong layout or axis assignment is off by O(1)."""
+
+
+def _probe_positions(embedding: RotaryEmbedding, device) -> torch.Tensor:
+    """Positions 0..7 in a fixed shuffled order per row: ``[1, 8]``, or ``[3, 1, 8]`` with M-RoPE
+    (t, h, w differ, so a wrong assignment of pairs to axes shows)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = 3 if embedding.mrope_axes is not None else 1
+    positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])
+    return (positions[:, None] if rows == 3 else positions).to(device)
+
+
+def _check_same_tables(name: str, old: nn.Module, new: RotaryEmbedding, device) -> None:
+    """Raise unless ``old(x, positions)`` and ``new(x, positions)`` give the same (cos, sin)."""
+    x = torch.zeros(1, dtype=torch.float32, device=device)
+    positions = _probe_positions(new, device)
+    try:
+        theirs = old(x, positions)
+    except Exception as err:  # any failure means the module does not follow the (x, position_ids) contract
+        raise ValueError(f"install: {name} could not be called as rotary_emb(x, position_ids) "
+                         f"({type(err).__name__}: {err}); nothing was replaced") from err
+    ours = new(x, positions)
+    same = (isinstance(theirs, tuple) and len(theirs) == 2
+            and all(isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(theirs, ours)))
+    gap = max(float((a.double() - b.double()).abs().max()) for a, b in zip(theirs, ours)) if same else None
+    if gap is None or gap > PROBE_TOLERANCE:
+        found = f"differ by up to {gap:.3g}" if gap is not None else "have other shapes"
+        raise ValueError(
+            f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: its (cos, sin) "
+            f"at probe positions {found} (another pairing layout, axis assignment or scaling); nothing was replaced"
+        )
 
 
 def install(model: nn.Module) -> int:
     """Replace every ``rotary_emb`` submodule of a transformers model by :class:`RotaryEmbedding`
-    built from the model's config; returns how many were replaced."""
-    replaced = 0
-    for module in list(model.modules()):
+    built from the model's config; returns how many were replaced.
+
+    Every replacement is first checked: the old and new modules must return the same ``(cos,
+    sin)`` at a few probe positions (shuffled per axis for M-RoPE), to within
+    :data:`PROBE_TOLERANCE`. A model whose tables differ (the interleaved tables of GLM, a
+    per-layer-type module, a convention rope does not know) raises ValueError and is left
+    untouched, instead of running with wrong positions.
+    """
+    replacements = []
+    for owner_name, module in model.named_modules():
         old = getattr(module, "rotary_emb", None)
         if isinstance(old, nn.Module) and not isinstance(old, RotaryEmbedding):
             config = getattr(old, "config", None) or model.config
-            new = RotaryEmbedding(config)
             device = old.inv_freq.device if hasattr(old, "inv_freq") else None
-            module.rotary_emb = new.to(device) if device is not None else new
-            replaced += 1
-    return replaced
+            new = RotaryEmbedding(config).to(device) if device is not None else RotaryEmbedding(config)
+            name = f"{owner_name}.rotary_emb" if owner_name else "rotary_emb"
+            _check_same_tables(name, old, new, device)
+            replacements.append((module, new))
+    for module, new in replacements:
+        module.rotary_emb = new
+    return len(replacements)

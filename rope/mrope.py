@@ -1,0 +1,190 @@
+"""Multimodal RoPE (M-RoPE): a position per axis (time, height, width) and an axis per pair.
+
+Qwen2-VL (Wang et al. 2024, "Qwen2-VL", section 2.1) gives every token a position triple
+p = (t, h, w): a visual token at frame f, row r, column c of a grid that starts at position s has
+p = (s + f, s + r, s + c); a text token at position m has p = (m, m, m). Rotated pair i belongs
+to one axis a(i) and turns by the angle p_a(i) * theta_i, so
+
+    R_p = exp(t B_t + h B_h + w B_w),     B_axis = the RoPE generator on that axis's pairs only.
+
+The three generators act on disjoint pairs, hence commute, and R_p^T R_q = R_(q - p): the score
+q^T R_p^T R_q k depends on the difference of all three coordinates, as in :mod:`rope.axial`.
+A text token has t = h = w = m, so R_p = R_m: on text, M-RoPE is exactly 1D RoPE with the same
+theta_i, whatever the assignment of pairs to axes.
+
+Which pairs rotate with which axis is given by ``mrope_section = (s_t, s_h, s_w)``, with
+s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair_indices`):
+
+* chunked (Qwen2-VL, Qwen2.5-VL, GLM-4V): pairs 0 .. s_t-1 follow t, the next s_h follow h,
+  the last s_w follow w. Time gets the fastest frequencies and width the slowest.
+* interleaved (Qwen3-VL, Qwen3.5; config key ``mrope_interleaved``): pair i follows h when
+  i mod 3 = 1 and i < 3 s_h, w when i mod 3 = 2 and i < 3 s_w, and t otherwise, so every axis
+  gets fast and slow frequencies (transformers' ``recomposition_frequencies`` of Qwen3-VL).
+
+Angles, cos, sin and products are float64 and rounded once to the input dtype, as in
+:func:`rope.apply_rotary`; there is no Triton kernel for M-RoPE yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .apply import check_inputs, rotate_pairs, rotation_angles
+from .checks import integer_tensor
+from .layouts import check_layout
+
+AXES = ("t", "h", "w")
+
+
+def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int, int]:
+    """``mrope_section`` as a tuple of three positive ints (pairs on t, h and w), or an error
+    naming ``name``."""
+    if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence):
+        raise TypeError(f"{name} must be a list of three ints (pairs on t, h, w), got {mrope_section!r}")
+    if len(mrope_section) != len(AXES) or any(
+        isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in mrope_section
+    ):
+        raise ValueError(f"{name} must be three positive ints (pairs on t, h, w), got {list(mrope_section)}")
+    return tuple(mrope_section)
+
+
+def section_axes(mrope_section, pairs: int, *, interleaved: bool = False) -> torch.Tensor:
+    """The axis (0 = t, 1 = h, 2 = w) of each of ``pairs`` rotated pairs, int64 ``[pairs]``.
+
+    Chunked: s_t zeros, s_h ones, s_w twos. Interleaved: 1 at i = 1, 4, .., 3 s_h - 2, 2 at
+    i = 2, 5, .., 3 s_w - 1, 0 elsewhere. Either way axis a gets exactly s_a pairs; a section
+    that does not fit (sum != pairs, or interleaved positions past the last pair) is an error.
+    """
+    sections = check_section(mrope_section)
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs <= 0:
+        raise ValueError(f"pairs must be a positive int (rotary_dim / 2), got {pairs!r}")
+    if sum(sections) != pairs:
+        raise ValueError(
+            f"mrope_section {list(sections)} sums to {sum(sections)}, but there are rotary_dim / 2 = {pairs} pairs"
+        )
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(len(AXES)), torch.tensor(sections))
+    index = torch.arange(pairs)
+    axes = torch.zeros(pairs, dtype=torch.int64)
+    for axis in (1, 2):
+        axes[(index % 3 == axis) & (index < 3 * sections[axis])] = axis
+    counts = tuple(int((axes == a).sum()) for a in range(len(AXES)))
+    if counts != sections:
+        raise ValueError(
+            f"interleaved mrope_section {list(sections)} does not fit {pairs} pairs: every third pair from "
+            f"pair 1 (h) and pair 2 (w) gives {counts[1]} and {counts[2]} pairs"
+        )
+    return axes
+
+
+def _check_position_ids(position_ids: torch.Tensor) -> None:
+    integer_tensor("position_ids", position_ids)
+    if position_ids.dim() not in (2, 3) or position_ids.shape[0] != len(AXES):
+        raise ValueError(
+            "position_ids must have shape [3, seq] or [3, batch, seq] (rows t, h, w), "
+            f"got {tuple(position_ids.shape)}"
+        )
+
+
+def _check_axes(axes: torch.Tensor, pairs: int) -> None:
+    integer_tensor("axes", axes, dim=1)
+    if axes.shape[0] != pairs or not bool(((axes >= 0) & (axes < len(AXES))).all()):
+        raise ValueError(f"axes must hold {pairs} values in {{0, 1, 2}} (one per pair), got {axes.tolist()}")
+
+
+def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """p_a(i) * theta_i in float64, shape ``position_ids.shape[1:] + (pairs,)``.
+
+    ``position_ids`` is ``[3, ...]`` (t, h, w), ``axes`` from :func:`section_axes`.
+    """
+    _check_position_ids(position_ids)
+    _check_axes(axes, inv_freq.shape[0])
+    per_axis = rotation_angles(position_ids, inv_freq)  # [3, ..., pairs]
+    index = axes.to(per_axis.device).expand(per_axis.shape[1:])[None]
+    return per_axis.gather(0, index)[0]
+
+
+def apply_mrope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    position_ids: torch.Tensor,
+    inv_freq: torch.Tensor,
+    axes: torch.Tensor,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    attention_factor: float = 1.0,
+    conjugate: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys by their (t, h, w) positions.
+
+    Args:
+        q: ``[batch, seq, heads_q, head_dim]``.
+        k: ``[batch, seq, heads_k, head_dim]`` (heads_k may differ: GQA, MQA).
+        position_ids: integer ``[3, seq]`` or ``[3, batch, seq]``, rows t, h, w
+            (e.g. from :func:`multimodal_positions`).
+        inv_freq: the rotary_dim/2 frequencies theta_i (any scaling type, :func:`rope.inv_freq`).
+        axes: the axis of each pair, :func:`section_axes` of the config's ``mrope_section``.
+        layout: ``"half"`` (Qwen) or ``"interleaved"`` (GLM-4V) pairing of coordinates.
+        rotary_dim: rotated width (default ``2 * len(inv_freq)``); the rest passes through.
+        attention_factor: multiplies cos and sin.
+        conjugate: rotate by minus the angles (the transpose).
+
+    Returns:
+        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once from float64.
+    """
+    _check_position_ids(position_ids)
+    rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
+    check_layout(layout)
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
+        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
+    angles = mrope_angles(position_ids, inv_freq, axes)
+    if position_ids.dim() == 2:
+        angles = angles[None]
+    angles = angles[:, :, None, :]  # [batch or 1, seq, 1, pairs]
+    cos = torch.cos(angles) * attention_factor
+    sin = torch.sin(angles) * attention_factor
+    if conjugate:
+        sin = -sin
+    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)
+
+
+def multimodal_positions(segments, *, start: int = 0, time_interval: int = 1) -> torch.Tensor:
+    """Position ids ``[3, tokens]`` (rows t, h, w) of a sequence of text runs and visual grids.
+
+    ``segments`` lists, in order, ints (a run of that many text tokens) and ``(T, H, W)`` tuples
+    (a visual block of T frames of H x W tokens, after the vision encoder's merging, tokens in
+    frame, row, column order). A block starting at position s gets t = s + time_interval * frame,
+    h = s + row, w = s + column; text continues one past the largest position used so far
+    (Qwen2-VL's rule; for an image, s + max(H, W), as transformers' ``get_rope_index``).
+    """
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"start must be a non-negative int, got {start!r}")
+    if isinstance(time_interval, bool) or not isinstance(time_interval, int) or time_interval < 0:
+        raise ValueError(f"time_interval must be a non-negative int, got {time_interval!r}")
+    blocks, position = [], start
+    for segment in segments:
+        if isinstance(segment, int) and not isinstance(segment, bool) and segment > 0:
+            blocks.append(torch.arange(position, position + segment).expand(len(AXES), -1))
+        elif (
+            isinstance(segment, tuple) and len(segment) == 3
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in segment)
+        ):
+            frames, rows, columns = segment
+            t, h, w = torch.meshgrid(
+                torch.arange(frames) * time_interval, torch.arange(rows), torch.arange(columns), indexing="ij"
+            )
+            blocks.append(torch.stack([t, h, w]).reshape(len(AXES), -1) + position)
+        else:
+            raise ValueError(
+                f"each segment must be a positive int (text tokens) or a (T, H, W) tuple of positive ints, "
+                f"got {segment!r}"
+            )
+        position = int(blocks[-1].max()) + 1
+    if not blocks:
+        raise ValueError("segments must hold at least one text run or visual block")
+    return torch.cat(blocks, dim=1)

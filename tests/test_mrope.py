@@ -1,0 +1,316 @@
+"""rope.mrope (M-RoPE) against explicit float64 block rotations, the 3D relative property, text as
+1D RoPE, and transformers' Qwen2-VL / Qwen3-VL / Qwen3.5 tables and models."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rope
+from helpers import assert_correctly_rounded
+from rope.mrope import apply_mrope, mrope_angles, multimodal_positions, section_axes
+from rope.reference import rotation_matrix
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+layouts = st.sampled_from(["half", "interleaved"])
+
+
+def axes_by_rule(sections, interleaved):
+    """The axis of each pair, written out from the two rules (not through rope.mrope)."""
+    s_t, s_h, s_w = sections
+    if not interleaved:
+        return [0] * s_t + [1] * s_h + [2] * s_w
+    out = []
+    for i in range(s_t + s_h + s_w):
+        if i % 3 == 1 and i < 3 * s_h:
+            out.append(1)
+        elif i % 3 == 2 and i < 3 * s_w:
+            out.append(2)
+        else:
+            out.append(0)
+    return out
+
+
+@st.composite
+def sections(draw):
+    """(mrope_section, interleaved): chunked sections of any sizes, or interleaved ones that fit."""
+    if draw(st.booleans()):
+        return (draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))), False
+    pairs = draw(st.integers(3, 14))
+    s_h = draw(st.integers(1, (pairs + 1) // 3))
+    s_w = draw(st.integers(1, pairs // 3))
+    return (pairs - s_h - s_w, s_h, s_w), True
+
+
+@st.composite
+def problems(draw, dtype=None, high=None):
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    section, interleaved = draw(sections())
+    pairs = sum(section)
+    batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 5))
+    heads_q, heads_k = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    head_dim = 2 * pairs + 2 * draw(st.integers(0, 2))
+    dtype = dtype or draw(st.sampled_from(DTYPES))
+    q = torch.randn(batch, seq, heads_q, head_dim, generator=gen).to(dtype)
+    k = torch.randn(batch, seq, heads_k, head_dim, generator=gen).to(dtype)
+    theta = rope.inv_freq({"rope_theta": draw(st.floats(10.0, 1e6))}, 2 * pairs)[0]
+    high = high or draw(st.sampled_from([16, 2**12, 2**20]))
+    shape = (3, seq) if draw(st.booleans()) else (3, batch, seq)
+    positions = torch.randint(0, high, shape, generator=gen)
+    return q, k, positions, theta, section, interleaved
+
+
+def rotate_by_block_matrix(t, positions, theta, axes, layout):
+    """Each token times the explicit float64 matrix with pair i turned by p[axes[i]] * theta_i."""
+    grid = positions[:, None].expand(3, t.shape[0], t.shape[1]) if positions.dim() == 2 else positions
+    out = torch.empty(t.shape, dtype=torch.float64)
+    for b in range(t.shape[0]):
+        for s in range(t.shape[1]):
+            angles = [float(grid[axes[i], b, s]) * float(theta[i]) for i in range(len(axes))]
+            matrix = rotation_matrix(1.0, torch.tensor(angles, dtype=torch.float64), head_dim=t.shape[-1],
+                                     layout=layout)
+            out[b, s] = t[b, s].double() @ matrix.T
+    return out
+
+
+@given(problems(), layouts)
+def test_matches_block_matrix_with_one_rounding(problem, layout):
+    q, k, positions, theta, section, interleaved = problem
+    axes = section_axes(section, len(theta), interleaved=interleaved)
+    assert axes.tolist() == axes_by_rule(section, interleaved)
+    q_out, k_out = apply_mrope(q, k, positions, theta, axes, layout=layout)
+    for t, out in ((q, q_out), (k, k_out)):
+        assert out.dtype == t.dtype and out.shape == t.shape
+        assert_correctly_rounded(out, rotate_by_block_matrix(t, positions, theta, axes.tolist(), layout))
+        assert torch.equal(out[..., 2 * len(theta):], t[..., 2 * len(theta):])
+
+
+@given(problems(dtype=torch.float64, high=2**12), layouts, st.lists(st.integers(-(2**12), 2**12), min_size=3,
+                                                                   max_size=3))
+def test_scores_depend_on_the_offset_only(problem, layout, shift):
+    """(R_p q)^T (R_p' k) is unchanged when every position moves by the same (dt, dh, dw)."""
+    q, k, positions, theta, section, interleaved = problem
+    axes = section_axes(section, len(theta), interleaved=interleaved)
+    k = k[:, :, :1].expand_as(q).contiguous()
+    shifted = positions + torch.tensor(shift).reshape(3, *[1] * (positions.dim() - 1))
+
+    def scores(pos):
+        q_rot, k_rot = apply_mrope(q, k, pos, theta, axes, layout=layout)
+        return torch.einsum("bshd,bthd->bhst", q_rot, k_rot)
+
+    torch.testing.assert_close(scores(shifted), scores(positions), rtol=1e-9, atol=1e-9)
+
+
+@given(problems(), layouts)
+def test_text_tokens_get_exactly_1d_rope(problem, layout):
+    """t = h = w = m: the same numbers as rope.apply_rotary, whatever the sections."""
+    q, k, positions, theta, section, interleaved = problem
+    axes = section_axes(section, len(theta), interleaved=interleaved)
+    text = positions[0]
+    ours = apply_mrope(q, k, text.expand(3, *text.shape), theta, axes, layout=layout, attention_factor=1.25)
+    plain = rope.apply_rotary(q, k, text, theta, layout=layout, attention_factor=1.25, backend="torch")
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain))
+
+
+@given(problems(dtype=torch.float64), layouts)
+def test_conjugate_inverts(problem, layout):
+    q, k, positions, theta, section, interleaved = problem
+    axes = section_axes(section, len(theta), interleaved=interleaved)
+    q_rot, k_rot = apply_mrope(q, k, positions, theta, axes, layout=layout)
+    q_back, k_back = apply_mrope(q_rot, k_rot, positions, theta, axes, layout=layout, conjugate=True)
+    torch.testing.assert_close(q_back, q, rtol=0, atol=1e-12)
+    torch.testing.assert_close(k_back, k, rtol=0, atol=1e-12)
+
+
+def test_gradients_are_the_conjugate_rotation():
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, 2, 12, dtype=torch.float64, generator=gen, requires_grad=True)
+    k = torch.randn(2, 4, 1, 12, dtype=torch.float64, generator=gen, requires_grad=True)
+    positions = torch.randint(0, 500, (3, 2, 4), generator=gen)
+    theta = rope.inv_freq({}, 10)[0]
+    axes = section_axes([2, 2, 1], 5)
+    assert torch.autograd.gradcheck(lambda a, b: apply_mrope(a, b, positions, theta, axes), (q, k))
+
+
+def test_mrope_angles_pick_each_pairs_axis():
+    gen = torch.Generator().manual_seed(11)
+    positions = torch.randint(0, 2**20, (3, 2, 5), generator=gen)
+    theta = rope.inv_freq({"rope_theta": 1e6}, 16)[0]
+    axes = section_axes([3, 3, 2], 8, interleaved=True)
+    angles = mrope_angles(positions, theta, axes)
+    assert angles.shape == (2, 5, 8) and angles.dtype == torch.float64
+    for i, axis in enumerate(axes.tolist()):
+        expected = positions[axis].double() * float(theta[i])
+        assert torch.equal(angles[..., i], expected)
+
+
+# ----- configs and errors -------------------------------------------------------------------------
+
+
+def test_config_reads_sections_and_the_mrope_alias():
+    cfg = rope.parse_config({"type": "mrope", "mrope_section": [16, 24, 24], "rope_theta": 1e6})
+    assert cfg.rope_type == "default" and cfg.mrope_section == (16, 24, 24) and not cfg.mrope_interleaved
+    assert cfg.mrope_axes(128).bincount().tolist() == [16, 24, 24]
+    qwen35 = rope.parse_config({"rope_type": "default", "mrope_section": [11, 11, 10], "mrope_interleaved": True,
+                                "partial_rotary_factor": 0.25})
+    assert qwen35.mrope_axes(256).tolist() == axes_by_rule((11, 11, 10), True)
+    assert rope.parse_config({}).mrope_axes(64) is None
+    # any scaling type combines with sections: frequencies from the type, axes from the section
+    yarn = rope.parse_config({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                              "mrope_section": [2, 3, 3]})
+    assert yarn.mrope_axes(16).tolist() == axes_by_rule((2, 3, 3), False)
+
+
+@pytest.mark.parametrize(
+    "params, error, message",
+    [
+        ({"type": "mrope"}, ValueError, "rope_type 'mrope' needs the config key 'mrope_section'"),
+        ({"mrope_section": [16, 24]}, ValueError, "config key 'mrope_section' must be three positive ints"),
+        ({"mrope_section": [16, 0, 48]}, ValueError, "config key 'mrope_section' must be three positive ints"),
+        ({"mrope_section": "16,24,24"}, TypeError, "config key 'mrope_section' must be a list of three ints"),
+        ({"mrope_section": [16, 24, 24], "mrope_interleaved": 1}, TypeError, "'mrope_interleaved' must be a bool"),
+        ({"rope_type": "bogus"}, ValueError, r"unknown rope_type 'bogus'.*\(or 'mrope'\)"),
+    ],
+)
+def test_config_errors(params, error, message):
+    with pytest.raises(error, match=message):
+        rope.parse_config(params)
+
+
+def test_section_errors_name_what_does_not_fit():
+    with pytest.raises(ValueError, match=r"sums to 64, but there are rotary_dim / 2 = 32 pairs"):
+        rope.parse_config({"mrope_section": [16, 24, 24]}).mrope_axes(64)
+    with pytest.raises(ValueError, match=r"interleaved mrope_section \[1, 4, 1\] does not fit 6 pairs"):
+        section_axes([1, 4, 1], 6, interleaved=True)
+    with pytest.raises(ValueError, match="pairs must be a positive int"):
+        section_axes([1, 1, 1], 0)
+
+
+def test_apply_errors():
+    q = k = torch.randn(1, 4, 1, 8)
+    theta = rope.inv_freq({}, 8)[0]
+    axes = section_axes([2, 1, 1], 4)
+    with pytest.raises(ValueError, match=r"position_ids must have shape \[3, seq\] or \[3, batch, seq\]"):
+        apply_mrope(q, k, torch.arange(4), theta, axes)
+    with pytest.raises(TypeError, match="position_ids must be an integer tensor"):
+        apply_mrope(q, k, torch.zeros(3, 4), theta, axes)
+    with pytest.raises(ValueError, match=r"positions must have shape \[seq\] = \[4\]"):
+        apply_mrope(q, k, torch.zeros(3, 5, dtype=torch.int64), theta, axes)
+    with pytest.raises(ValueError, match=r"axes must hold 4 values in \{0, 1, 2\}"):
+        apply_mrope(q, k, torch.zeros(3, 4, dtype=torch.int64), theta, torch.tensor([0, 1, 3, 2]))
+    with pytest.raises(ValueError, match="axes must hold 4 values"):
+        apply_mrope(q, k, torch.zeros(3, 4, dtype=torch.int64), theta, axes[:3])
+
+
+# ----- position ids of text and visual blocks -----------------------------------------------------
+
+
+def test_multimodal_positions_text_image_text():
+    positions = multimodal_positions([3, (1, 2, 4), 2], start=5)
+    assert positions.shape == (3, 3 + 8 + 2)
+    assert torch.equal(positions[:, :3], torch.arange(5, 8).expand(3, -1))
+    image = positions[:, 3:11]
+    assert torch.equal(image[0], torch.full((8,), 8))
+    assert torch.equal(image[1], torch.tensor([8, 8, 8, 8, 9, 9, 9, 9]))
+    assert torch.equal(image[2], torch.tensor([8, 9, 10, 11, 8, 9, 10, 11]))
+    assert torch.equal(positions[:, 11:], torch.tensor([12, 13]).expand(3, -1))  # 8 + max(H, W)
+
+
+def test_video_frames_step_by_the_time_interval():
+    positions = multimodal_positions([(3, 1, 2), 1], time_interval=4)
+    assert positions[0].tolist() == [0, 0, 4, 4, 8, 8, 9]
+    assert positions[1].tolist() == [0, 0, 0, 0, 0, 0, 9]
+    assert positions[2].tolist() == [0, 1, 0, 1, 0, 1, 9]
+
+
+@pytest.mark.parametrize("segments", [[], [0], [(1, 2)], [(1, 0, 2)], [True], [2.0]])
+def test_multimodal_positions_errors(segments):
+    with pytest.raises(ValueError, match="segment"):
+        multimodal_positions(segments)
+
+
+# ----- transformers ------------------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers")
+from transformers import Qwen2VLTextConfig, Qwen3VLTextConfig  # noqa: E402
+from transformers.models.qwen2_vl import modeling_qwen2_vl  # noqa: E402
+from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: E402
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MODELS = {
+    "qwen2_vl": (Qwen2VLTextConfig, modeling_qwen2_vl.Qwen2VLTextModel, modeling_qwen2_vl,
+                 {"type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 1e4}),
+    "qwen3_vl": (Qwen3VLTextConfig, modeling_qwen3_vl.Qwen3VLTextModel, modeling_qwen3_vl,
+                 {"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True, "rope_theta": 5e5}),
+}
+
+
+def tiny_model(name, seed):
+    config_class, model_class, _, params = MODELS[name]
+    torch.manual_seed(seed)
+    config = config_class(**TINY, head_dim=16, rope_parameters=dict(params), initializer_range=0.2)
+    return model_class(config).eval()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tables_match_transformers_within_its_float32_angle_error(name):
+    model = tiny_model(name, seed=1)
+    gen = torch.Generator().manual_seed(len(name))
+    position_ids = torch.randint(0, 4096, (3, 2, 24), generator=gen)
+    x = torch.randn(2, 24, 8)
+    theirs = model.rotary_emb(x, position_ids)
+    ours = rope.hf.RotaryEmbedding(model.config)(x, position_ids)
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape == (2, 24, 16) and a.dtype == b.dtype
+        assert (a - b).abs().max() <= 4096 * 2.0**-24 + 2.0**-23
+
+
+def test_qwen35_partial_rotary_tables_match_transformers():
+    """Qwen3.5: interleaved sections over a quarter of the head (the pairs transformers rotates)."""
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    params = {"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True, "rope_theta": 1e7,
+              "partial_rotary_factor": 0.25}
+    config = Qwen3_5TextConfig(**TINY, head_dim=64, rope_parameters=params)
+    gen = torch.Generator().manual_seed(35)
+    position_ids = torch.randint(0, 4096, (3, 1, 10), generator=gen)
+    x = torch.randn(1, 10, 8)
+    theirs = Qwen3_5TextRotaryEmbedding(config)(x, position_ids)
+    ours = rope.hf.RotaryEmbedding(config)(x, position_ids)
+    for a, b in zip(ours, theirs):
+        assert a.shape == b.shape == (1, 10, 16)
+        assert (a - b).abs().max() <= 4096 * 2.0**-24 + 2.0**-23
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_same_hidden_states_with_rope_installed(name, monkeypatch):
+    model = tiny_model(name, seed=len(name))
+    module = MODELS[name][2]
+    position_ids = multimodal_positions([3, (1, 3, 4), (2, 2, 2), 4])[:, None].expand(3, 2, -1)
+    tokens = torch.randint(0, 97, (2, position_ids.shape[-1]), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+        assert rope.hf.install(model) == 1
+        monkeypatch.setattr(module, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb)
+        got = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+    assert isinstance(model.rotary_emb, rope.hf.RotaryEmbedding) and model.rotary_emb.mrope_axes is not None
+    assert got.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_install_refuses_tables_it_does_not_reproduce():
+    """GLM-4V's text model builds interleaved (repeat_interleave) tables: install must not swap in
+    rotate_half tables silently, and leaves the model as it was."""
+    from transformers import Glm4vTextConfig
+    from transformers.models.glm4v.modeling_glm4v import Glm4vTextModel
+
+    config = Glm4vTextConfig(**TINY, head_dim=16,
+                             rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e4,
+                                              "partial_rotary_factor": 0.5})
+    model = Glm4vTextModel(config).eval()
+    original = model.rotary_emb
+    with pytest.raises(ValueError, match=r"install: rotary_emb \(Glm4vTextRotaryEmbedding\) is not reproduced"):
+        rope.hf.install(model)
+    assert model.rotary_emb is original
