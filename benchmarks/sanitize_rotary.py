@@ -4,7 +4,7 @@
 
 Padded widths (head_dim 72, rotary_dim 48), ragged head blocks (GQA 7/3), strided views into a
 packed qkv tensor, both layouts, in place, the backward pass (into a new tensor and into the
-incoming gradient), and each GROUP regime.
+incoming gradient), each GROUP regime, and M-RoPE (a position row per pair, prefill and decode).
 """
 
 import torch
@@ -32,6 +32,11 @@ def main():
             torch.ops.rope.rotary_(q_out, k_out, positions, theta, layout == "interleaved", 48, 1.0, True)
             assert torch.allclose(q_out.float(), q.float(), atol=0.07), "rotate then un-rotate must give q back"
             assert torch.isfinite(q_grad).all()
+        position_ids = torch.randint(0, 2**31 - 1, (3, batch, seq), device="cuda", generator=gen)
+        axes = rope.mrope.section_axes([8, 8, 8], 24, interleaved=True)
+        q_m, k_m = rope.mrope.apply_mrope(q, k, position_ids, theta, axes, backend="triton")
+        q_back, _ = rope.mrope.apply_mrope(q_m, k_m, position_ids, theta, axes, conjugate=True, backend="triton")
+        assert torch.allclose(q_back.float(), q.float(), atol=0.07), "M-RoPE: rotate then un-rotate must give q back"
     torch.cuda.synchronize()
     print("sanitizer workload done")
 

@@ -63,7 +63,9 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim):
     return rotary_dim
 
 
-def _use_kernel(q: torch.Tensor, backend: str) -> bool:
+def use_kernel(q: torch.Tensor, backend: str) -> bool:
+    """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel on q's device;
+    raises if "triton" was asked for and cannot run."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "torch":
@@ -154,7 +156,7 @@ def apply_rotary(
         raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
     if not isinstance(grad_in_place, bool):
         raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
-    if _use_kernel(q, backend):
+    if use_kernel(q, backend):
         from .fused import rotary
 
         return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),

@@ -38,21 +38,22 @@ from .triton_rotary import _CANDIDATES, _rotary_kernel, kernel_constants
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
 
-def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int):
+def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int,
+                    mrope: bool = False):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
-    unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps)."""
+    unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not."""
     block_s, block_h, group, warps = sizes
     signature = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
-    signature.update(POS="*i64", FREQ="*fp32", seq_len="i32", heads_q="i32", heads_k="i32",
-                     scale_hi="fp32", scale_lo="fp32", tokens_bucket="i32")
-    signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s"]})
+    signature.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32", seq_len="i32", heads_q="i32",
+                     heads_k="i32", scale_hi="fp32", scale_lo="fp32", tokens_bucket="i32")
+    signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
     constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, fp64=dtype == "fp64",
-                                 copy_tail=True)
+                                 copy_tail=True, mrope=mrope)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
-    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ"] + STRIDES
+    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES"] + STRIDES
     source = ASTSource(
         fn=_rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
@@ -93,12 +94,13 @@ def print_machine_code(arch: int) -> None:
 def main(arches: list[int]) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     failures = 0
-    variants = itertools.product(("bf16", "fp16", "fp32", "fp64"), (_CANDIDATES[0], _CANDIDATES[-1]),
-                                 (False, True), (0, 64))
-    for arch, (dtype, sizes, interleaved, tail) in itertools.product(arches, variants):
-        label = f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail}"
+    variants = list(itertools.product(("bf16", "fp16", "fp32", "fp64"), (_CANDIDATES[0], _CANDIDATES[-1]),
+                                      (False, True), (0, 64), (False,)))
+    variants += [(dtype, _CANDIDATES[-1], False, 0, True) for dtype in ("bf16", "fp16", "fp32", "fp64")]
+    for arch, (dtype, sizes, interleaved, tail, mrope) in itertools.product(arches, variants):
+        label = f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
         try:
-            kernel = compile_variant(arch, dtype, sizes, interleaved, tail)
+            kernel = compile_variant(arch, dtype, sizes, interleaved, tail, mrope)
             assert kernel.asm["cubin"], "empty cubin"
             print(f"ok {label}")
         except Exception as err:  # report every failing variant, then fail

@@ -21,8 +21,9 @@ s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair
   i mod 3 = 1 and i < 3 s_h, w when i mod 3 = 2 and i < 3 s_w, and t otherwise, so every axis
   gets fast and slow frequencies (transformers' ``recomposition_frequencies`` of Qwen3-VL).
 
-Angles, cos, sin and products are float64 and rounded once to the input dtype, as in
-:func:`rope.apply_rotary`; there is no Triton kernel for M-RoPE yet.
+As with :func:`rope.apply_rotary`, the torch path computes angles, cos, sin and products in
+float64 and rounds once; on CUDA the fused Triton kernel runs instead, each pair reading its row
+of the position ids (exactly reduced angles, float32 math, one rounding).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .apply import check_inputs, rotate_pairs, rotation_angles
+from .apply import use_kernel, check_inputs, rotate_pairs, rotation_angles
 from .checks import integer_tensor
 from .layouts import check_layout
 
@@ -91,9 +92,17 @@ def _check_position_ids(position_ids: torch.Tensor) -> None:
 
 
 def _check_axes(axes: torch.Tensor, pairs: int) -> None:
+    """One axis in {0, 1, 2} per pair. Under torch.compile the values are checked by an assertion
+    in the graph (a Python branch on them would break the graph)."""
     integer_tensor("axes", axes, dim=1)
-    if axes.shape[0] != pairs or not bool(((axes >= 0) & (axes < len(AXES))).all()):
-        raise ValueError(f"axes must hold {pairs} values in {{0, 1, 2}} (one per pair), got {axes.tolist()}")
+    message = f"axes must hold {pairs} values in {{0, 1, 2}} (one per pair)"
+    if axes.shape[0] != pairs:
+        raise ValueError(f"{message}, got {axes.shape[0]} values")
+    valid = ((axes >= 0) & (axes < len(AXES))).all()
+    if torch.compiler.is_compiling():
+        torch._assert_async(valid, message)
+    elif not bool(valid):
+        raise ValueError(f"{message}, got {axes.tolist()}")
 
 
 def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
@@ -119,6 +128,8 @@ def apply_mrope(
     rotary_dim: int | None = None,
     attention_factor: float = 1.0,
     conjugate: bool = False,
+    backend: str = "auto",
+    grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys by their (t, h, w) positions.
 
@@ -133,15 +144,26 @@ def apply_mrope(
         rotary_dim: rotated width (default ``2 * len(inv_freq)``); the rest passes through.
         attention_factor: multiplies cos and sin.
         conjugate: rotate by minus the angles (the transpose).
+        backend, grad_in_place: as in :func:`rope.apply_rotary`: ``"auto"`` runs the fused Triton
+            kernel (exactly reduced angles, float32 math) on CUDA tensors, float64 torch otherwise.
 
     Returns:
-        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once from float64.
+        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the
+        torch path, from float32 in the kernel).
     """
     _check_position_ids(position_ids)
     rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
     check_layout(layout)
     if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
         raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
+    if not isinstance(grad_in_place, bool):
+        raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
+    _check_axes(axes, inv_freq.shape[0])
+    if use_kernel(q, backend):
+        from .fused import rotary
+
+        return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
+                      conjugate, grad_in_place, axes.to(device=q.device, dtype=torch.int64))
     angles = mrope_angles(position_ids, inv_freq, axes)
     if position_ids.dim() == 2:
         angles = angles[None]

@@ -15,6 +15,9 @@ evaluates cos/sin of the angle, already in [-pi, pi), from its quarter turn and 
 polynomials (:func:`_cos_sin_of_turns`; float32 math) or with float64 library functions (float64
 inputs). No cos/sin table is read.
 
+M-RoPE (:mod:`rope.mrope`) is the same kernel with a position per pair: pair i of a token reads
+row ``axes[i]`` (t, h or w) of ``[3, ...]`` position ids.
+
 Grid: (token blocks, head blocks of q then of k, batch). Each program computes its
 ``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. At
 decode (one token per sequence) the batch is read as the token axis, so that a program still
@@ -84,10 +87,11 @@ def _cos_sin_of_turns(turns):
 @triton.jit
 def _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
              CONJUGATE: tl.constexpr, FP64: tl.constexpr):
-    """s cos(m theta_i) and +-s sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced angles."""
+    """s cos(m theta_i) and +-s sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced angles;
+    ``pos`` is int64 [BLOCK_S, 1] (one position per token) or [BLOCK_S, HALF_PAD] (M-RoPE)."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
-    turns = pos[:, None] * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
+    turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
     if FP64:
         angle = turns.to(tl.float64) * 3.4061215800865545e-19  # 2 pi / 2^64
         cos = tl.cos(angle)
@@ -165,20 +169,35 @@ def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INT
 
 
 @triton.jit
+def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+               MROPE: tl.constexpr):
+    """int64 positions: [BLOCK_S, 1], or with M-RoPE [BLOCK_S, HALF_PAD], pair i reading the row
+    AXES[i] (0 t, 1 h, 2 w) of the [3, ...] position ids."""
+    row = POS + batch * sp_b + s * sp_s
+    if MROPE:
+        j = tl.arange(0, HALF_PAD)
+        axis = tl.load(AXES + j, mask=j < HALF, other=0).to(tl.int64)
+        pos = tl.load(row[:, None] + axis[None, :] * sp_a, mask=s_mask[:, None], other=0)
+    else:
+        pos = tl.load(row, mask=s_mask, other=0)[:, None]
+    return pos.to(tl.int64)
+
+
+@triton.jit
 def _rotary_kernel(
-    Q, K, QO, KO, POS, FREQ,
+    Q, K, QO, KO, POS, FREQ, AXES,
     seq_len, heads_q, heads_k, scale_hi, scale_lo, tokens_bucket,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
     sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
-    sp_b, sp_s,
+    sp_b, sp_s, sp_a,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FP64: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
+    MROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
     [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
     issued before the angle arithmetic, so that memory latency and the math overlap.
-    ``tokens_bucket`` only keys the autotuning cache."""
+    ``tokens_bucket`` only keys the autotuning cache; AXES and sp_a are read only with MROPE."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s < seq_len
@@ -191,7 +210,7 @@ def _rotary_kernel(
                                          sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
-    pos = tl.load(POS + batch * sp_b + s * sp_s, mask=s_mask, other=0).to(tl.int64)
+    pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
     cos, sin = _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED,
                       COPY_TAIL)
@@ -218,7 +237,7 @@ def _small_problems_take_the_first(configs, named_args, **kwargs):
 
 _tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w) for s, h, g, w in _CANDIDATES],
-    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FP64"],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FP64", "MROPE"],
     prune_configs_by={"early_config_prune": _small_problems_take_the_first},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(_rotary_kernel)
@@ -231,21 +250,23 @@ def _launch_sizes(batch: int, seq_len: int, heads: int) -> tuple[int, int, int]:
 
 
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, fp64: bool,
-                     copy_tail: bool) -> dict:
+                     copy_tail: bool, mrope: bool = False) -> dict:
     """The ``tl.constexpr`` arguments of :func:`_rotary_kernel` other than the launch sizes."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
-        INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=fp64, COPY_TAIL=copy_tail and tail > 0,
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=fp64, COPY_TAIL=copy_tail and tail > 0, MROPE=mrope,
     )
 
 
-def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate,
+def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate, axes=None,
            block_s=None, block_h=None, group=None, num_warps=4):
     """Rotate q into q_out and k into k_out (the outputs may alias the inputs: in place).
 
     q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
     contiguous; positions integer ``[seq]`` or ``[batch, seq]``; inv_freq ``[rotary_dim/2]``.
+    M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives each pair's row of the
+    positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
@@ -254,7 +275,8 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         # Decode, one token per sequence: read the batch as the token axis (views, no copies), so
         # that one program rotates BLOCK_S sequences and builds the turns T_i once for all of them.
         q, k, q_out, k_out = (t.transpose(0, 1) for t in (q, k, q_out, k_out))
-        positions = positions.transpose(0, 1) if positions.dim() == 2 else positions.expand(batch)
+        shared = positions.dim() == (1 if axes is None else 2)  # [seq] or [3, seq]: one row for the batch
+        positions = positions.expand(*positions.shape[:-1], batch) if shared else positions.transpose(-2, -1)
         batch, seq_len = 1, batch
     heads_k = k.shape[2]
 
@@ -263,15 +285,17 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
     scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # scale rounded to float32
-    pos_strides = (0, positions.stride(0)) if positions.dim() == 1 else tuple(positions.stride())
+    token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
+    pos_strides = (0, token_positions.stride(0)) if token_positions.dim() == 1 else tuple(token_positions.stride())
+    axis_stride = 0 if axes is None else positions.stride(0)
     args = (
-        q, k, q_out, k_out, positions, inv_freq.contiguous(),
+        q, k, q_out, k_out, positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
         seq_len, heads_q, heads_k, scale_hi, scale - scale_hi, triton.next_power_of_2(batch * seq_len),
-        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides,
+        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides, axis_stride,
     )
     options = kernel_constants(
         head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, fp64=q.dtype == torch.float64,
-        copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(),
+        copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not os.environ.get("TRITON_INTERPRET"):

@@ -265,3 +265,145 @@ def test_every_launch_shape_gives_the_same_result(block_s, block_h, group):
     triton_rotary.launch(q, k, q_out, k_out, positions, theta, interleaved=True, rotary_dim=8, scale=1.0,
                          conjugate=False, block_s=block_s, block_h=block_h, group=group)
     assert torch.equal(q_out, expected[0]) and torch.equal(k_out, expected[1])
+
+
+# ----- M-RoPE: a position per pair -----------------------------------------------------------------
+
+
+def mrope_reference(x, position_ids, theta, axes, *, layout, attention_factor=1.0, conjugate=False):
+    """float64 rotation with pair i turned by the exactly reduced angle of row axes[i] of the
+    [3, ...] position ids."""
+    x = x.to("cpu", torch.float64)
+    per_axis = reduced_angles(position_ids.cpu(), theta.cpu())  # [3, ..., pairs]
+    angles = torch.stack([per_axis[int(a), ..., i] for i, a in enumerate(axes.tolist())], dim=-1)
+    if position_ids.dim() == 2:
+        angles = angles[None]
+    cos, sin = angles.cos()[:, :, None] * attention_factor, angles.sin()[:, :, None] * attention_factor
+    if conjugate:
+        sin = -sin
+    a, b = pair_indices(2 * theta.numel(), layout)
+    y = x.clone()
+    y[..., a] = x[..., a] * cos - x[..., b] * sin
+    y[..., b] = x[..., b] * cos + x[..., a] * sin
+    return y
+
+
+@st.composite
+def mrope_problems(draw):
+    """A problem of :func:`problems` with [3, seq] or [3, batch, seq] positions and any axis per pair."""
+    q, k, positions, theta = draw(problems())
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    high = draw(st.sampled_from([64, 2**20, 2**31 - 1]))
+    batch, seq = q.shape[:2]
+    shape = (3, seq) if draw(st.booleans()) else (3, batch, seq)
+    position_ids = torch.randint(0, high, shape, generator=gen).to(DEVICE)
+    axes = torch.randint(0, 3, (theta.numel(),), generator=gen)
+    return q, k, position_ids, theta, axes
+
+
+@given(mrope_problems(), layouts, st.sampled_from([1.0, 0.875]), st.booleans())
+def test_mrope_kernel_matches_float64_reference(problem, layout, attention_factor, conjugate):
+    from rope.mrope import apply_mrope
+
+    q, k, position_ids, theta, axes = problem
+    q_out, k_out = apply_mrope(q, k, position_ids, theta, axes, layout=layout, attention_factor=attention_factor,
+                               conjugate=conjugate, backend="triton")
+    rotary_dim = 2 * theta.numel()
+    for x, out in ((q, q_out), (k, k_out)):
+        assert out.shape == x.shape and out.dtype == x.dtype and out.device == x.device
+        ref = mrope_reference(x, position_ids, theta, axes, layout=layout, attention_factor=attention_factor,
+                              conjugate=conjugate)
+        assert_close_to(out, ref, x)
+        assert torch.equal(out[..., rotary_dim:], x[..., rotary_dim:])
+
+
+def test_mrope_kernel_on_text_is_the_1d_kernel_bit_for_bit():
+    from rope.mrope import apply_mrope, section_axes
+
+    q, k, positions, theta = _small(torch.bfloat16, seed=5)
+    axes = section_axes([2, 1, 1], 4, interleaved=False)
+    ours = apply_mrope(q, k, positions.expand(3, -1, -1), theta, axes, backend="triton")
+    plain = rope.apply_rotary(q, k, positions, theta, backend="triton")
+    assert torch.equal(ours[0], plain[0]) and torch.equal(ours[1], plain[1])
+
+
+def _small_mrope(dtype=torch.float32, seed=0):
+    q, k, _, theta = _small(dtype, seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    position_ids = torch.randint(0, 2**31 - 1, (3, 2, 5), generator=gen).to(DEVICE)
+    axes = torch.tensor([0, 1, 2, 1]).to(DEVICE)
+    return q, k, position_ids, theta, axes
+
+
+@pytest.mark.parametrize("grad_in_place", [False, True])
+def test_mrope_backward_is_the_conjugate_rotation(grad_in_place):
+    from rope.mrope import apply_mrope
+
+    q, k, position_ids, theta, axes = _small_mrope(torch.float64, seed=2)
+    small = (q[:1, :2, :2].detach().requires_grad_(), k[:1, :2, :1].detach().requires_grad_())
+    assert torch.autograd.gradcheck(
+        lambda a, b: apply_mrope(a, b, position_ids[:, :1, :2], theta, axes, attention_factor=1.3, backend="triton"),
+        small,
+    )
+    q.requires_grad_(), k.requires_grad_()
+    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
+    expected = [mrope_reference(g, position_ids, theta, axes, layout="interleaved", attention_factor=1.3,
+                                conjugate=True) for g in (grad_q, grad_k)]
+    outs = apply_mrope(q, k, position_ids, theta, axes, layout="interleaved", attention_factor=1.3,
+                       backend="triton", grad_in_place=grad_in_place)
+    got = torch.autograd.grad(outs, (q, k), (grad_q, grad_k))
+    for g, incoming, ref in zip(got, (grad_q, grad_k), expected):
+        assert (g.data_ptr() == incoming.data_ptr()) == grad_in_place
+        torch.testing.assert_close(g.cpu(), ref, rtol=0, atol=1e-12)
+
+
+def test_mrope_opcheck_and_in_place():
+    q, k, position_ids, theta, axes = _small_mrope()
+    torch.library.opcheck(torch.ops.rope.rotary.default,
+                          (q, k, position_ids, theta, False, 8, 1.1, False, False, axes))
+    leaf = (q.clone().requires_grad_(), k.clone().requires_grad_())
+    torch.library.opcheck(torch.ops.rope.rotary.default, (*leaf, position_ids, theta, True, 8, 1.0, True, True, axes))
+    torch.library.opcheck(torch.ops.rope.rotary_.default,
+                          (q.clone(), k.clone(), position_ids, theta, True, 8, 1.0, True, axes))
+    expected = torch.ops.rope.rotary(q, k, position_ids, theta, True, 8, 0.9, False, False, axes)
+    q_in, k_in = q.clone(), k.clone()
+    torch.ops.rope.rotary_(q_in, k_in, position_ids, theta, True, 8, 0.9, False, axes)
+    assert torch.equal(q_in, expected[0]) and torch.equal(k_in, expected[1])
+
+
+@pytest.mark.parametrize("shared_positions", [False, True])
+def test_mrope_decode_batches_one_token_per_sequence(shared_positions):
+    from rope.mrope import apply_mrope
+
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(7, 1, 4, 10, generator=gen).to(DEVICE, torch.bfloat16)
+    k = torch.randn(7, 1, 2, 10, generator=gen).to(DEVICE, torch.bfloat16)
+    shape = (3, 1) if shared_positions else (3, 7, 1)
+    position_ids = torch.randint(0, 2**31 - 1, shape, generator=gen).to(DEVICE)
+    theta, _ = rope.inv_freq({"rope_theta": 1e4}, 8)
+    theta, axes = theta.to(DEVICE), torch.tensor([2, 0, 1, 0]).to(DEVICE)
+    q_out, k_out = apply_mrope(q, k, position_ids, theta, axes, backend="triton")
+    for x, out in ((q, q_out), (k, k_out)):
+        assert_close_to(out, mrope_reference(x, position_ids, theta, axes, layout="half"), x)
+        assert torch.equal(out[..., 8:], x[..., 8:])
+
+
+def test_mrope_traces_in_one_graph_and_still_checks_the_axes():
+    """torch.compile(fullgraph=True) through apply_mrope, forward and backward; the axis values,
+    which a graph cannot branch on, are checked by an assertion inside it."""
+    from rope.mrope import apply_mrope
+
+    q, k, position_ids, theta, axes = _small_mrope(seed=4)
+
+    def loss(q, k, axes):
+        q, k = apply_mrope(q, k, position_ids, theta, axes, backend="triton", grad_in_place=True)
+        return (q * q.detach()).sum() + (k * k.detach()).sum()
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    leaves = (q.detach().requires_grad_(), k.detach().requires_grad_())
+    expected = torch.autograd.grad(loss(*leaves, axes), leaves)
+    got = torch.autograd.grad(compiled(*leaves, axes), leaves)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"axes must hold 4 values in \{0, 1, 2\}"):
+        compiled(q, k, torch.tensor([0, 1, 3, 1]).to(DEVICE))
