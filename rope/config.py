@@ -151,6 +151,12 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
         return config
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping such as rope_parameters, got {type(config).__name__}")
+    nested = sorted(key for key, value in config.items() if isinstance(value, Mapping))
+    if nested:
+        raise ValueError(
+            f"config is nested by layer type (keys {', '.join(map(repr, nested))}), as in Gemma 3: pass the "
+            "mapping of one layer type, or give the model config to rope.hf.RotaryEmbedding, which keeps one per type"
+        )
     get = {k: v for k, v in config.items() if v is not None}.get
 
     rope_type = get("rope_type", get("type", "default"))

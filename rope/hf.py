@@ -14,6 +14,9 @@
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
   after checking that the new module returns the old one's tables.
 
+Models with one RoPE configuration per layer type (Gemma 3, OLMo 3, ModernBERT: ``rope_parameters``
+nested as ``{"sliding_attention": {...}, "full_attention": {...}}``) call ``rotary_emb(x,
+position_ids, layer_type)``; :class:`RotaryEmbedding` then holds one module per layer type.
 M-RoPE models (Qwen2-VL and its successors, ``mrope_section`` in the config) pass position ids
 ``[3, batch, seq]``; :class:`RotaryEmbedding` then turns each pair by the t, h or w position its
 section assigns (:mod:`rope.mrope`), and ``apply_rotary_pos_emb`` rotates from those angles.
@@ -25,7 +28,7 @@ has seen until the length falls back below the original context. Both agree on a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -41,14 +44,35 @@ _SEQ_DEPENDENT = ("dynamic", "longrope")
 def rope_parameters_from_config(config: Any) -> dict[str, Any]:
     """The ``rope_parameters`` mapping of a transformers config object, with the top-level keys
     transformers folds in (``rope_theta``, ``partial_rotary_factor``, ``max_position_embeddings``,
-    and a top-level ``original_max_position_embeddings``, which takes priority as in Phi-3)."""
+    and a top-level ``original_max_position_embeddings``, which takes priority as in Phi-3).
+    A mapping nested by layer type (Gemma 3: ``{"full_attention": {...}, "sliding_attention":
+    {...}}``) gets them folded into each layer type's mapping."""
     params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    per_type = layer_type_parameters(params)
+    if per_type is not None:
+        return {layer_type: _fold_top_level(config, p) for layer_type, p in per_type.items()}
+    return _fold_top_level(config, params)
+
+
+def _fold_top_level(config: Any, params: dict[str, Any]) -> dict[str, Any]:
+    params = dict(params)
     for key in ("rope_theta", "partial_rotary_factor", "max_position_embeddings"):
         if params.get(key) is None and getattr(config, key, None) is not None:
             params[key] = getattr(config, key)
     if getattr(config, "original_max_position_embeddings", None) is not None:
         params["original_max_position_embeddings"] = config.original_max_position_embeddings
     return params
+
+
+def layer_type_parameters(params: Mapping[str, Any]) -> dict[str, dict] | None:
+    """The per-layer-type mappings of ``rope_parameters`` nested by layer type, or ``None`` for a
+    flat mapping. Layer types set to ``None`` have no RoPE and are left out, as in transformers."""
+    if not any(isinstance(value, Mapping) for value in params.values()):
+        return None
+    flat = sorted(key for key, value in params.items() if value is not None and not isinstance(value, Mapping))
+    if flat:
+        raise ValueError(f"rope_parameters mixes layer types with top-level keys {flat}; expected one or the other")
+    return {key: dict(value) for key, value in params.items() if value is not None}
 
 
 def head_dim_of(config: Any) -> int:
@@ -64,7 +88,13 @@ def head_dim_of(config: Any) -> int:
 
 class RotaryEmbedding(nn.Module):
     """``(cos, sin)`` tables for ``rotate_half`` models, from a transformers config or explicit
-    ``rope_parameters`` and ``head_dim``."""
+    ``rope_parameters`` and ``head_dim``.
+
+    With ``rope_parameters`` nested by layer type (Gemma 3, OLMo 3, ModernBERT: one configuration
+    for sliding-window layers, another for full attention), it holds one module per type in
+    :attr:`layer_types` and ``forward(x, position_ids, layer_type)`` picks one, as transformers'
+    module for those models does.
+    """
 
     def __init__(self, config: Any = None, *, rope_parameters: dict | None = None, head_dim: int | None = None):
         super().__init__()
@@ -73,6 +103,15 @@ class RotaryEmbedding(nn.Module):
             head_dim = head_dim_of(config) if head_dim is None else head_dim
         if rope_parameters is None or head_dim is None:
             raise ValueError("RotaryEmbedding needs a config, or both rope_parameters and head_dim")
+        per_type = layer_type_parameters(rope_parameters)
+        used = getattr(config, "layer_types", None)
+        if per_type is not None and used:  # as transformers: a module for each type the layers use
+            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
+        self.layer_types = None if per_type is None else nn.ModuleDict(
+            {layer_type: RotaryEmbedding(rope_parameters=p, head_dim=head_dim) for layer_type, p in per_type.items()}
+        )
+        if self.layer_types is not None:
+            return
         self.rope_config = parse_config(rope_parameters)
         self.head_dim = head_dim
         theta, self.attention_scaling = inv_freq(self.rope_config, head_dim)
@@ -95,7 +134,15 @@ class RotaryEmbedding(nn.Module):
         return mrope_angles(position_ids, theta, self.mrope_axes.to(position_ids.device))
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layer_types is not None:
+            if layer_type not in self.layer_types:
+                raise ValueError(f"layer_type must be one of {', '.join(map(repr, self.layer_types))} (the config's "
+                                 f"layer types), got {layer_type!r}")
+            return self.layer_types[layer_type](x, position_ids)
+        if layer_type is not None:
+            raise ValueError(f"layer_type {layer_type!r} given, but the rope_parameters are not nested by layer type")
         if position_ids.dtype.is_floating_point:
             raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
         if self.mrope_axes is not None and position_ids.dim() == 2:
@@ -181,24 +228,30 @@ def _probe_positions(embedding: RotaryEmbedding, device) -> torch.Tensor:
 
 
 def _check_same_tables(name: str, old: nn.Module, new: RotaryEmbedding, device) -> None:
-    """Raise unless ``old(x, positions)`` and ``new(x, positions)`` give the same (cos, sin)."""
+    """Raise unless ``old`` and ``new`` give the same (cos, sin) at probe positions (for each
+    layer type, when the configuration is nested by layer type)."""
     x = torch.zeros(1, dtype=torch.float32, device=device)
-    positions = _probe_positions(new, device)
-    try:
-        theirs = old(x, positions)
-    except Exception as err:  # any failure means the module does not follow the (x, position_ids) contract
-        raise ValueError(f"install: {name} could not be called as rotary_emb(x, position_ids) "
-                         f"({type(err).__name__}: {err}); nothing was replaced") from err
-    ours = new(x, positions)
-    same = (isinstance(theirs, tuple) and len(theirs) == 2
-            and all(isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(theirs, ours)))
-    gap = max(float((a.double() - b.double()).abs().max()) for a, b in zip(theirs, ours)) if same else None
-    if gap is None or gap > PROBE_TOLERANCE:
-        found = f"differ by up to {gap:.3g}" if gap is not None else "have other shapes"
-        raise ValueError(
-            f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: its (cos, sin) "
-            f"at probe positions {found} (another pairing layout, axis assignment or scaling); nothing was replaced"
-        )
+    cases = [(None, new)] if new.layer_types is None else list(new.layer_types.items())
+    for layer_type, embedding in cases:
+        positions = _probe_positions(embedding, device)
+        extra = () if layer_type is None else (layer_type,)
+        call = "rotary_emb(x, position_ids" + ("" if layer_type is None else f", {layer_type!r}") + ")"
+        try:
+            theirs = old(x, positions, *extra)
+        except Exception as err:  # any failure means the module does not follow the contract
+            raise ValueError(f"install: {name} could not be called as {call} "
+                             f"({type(err).__name__}: {err}); nothing was replaced") from err
+        ours = new(x, positions, *extra)
+        same = (isinstance(theirs, tuple) and len(theirs) == 2
+                and all(isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(theirs, ours)))
+        gap = max(float((a.double() - b.double()).abs().max()) for a, b in zip(theirs, ours)) if same else None
+        if gap is None or gap > PROBE_TOLERANCE:
+            found = f"differ by up to {gap:.3g}" if gap is not None else "have other shapes"
+            raise ValueError(
+                f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: {call} "
+                f"at probe positions {found} (another pairing layout, axis assignment or scaling); "
+                "nothing was replaced"
+            )
 
 
 def install(model: nn.Module) -> int:
@@ -207,16 +260,16 @@ def install(model: nn.Module) -> int:
 
     Every replacement is first checked: the old and new modules must return the same ``(cos,
     sin)`` at a few probe positions (shuffled per axis for M-RoPE), to within
-    :data:`PROBE_TOLERANCE`. A model whose tables differ (the interleaved tables of GLM, a
-    per-layer-type module, a convention rope does not know) raises ValueError and is left
-    untouched, instead of running with wrong positions.
+    :data:`PROBE_TOLERANCE`, for every layer type if the config has several. A model whose
+    tables differ (the interleaved tables of GLM-4V, a convention rope does not know) raises
+    ValueError and is left untouched, instead of running with wrong positions.
     """
     replacements = []
     for owner_name, module in model.named_modules():
         old = getattr(module, "rotary_emb", None)
         if isinstance(old, nn.Module) and not isinstance(old, RotaryEmbedding):
             config = getattr(old, "config", None) or model.config
-            device = old.inv_freq.device if hasattr(old, "inv_freq") else None
+            device = next((buffer.device for buffer in old.buffers()), None)
             new = RotaryEmbedding(config).to(device) if device is not None else RotaryEmbedding(config)
             name = f"{owner_name}.rotary_emb" if owner_name else "rotary_emb"
             _check_same_tables(name, old, new, device)

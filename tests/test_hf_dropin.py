@@ -124,3 +124,68 @@ def test_cos_from_rotary_embedding_rotates_from_exact_angles():
     q_table, _ = rope.hf.apply_rotary_pos_emb(q, k, cos * 1, sin)  # a new tensor: no source
     assert not torch.equal(q_table, q_exact)
     torch.testing.assert_close(q_table, q_exact, rtol=0, atol=1e-5)
+
+
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+               "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}
+
+
+def tiny_gemma3(seed: int):
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=HEAD_DIM,
+                              max_position_embeddings=MAX_POSITIONS, sliding_window=8, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, rope_parameters=GEMMA3_ROPE, initializer_range=0.2)
+    return Gemma3ForCausalLM(config).eval()
+
+
+def test_layer_types_each_get_their_configuration(monkeypatch):
+    """Gemma 3: sliding-window layers with base 10^4, full-attention layers with base 10^6 and
+    linear scaling; one module serves both, picked by layer_type, and the logits match."""
+    from transformers.models.gemma3 import modeling_gemma3
+
+    model = tiny_gemma3(seed=3)
+    assert set(model.config.layer_types) == set(GEMMA3_ROPE)
+    tokens = torch.randint(0, 97, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = model(tokens).logits
+        assert rope.hf.install(model) == 1
+        monkeypatch.setattr(modeling_gemma3, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb)
+        got = model(tokens).logits
+    embedding = model.model.rotary_emb
+    assert isinstance(embedding, rope.hf.RotaryEmbedding) and set(embedding.layer_types) == set(GEMMA3_ROPE)
+    for layer_type, params in GEMMA3_ROPE.items():
+        theta, _ = rope.inv_freq(params, HEAD_DIM)
+        assert torch.equal(embedding.layer_types[layer_type].inv_freq, theta)
+    assert got.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_layer_type_errors():
+    embedding = rope.hf.RotaryEmbedding(rope_parameters=GEMMA3_ROPE, head_dim=HEAD_DIM)
+    x, positions = torch.randn(1, 4, 8), torch.arange(4)[None]
+    with pytest.raises(ValueError, match="layer_type must be one of 'sliding_attention', 'full_attention'"):
+        embedding(x, positions)
+    flat = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=HEAD_DIM)
+    with pytest.raises(ValueError, match="layer_type 'full_attention' given, but the rope_parameters are not nested"):
+        flat(x, positions, "full_attention")
+    with pytest.raises(ValueError, match="mixes layer types with top-level keys"):
+        rope.hf.RotaryEmbedding(rope_parameters={**GEMMA3_ROPE, "rope_theta": 1e4}, head_dim=HEAD_DIM)
+    with pytest.raises(ValueError, match="config is nested by layer type .*'full_attention', 'sliding_attention'"):
+        rope.inv_freq(GEMMA3_ROPE, HEAD_DIM)
+
+
+def test_install_refuses_a_module_it_cannot_call():
+    class Odd(torch.nn.Module):  # a rotary module with another calling convention
+        def forward(self, x, position_ids, scale):
+            return x, x
+
+    model = torch.nn.Module()
+    model.config = tiny_llama(ROPE_PARAMETERS["default"], seed=0).config
+    model.rotary_emb = Odd()
+    with pytest.raises(ValueError, match=r"install: rotary_emb could not be called as rotary_emb\(x, position_ids\)"):
+        rope.hf.install(model)
+    assert isinstance(model.rotary_emb, Odd)
