@@ -11,6 +11,8 @@
   ``cos`` was made from (the ``rope_source`` attribute) with :func:`rope.apply_rotary`: the fused
   exact kernel on CUDA, float64 on the CPU, and no table rounded to the model's dtype in between.
   Any other ``cos`` (sliced, converted, someone else's) takes the table formula.
+* :func:`apply_rotary_pos_emb_interleaved` is the same for the models that build ``rotate_half``
+  tables but rotate the pairs (2i, 2i + 1) (GLM, GLM-4, ERNIE 4.5).
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
   after checking that the new module returns the old one's tables.
 
@@ -176,40 +178,63 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rotate_pairs_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """(x_0, x_1, x_2, x_3, ..) -> (-x_1, x_0, -x_3, x_2, ..): the pairs (2i, 2i + 1) turned by 90 degrees."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
-    """transformers-compatible: ``q * cos + rotate_half(q) * sin`` on the first ``cos.shape[-1]``
-    coordinates (the rest pass through), in float32 or better, rounded once to q's dtype.
-    ``position_ids`` is accepted for the older signature and ignored."""
+    """transformers-compatible (Llama and most models): ``q * cos + rotate_half(q) * sin`` on the
+    first ``cos.shape[-1]`` coordinates (the rest pass through), in float32 or better, rounded
+    once to q's dtype. ``position_ids`` is accepted for the older signature and ignored."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "half")
+
+
+def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible for the models that pair coordinates (2i, 2i + 1) but build
+    ``rotate_half`` tables (GLM, GLM-4, ERNIE 4.5): pair i of the first ``cos.shape[-1]``
+    coordinates turns by the angle of ``cos[..., i]``, as their ``apply_rotary_pos_emb`` does by
+    taking the first half of the table and repeating each entry twice."""
+    return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
+
+
+def _apply(q, k, cos, sin, unsqueeze_dim, layout):
     source = getattr(cos, "rope_source", None)
     if source is not None and unsqueeze_dim in (1, 2) and q.dim() == k.dim() == 4:
-        return _rotate_from_source(q, k, *source, heads_dim=unsqueeze_dim)
+        return _rotate_from_source(q, k, *source, heads_dim=unsqueeze_dim, layout=layout)
     rotary_dim = cos.shape[-1]
     if sin.shape != cos.shape:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
     if rotary_dim % 2 or rotary_dim > q.shape[-1] or rotary_dim > k.shape[-1]:
         raise ValueError(f"cos has width {rotary_dim}; expected an even width <= head_dim {q.shape[-1]}")
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    turn = rotate_half
+    if layout == "interleaved":  # angle i of the first half, for both coordinates of pair i
+        cos = cos[..., : rotary_dim // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., : rotary_dim // 2].repeat_interleave(2, dim=-1)
+        turn = rotate_pairs_interleaved
 
     def rotate(x):
         dtype = torch.promote_types(x.dtype, torch.float32)
         head, tail = x[..., :rotary_dim].to(dtype), x[..., rotary_dim:]
-        y = head * cos.to(dtype) + rotate_half(head) * sin.to(dtype)
+        y = head * cos.to(dtype) + turn(head) * sin.to(dtype)
         return torch.cat((y.to(x.dtype), tail), dim=-1)
 
     return rotate(q), rotate(k)
 
 
-def _rotate_from_source(q, k, position_ids, theta, attention, axes, *, heads_dim):
+def _rotate_from_source(q, k, position_ids, theta, attention, axes, *, heads_dim, layout):
     """rope.apply_rotary (rope.mrope.apply_mrope with M-RoPE axes) on [batch, heads, seq, dim]
     (heads_dim 1) or [batch, seq, heads, dim] views; a batch of one position row is shared."""
     if heads_dim == 1:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     if axes is None:
         positions = position_ids[0] if position_ids.dim() == 2 and position_ids.shape[0] == 1 else position_ids
-        q_out, k_out = apply_rotary(q, k, positions, theta.to(q.device), attention_factor=attention)
+        q_out, k_out = apply_rotary(q, k, positions, theta.to(q.device), layout=layout, attention_factor=attention)
     else:
         positions = position_ids[:, 0] if position_ids.shape[1] == 1 else position_ids
-        q_out, k_out = apply_mrope(q, k, positions, theta.to(q.device), axes, attention_factor=attention)
+        q_out, k_out = apply_mrope(q, k, positions, theta.to(q.device), axes, layout=layout,
+                                   attention_factor=attention)
     return (q_out.transpose(1, 2), k_out.transpose(1, 2)) if heads_dim == 1 else (q_out, k_out)
 
 

@@ -314,3 +314,20 @@ def test_install_refuses_tables_it_does_not_reproduce():
     with pytest.raises(ValueError, match=r"install: rotary_emb \(Glm4vTextRotaryEmbedding\) is not reproduced"):
         rope.hf.install(model)
     assert model.rotary_emb is original
+
+
+def test_multimodal_positions_equal_transformers_get_rope_index_for_images():
+    """Text, an image, text, another image, text: the position ids transformers' Qwen2-VL computes
+    from token types and the images' patch grids (before the 2 x 2 merge)."""
+    import functools
+    import types
+
+    model = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
+        spatial_merge_size=2)))
+    model.get_vision_position_ids = functools.partial(modeling_qwen2_vl.Qwen2VLModel.get_vision_position_ids, model)
+    token_types = [0] * 3 + [1] * 6 + [0] * 2 + [1] * 3 + [0] * 4
+    grids = torch.tensor([[1, 4, 6], [1, 6, 2]])  # patches; merged 2 x 2 into 2 x 3 and 3 x 1 tokens
+    theirs, _ = modeling_qwen2_vl.Qwen2VLModel.get_rope_index(
+        model, torch.zeros(1, len(token_types), dtype=torch.long), torch.tensor([token_types]), image_grid_thw=grids)
+    ours = multimodal_positions([3, (1, 2, 3), 2, (1, 3, 1), 4])
+    assert torch.equal(theirs[:, 0], ours)

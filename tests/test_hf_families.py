@@ -1,0 +1,99 @@
+"""rope.hf across transformers' model families: for each, a tiny randomly initialised model gives
+the same logits after rope.hf.install (rope's cos/sin tables) and again with the model's
+``apply_rotary_pos_emb`` replaced by rope's (exact angles); families whose tables rope does not
+reproduce are refused, untouched."""
+
+import importlib
+
+import pytest
+import torch
+
+import rope
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, initializer_range=0.2, num_local_experts=4, sliding_window=8)
+
+# model type -> the pairing its apply_rotary_pos_emb uses (None: install must refuse the tables)
+FAMILIES = {
+    "llama": "half", "mistral": "half", "mixtral": "half", "qwen2": "half", "qwen3": "half",
+    "phi3": "half", "phi": "half", "gemma": "half", "gemma2": "half", "gemma3_text": "half",
+    "gpt_neox": "half", "stablelm": "half", "persimmon": "half", "olmo2": "half", "olmo3": "half",
+    "granite": "half", "starcoder2": "half", "falcon": "half", "smollm3": "half", "seed_oss": "half",
+    "exaone4": "half",
+    "glm": "interleaved", "glm4": "interleaved", "ernie4_5": "interleaved",
+    "gpt_oss": None, "cohere": None, "cohere2": None,
+}
+
+
+def tiny_model(model_type: str):
+    config = AutoConfig.for_model(model_type)
+    for key, value in TINY.items():
+        derived = isinstance(getattr(type(config), key, None), property)  # e.g. Falcon's head_dim
+        if hasattr(config, key) and not derived:
+            setattr(config, key, value)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    torch.manual_seed(len(model_type))
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_same_logits_or_refused(model_type, monkeypatch):
+    model = tiny_model(model_type)
+    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+    layout = FAMILIES[model_type]
+    with torch.no_grad():
+        expected = model(tokens).logits
+        assert expected.abs().max() > 0.1
+        if layout is None:
+            before = [module for module in model.modules() if hasattr(module, "rotary_emb")]
+            olds = [module.rotary_emb for module in before]
+            with pytest.raises(ValueError, match="is not reproduced by rope.hf.RotaryEmbedding"):
+                rope.hf.install(model)
+            assert [module.rotary_emb for module in before] == olds
+            return
+        assert rope.hf.install(model) >= 1
+        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+        ours = rope.hf.apply_rotary_pos_emb if layout == "half" else rope.hf.apply_rotary_pos_emb_interleaved
+        monkeypatch.setattr(importlib.import_module(type(model).__module__), "apply_rotary_pos_emb", ours)
+        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_the_pairing_matters():
+    """The half-split function in an interleaved family changes the logits: the family test above
+    would notice a wrong choice."""
+    model = tiny_model("glm")
+    tokens = torch.randint(3, 97, (1, 12), generator=torch.Generator().manual_seed(2))
+    module = importlib.import_module(type(model).__module__)
+    with torch.no_grad():
+        expected = model(tokens).logits
+        rope.hf.install(model)
+        original = module.apply_rotary_pos_emb
+        try:
+            module.apply_rotary_pos_emb = rope.hf.apply_rotary_pos_emb
+            wrong = model(tokens).logits
+        finally:
+            module.apply_rotary_pos_emb = original
+    assert (wrong - expected).abs().max() > 0.1
+
+
+def test_interleaved_function_equals_apply_rotary():
+    """apply_rotary_pos_emb_interleaved, from the tables or from the exact source, is the
+    interleaved rotation of rope.apply_rotary (partial rotary: the tail passes through)."""
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 4, 6, 32, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 2, 6, 32, generator=gen, dtype=torch.float64)
+    position_ids = torch.randint(0, 4096, (2, 6), generator=gen)
+    params = {"rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    cos, sin = rope.hf.RotaryEmbedding(rope_parameters=params, head_dim=32)(q, position_ids)
+    theta, _ = rope.inv_freq(params, 32)
+    expected = rope.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), position_ids, theta, layout="interleaved")
+    exact = rope.hf.apply_rotary_pos_emb_interleaved(q, k, cos, sin)
+    table = rope.hf.apply_rotary_pos_emb_interleaved(q, k, cos * 1, sin)  # no source: the table formula
+    for got in (exact, table):
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b.transpose(1, 2), rtol=0, atol=1e-12)
