@@ -1,20 +1,23 @@
-"""Drop-in pieces for Hugging Face transformers models (Llama-style ``rotate_half`` code).
+"""Drop-in pieces for Hugging Face transformers models.
 
 * :class:`RotaryEmbedding` replaces a model's ``rotary_emb`` module: ``forward(x, position_ids)``
-  returns ``(cos, sin)`` of shape ``[batch, seq, rotary_dim]`` in ``x.dtype``, already multiplied by
-  the attention factor, exactly the contract of transformers' ``LlamaRotaryEmbedding``. Angles,
-  cos and sin are computed in float64 and rounded once (transformers rounds the angle to float32
-  first, which costs accuracy at long positions).
+  returns ``(cos, sin)`` in ``x.dtype``, already multiplied by the attention factor, the contract
+  of transformers' ``LlamaRotaryEmbedding``: ``[batch, seq, rotary_dim]`` in the ``rotate_half``
+  layout of most models, or in the layouts of Cohere and GLM-4V (each angle twice in a row) and
+  GPT-OSS (each angle once), :data:`TABLE_FORMS`. Angles, cos and sin are computed in float64
+  and rounded once (transformers rounds the angle to float32 first, which costs accuracy at long
+  positions).
 * :func:`apply_rotary_pos_emb` has the signature and result of transformers' function, computes in
   float32 or better, and also handles partial rotary (cos narrower than the head). Given the ``cos``
   that :class:`RotaryEmbedding` returned, it rotates from the positions and frequencies that
   ``cos`` was made from (the ``rope_source`` attribute) with :func:`rope.apply_rotary`: the fused
   exact kernel on CUDA, float64 on the CPU, and no table rounded to the model's dtype in between.
-  Any other ``cos`` (sliced, converted, someone else's) takes the table formula.
-* :func:`apply_rotary_pos_emb_interleaved` is the same for the models that build ``rotate_half``
-  tables but rotate the pairs (2i, 2i + 1) (GLM, GLM-4, ERNIE 4.5).
+  Any other ``cos`` (sliced, converted, someone else's) takes the ``rotate_half`` table formula.
+* :func:`apply_rotary_pos_emb_interleaved` is the same for the models that rotate the pairs
+  (2i, 2i + 1): GLM, GLM-4 and ERNIE 4.5 (whose table formula it uses for other tables), and,
+  from rope's tables, Cohere and GLM-4V.
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
-  after checking that the new module returns the old one's tables.
+  after checking that the new module returns the old one's tables (and in which form).
 
 Models with one RoPE configuration per layer type (Gemma 3, OLMo 3, ModernBERT: ``rope_parameters``
 nested as ``{"sliding_attention": {...}, "full_attention": {...}}``) call ``rotary_emb(x,
@@ -88,9 +91,16 @@ def head_dim_of(config: Any) -> int:
     return head_dim
 
 
+TABLE_FORMS = ("rotate_half", "interleaved", "pairs")
+"""How a model's rotary module lays out the angles theta_0 .. theta_{p-1} of its p pairs in the
+last axis of cos and sin: ``rotate_half`` (theta_0 .. theta_{p-1} twice: Llama and most models),
+``interleaved`` (theta_0, theta_0, theta_1, theta_1, ..: Cohere, GLM-4V) or ``pairs`` (each once:
+GPT-OSS)."""
+
+
 class RotaryEmbedding(nn.Module):
-    """``(cos, sin)`` tables for ``rotate_half`` models, from a transformers config or explicit
-    ``rope_parameters`` and ``head_dim``.
+    """``(cos, sin)`` tables for transformers models, from a transformers config or explicit
+    ``rope_parameters`` and ``head_dim``, laid out as ``tables`` says (:data:`TABLE_FORMS`).
 
     With ``rope_parameters`` nested by layer type (Gemma 3, OLMo 3, ModernBERT: one configuration
     for sliding-window layers, another for full attention), it holds one module per type in
@@ -98,8 +108,12 @@ class RotaryEmbedding(nn.Module):
     module for those models does.
     """
 
-    def __init__(self, config: Any = None, *, rope_parameters: dict | None = None, head_dim: int | None = None):
+    def __init__(self, config: Any = None, *, rope_parameters: dict | None = None, head_dim: int | None = None,
+                 tables: str = "rotate_half"):
         super().__init__()
+        if tables not in TABLE_FORMS:
+            raise ValueError(f"tables must be one of {', '.join(map(repr, TABLE_FORMS))}, got {tables!r}")
+        self.tables = tables
         if config is not None:
             rope_parameters = rope_parameters_from_config(config)
             head_dim = head_dim_of(config) if head_dim is None else head_dim
@@ -110,7 +124,8 @@ class RotaryEmbedding(nn.Module):
         if per_type is not None and used:  # as transformers: a module for each type the layers use
             per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
         self.layer_types = None if per_type is None else nn.ModuleDict(
-            {layer_type: RotaryEmbedding(rope_parameters=p, head_dim=head_dim) for layer_type, p in per_type.items()}
+            {layer_type: RotaryEmbedding(rope_parameters=p, head_dim=head_dim, tables=tables)
+             for layer_type, p in per_type.items()}
         )
         if self.layer_types is not None:
             return
@@ -151,16 +166,20 @@ class RotaryEmbedding(nn.Module):
             position_ids = position_ids.expand(3, -1, -1)
         theta, attention = self.frequencies(position_ids)
         theta = theta.to(position_ids.device)
-        cos, sin = _tables(self.pair_angles(position_ids, theta), attention, x.dtype)
+        cos, sin = _tables(self.pair_angles(position_ids, theta), attention, x.dtype, self.tables)
         cos, sin = cos.to(x.device), sin.to(x.device)
         cos.rope_source = (position_ids, theta, attention, self.mrope_axes)
         return cos, sin
 
 
-def _tables(angles: torch.Tensor, attention_factor: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rotate_half`` tables from float64 pair angles: each angle for both halves, cos and sin
+def _tables(angles: torch.Tensor, attention_factor: float, dtype: torch.dtype,
+            form: str = "rotate_half") -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables from float64 pair angles, laid out as ``form`` (:data:`TABLE_FORMS`), cos and sin
     times the attention factor, rounded once to ``dtype``."""
-    angles = torch.cat((angles, angles), dim=-1)
+    if form == "rotate_half":
+        angles = torch.cat((angles, angles), dim=-1)
+    elif form == "interleaved":
+        angles = angles.repeat_interleave(2, dim=-1)
     return (torch.cos(angles) * attention_factor).to(dtype), (torch.sin(angles) * attention_factor).to(dtype)
 
 
@@ -252,31 +271,44 @@ def _probe_positions(embedding: RotaryEmbedding, device) -> torch.Tensor:
     return (positions[:, None] if rows == 3 else positions).to(device)
 
 
-def _check_same_tables(name: str, old: nn.Module, new: RotaryEmbedding, device) -> None:
-    """Raise unless ``old`` and ``new`` give the same (cos, sin) at probe positions (for each
-    layer type, when the configuration is nested by layer type)."""
+def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float | None:
+    """The largest difference between the (cos, sin) of ``old`` and ``new`` at probe positions,
+    over every layer type; ``None`` where the shapes differ. Raises if ``old`` cannot be called."""
     x = torch.zeros(1, dtype=torch.float32, device=device)
     cases = [(None, new)] if new.layer_types is None else list(new.layer_types.items())
+    worst = 0.0
     for layer_type, embedding in cases:
         positions = _probe_positions(embedding, device)
         extra = () if layer_type is None else (layer_type,)
-        call = "rotary_emb(x, position_ids" + ("" if layer_type is None else f", {layer_type!r}") + ")"
         try:
             theirs = old(x, positions, *extra)
         except Exception as err:  # any failure means the module does not follow the contract
+            call = "rotary_emb(x, position_ids" + ("" if layer_type is None else f", {layer_type!r}") + ")"
             raise ValueError(f"install: {name} could not be called as {call} "
                              f"({type(err).__name__}: {err}); nothing was replaced") from err
         ours = new(x, positions, *extra)
-        same = (isinstance(theirs, tuple) and len(theirs) == 2
-                and all(isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(theirs, ours)))
-        gap = max(float((a.double() - b.double()).abs().max()) for a, b in zip(theirs, ours)) if same else None
-        if gap is None or gap > PROBE_TOLERANCE:
-            found = f"differ by up to {gap:.3g}" if gap is not None else "have other shapes"
-            raise ValueError(
-                f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: {call} "
-                f"at probe positions {found} (another pairing layout, axis assignment or scaling); "
-                "nothing was replaced"
-            )
+        if not (isinstance(theirs, tuple) and len(theirs) == 2
+                and all(isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(theirs, ours))):
+            return None
+        worst = max(worst, *(float((a.double() - b.double()).abs().max()) for a, b in zip(theirs, ours)))
+    return worst
+
+
+def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbedding:
+    """The :class:`RotaryEmbedding` of ``config`` whose table form reproduces ``old``, or an error."""
+    found = []
+    for form in TABLE_FORMS:
+        new = RotaryEmbedding(config, tables=form)
+        new = new.to(device) if device is not None else new
+        gap = _table_gap(name, old, new, device)
+        if gap is not None and gap <= PROBE_TOLERANCE:
+            return new
+        found.append(f"{form}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
+    raise ValueError(
+        f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: its (cos, sin) at "
+        f"probe positions differ in every table form ({'; '.join(found)}): another scaling or convention; "
+        "nothing was replaced"
+    )
 
 
 def install(model: nn.Module) -> int:
@@ -284,10 +316,11 @@ def install(model: nn.Module) -> int:
     built from the model's config; returns how many were replaced.
 
     Every replacement is first checked: the old and new modules must return the same ``(cos,
-    sin)`` at a few probe positions (shuffled per axis for M-RoPE), to within
-    :data:`PROBE_TOLERANCE`, for every layer type if the config has several. A model whose
-    tables differ (the interleaved tables of GLM-4V, a convention rope does not know) raises
-    ValueError and is left untouched, instead of running with wrong positions.
+    sin)`` at a few probe positions (shuffled per axis for M-RoPE, for every layer type if the
+    config has several), to within :data:`PROBE_TOLERANCE`, in one of the :data:`TABLE_FORMS`,
+    which the new module then keeps. A module no form reproduces (a convention rope does not
+    know) raises ValueError and the model is left untouched, instead of running with wrong
+    positions.
     """
     replacements = []
     for owner_name, module in model.named_modules():
@@ -295,10 +328,8 @@ def install(model: nn.Module) -> int:
         if isinstance(old, nn.Module) and not isinstance(old, RotaryEmbedding):
             config = getattr(old, "config", None) or model.config
             device = next((buffer.device for buffer in old.buffers()), None)
-            new = RotaryEmbedding(config).to(device) if device is not None else RotaryEmbedding(config)
             name = f"{owner_name}.rotary_emb" if owner_name else "rotary_emb"
-            _check_same_tables(name, old, new, device)
-            replacements.append((module, new))
+            replacements.append((module, _reproduce(name, old, config, device)))
     for module, new in replacements:
         module.rotary_emb = new
     return len(replacements)

@@ -1,7 +1,7 @@
 """rope.hf across transformers' model families: for each, a tiny randomly initialised model gives
-the same logits after rope.hf.install (rope's cos/sin tables) and again with the model's
-``apply_rotary_pos_emb`` replaced by rope's (exact angles); families whose tables rope does not
-reproduce are refused, untouched."""
+the same logits after rope.hf.install (rope's cos/sin tables, in the family's table form) and
+again with the model's ``apply_rotary_pos_emb`` replaced by rope's (exact angles); tables rope
+does not reproduce are refused, the model untouched."""
 
 import importlib
 
@@ -17,16 +17,18 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
             eos_token_id=2, initializer_range=0.2, num_local_experts=4, sliding_window=8)
 
-# model type -> the pairing its apply_rotary_pos_emb uses (None: install must refuse the tables)
+# model type -> the pairing its apply_rotary_pos_emb uses
 FAMILIES = {
     "llama": "half", "mistral": "half", "mixtral": "half", "qwen2": "half", "qwen3": "half",
     "phi3": "half", "phi": "half", "gemma": "half", "gemma2": "half", "gemma3_text": "half",
     "gpt_neox": "half", "stablelm": "half", "persimmon": "half", "olmo2": "half", "olmo3": "half",
     "granite": "half", "starcoder2": "half", "falcon": "half", "smollm3": "half", "seed_oss": "half",
     "exaone4": "half",
+    "gpt_oss": "half",  # tables with each angle once
     "glm": "interleaved", "glm4": "interleaved", "ernie4_5": "interleaved",
-    "gpt_oss": None, "cohere": None, "cohere2": None,
+    "cohere": "interleaved", "cohere2": "interleaved",  # tables with each angle twice in a row
 }
+TABLE_FORM = {"gpt_oss": "pairs", "cohere": "interleaved", "cohere2": "interleaved"}
 
 
 def tiny_model(model_type: str):
@@ -42,25 +44,36 @@ def tiny_model(model_type: str):
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_same_logits_or_refused(model_type, monkeypatch):
+def test_same_logits(model_type, monkeypatch):
     model = tiny_model(model_type)
     tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(1))
-    layout = FAMILIES[model_type]
     with torch.no_grad():
         expected = model(tokens).logits
         assert expected.abs().max() > 0.1
-        if layout is None:
-            before = [module for module in model.modules() if hasattr(module, "rotary_emb")]
-            olds = [module.rotary_emb for module in before]
-            with pytest.raises(ValueError, match="is not reproduced by rope.hf.RotaryEmbedding"):
-                rope.hf.install(model)
-            assert [module.rotary_emb for module in before] == olds
-            return
         assert rope.hf.install(model) >= 1
+        embeddings = [m for m in model.modules() if isinstance(m, rope.hf.RotaryEmbedding) and m.layer_types is None]
+        assert {m.tables for m in embeddings} == {TABLE_FORM.get(model_type, "rotate_half")}
         torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+        layout = FAMILIES[model_type]
         ours = rope.hf.apply_rotary_pos_emb if layout == "half" else rope.hf.apply_rotary_pos_emb_interleaved
         monkeypatch.setattr(importlib.import_module(type(model).__module__), "apply_rotary_pos_emb", ours)
         torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_install_refuses_tables_it_does_not_reproduce():
+    """A rotary module with frequencies the config does not give (here doubled) matches no table
+    form: install raises and leaves the model as it was."""
+    model = tiny_model("llama")
+
+    class Doubled(type(model.model.rotary_emb)):
+        def __init__(self, config):
+            super().__init__(config)
+            self.inv_freq = self.inv_freq * 2
+
+    original = model.model.rotary_emb = Doubled(model.config)
+    with pytest.raises(ValueError, match=r"model.rotary_emb \(Doubled\) is not reproduced .*\(rotate_half: off by"):
+        rope.hf.install(model)
+    assert model.model.rotary_emb is original
 
 
 def test_the_pairing_matters():

@@ -300,20 +300,30 @@ def test_same_hidden_states_with_rope_installed(name, monkeypatch):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
 
 
-def test_install_refuses_tables_it_does_not_reproduce():
-    """GLM-4V's text model builds interleaved (repeat_interleave) tables: install must not swap in
-    rotate_half tables silently, and leaves the model as it was."""
+def test_glm4v_interleaved_tables_and_pairs(monkeypatch):
+    """GLM-4V: chunked sections, each angle twice in a row in the tables, pairs (2i, 2i + 1) over
+    half the head. install finds the table form; rope's interleaved apply function, fed rope's
+    tables, rotates from the exact angles; the hidden states match transformers'."""
     from transformers import Glm4vTextConfig
-    from transformers.models.glm4v.modeling_glm4v import Glm4vTextModel
+    from transformers.models.glm4v import modeling_glm4v
 
     config = Glm4vTextConfig(**TINY, head_dim=16,
                              rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e4,
                                               "partial_rotary_factor": 0.5})
-    model = Glm4vTextModel(config).eval()
-    original = model.rotary_emb
-    with pytest.raises(ValueError, match=r"install: rotary_emb \(Glm4vTextRotaryEmbedding\) is not reproduced"):
-        rope.hf.install(model)
-    assert model.rotary_emb is original
+    torch.manual_seed(4)
+    model = modeling_glm4v.Glm4vTextModel(config).eval()
+    position_ids = multimodal_positions([3, (1, 3, 4), 4])[:, None].expand(3, 2, -1)
+    tokens = torch.randint(0, 97, (2, position_ids.shape[-1]), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+        assert rope.hf.install(model) == 1
+        assert model.rotary_emb.tables == "interleaved" and model.rotary_emb.mrope_axes is not None
+        torch.testing.assert_close(model(input_ids=tokens, position_ids=position_ids).last_hidden_state, expected,
+                                   rtol=1e-4, atol=2e-5)
+        monkeypatch.setattr(modeling_glm4v, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved)
+        got = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+    assert got.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
 
 
 def test_multimodal_positions_equal_transformers_get_rope_index_for_images():
