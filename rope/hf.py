@@ -168,7 +168,7 @@ class RotaryEmbedding(nn.Module):
         theta = theta.to(position_ids.device)
         cos, sin = _tables(self.pair_angles(position_ids, theta), attention, x.dtype, self.tables)
         cos, sin = cos.to(x.device), sin.to(x.device)
-        cos.rope_source = (position_ids, theta, attention, self.mrope_axes)
+        cos.rope_source = (position_ids, theta, attention, self.mrope_axes, self.tables)
         return cos, sin
 
 
@@ -242,9 +242,14 @@ def _apply(q, k, cos, sin, unsqueeze_dim, layout):
     return rotate(q), rotate(k)
 
 
-def _rotate_from_source(q, k, position_ids, theta, attention, axes, *, heads_dim, layout):
+def _rotate_from_source(q, k, position_ids, theta, attention, axes, tables, *, heads_dim, layout):
     """rope.apply_rotary (rope.mrope.apply_mrope with M-RoPE axes) on [batch, heads, seq, dim]
-    (heads_dim 1) or [batch, seq, heads, dim] views; a batch of one position row is shared."""
+    (heads_dim 1) or [batch, seq, heads, dim] views; a batch of one position row is shared.
+    Tables with each angle twice in a row come from models that pair (2i, 2i + 1): the half-split
+    function on them is a mistake and raises."""
+    if tables == "interleaved" and layout == "half":
+        raise ValueError("cos holds each angle twice in a row (the tables of Cohere and GLM-4V, whose models pair "
+                         "coordinates (2i, 2i + 1)): use rope.hf.apply_rotary_pos_emb_interleaved")
     if heads_dim == 1:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     if axes is None:

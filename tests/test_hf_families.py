@@ -110,3 +110,15 @@ def test_interleaved_function_equals_apply_rotary():
     for got in (exact, table):
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b.transpose(1, 2), rtol=0, atol=1e-12)
+
+
+def test_half_split_function_on_interleaved_tables_raises():
+    """Tables with each angle twice in a row belong to models that pair (2i, 2i + 1): the
+    half-split apply function on them (from rope's module) is refused with the right name."""
+    model = tiny_model("cohere")
+    rope.hf.install(model)
+    q = torch.randn(1, 4, 5, 16)
+    cos, sin = model.model.rotary_emb(q, torch.arange(5)[None])
+    with pytest.raises(ValueError, match="use rope.hf.apply_rotary_pos_emb_interleaved"):
+        rope.hf.apply_rotary_pos_emb(q, q, cos, sin)
+    rope.hf.apply_rotary_pos_emb_interleaved(q, q, cos, sin)
