@@ -4,9 +4,9 @@
   returns ``(cos, sin)`` in ``x.dtype``, already multiplied by the attention factor, the contract
   of transformers' ``LlamaRotaryEmbedding``: ``[batch, seq, rotary_dim]`` in the ``rotate_half``
   layout of most models, or in the layouts of Cohere and GLM-4V (each angle twice in a row) and
-  GPT-OSS (each angle once), :data:`TABLE_FORMS`. Angles, cos and sin are computed in float64
-  and rounded once (transformers rounds the angle to float32 first, which costs accuracy at long
-  positions).
+  GPT-OSS (each angle once), or Llama 4's complex ``freqs_cis`` (:data:`TABLE_FORMS`). Angles,
+  cos and sin are computed in float64 and rounded once (transformers rounds the angle to float32
+  first, which costs accuracy at long positions).
 * :func:`apply_rotary_pos_emb` has the signature and result of transformers' function, computes in
   float32 or better, and also handles partial rotary (cos narrower than the head). Given the ``cos``
   that :class:`RotaryEmbedding` returned, it rotates from the positions and frequencies that
@@ -16,6 +16,7 @@
 * :func:`apply_rotary_pos_emb_interleaved` is the same for the models that rotate the pairs
   (2i, 2i + 1): GLM, GLM-4 and ERNIE 4.5 (whose table formula it uses for other tables), and,
   from rope's tables, Cohere and GLM-4V.
+* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``.
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
   after checking that the new module returns the old one's tables (and in which form).
 
@@ -91,11 +92,12 @@ def head_dim_of(config: Any) -> int:
     return head_dim
 
 
-TABLE_FORMS = ("rotate_half", "interleaved", "pairs")
+TABLE_FORMS = ("rotate_half", "interleaved", "pairs", "complex")
 """How a model's rotary module lays out the angles theta_0 .. theta_{p-1} of its p pairs in the
 last axis of cos and sin: ``rotate_half`` (theta_0 .. theta_{p-1} twice: Llama and most models),
 ``interleaved`` (theta_0, theta_0, theta_1, theta_1, ..: Cohere, GLM-4V) or ``pairs`` (each once:
-GPT-OSS)."""
+GPT-OSS); or ``complex``: one complex64 tensor s exp(i m theta_i) per pair instead of (cos, sin)
+(Llama 4's ``freqs_cis``)."""
 
 
 class RotaryEmbedding(nn.Module):
@@ -166,9 +168,15 @@ class RotaryEmbedding(nn.Module):
             position_ids = position_ids.expand(3, -1, -1)
         theta, attention = self.frequencies(position_ids)
         theta = theta.to(position_ids.device)
-        cos, sin = _tables(self.pair_angles(position_ids, theta), attention, x.dtype, self.tables)
+        angles = self.pair_angles(position_ids, theta)
+        source = (position_ids, theta, attention, self.mrope_axes, self.tables)
+        if self.tables == "complex":
+            rotations = torch.polar(torch.ones_like(angles), angles).mul(attention).to(torch.complex64).to(x.device)
+            rotations.rope_source = source
+            return rotations
+        cos, sin = _tables(angles, attention, x.dtype, self.tables)
         cos, sin = cos.to(x.device), sin.to(x.device)
-        cos.rope_source = (position_ids, theta, attention, self.mrope_axes, self.tables)
+        cos.rope_source = source
         return cos, sin
 
 
@@ -215,6 +223,23 @@ def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
     coordinates turns by the angle of ``cos[..., i]``, as their ``apply_rotary_pos_emb`` does by
     taking the first half of the table and repeating each entry twice."""
     return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
+
+
+def apply_rotary_emb_complex(xq, xk, freqs_cis):
+    """transformers-compatible with Llama 4's ``apply_rotary_emb``: q and k ``[batch, seq, heads,
+    head_dim]``, pairs (2i, 2i + 1) read as complex numbers and multiplied by ``freqs_cis[b, s, i]``,
+    in float32 or better, rounded once to q's dtype. Given the ``freqs_cis`` that
+    :class:`RotaryEmbedding` (``tables="complex"``) returned, it rotates from the exact angles."""
+    source = getattr(freqs_cis, "rope_source", None)
+    if source is not None and xq.dim() == xk.dim() == 4:
+        return _rotate_from_source(xq, xk, *source, heads_dim=2, layout="interleaved")
+
+    def rotate(x):
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        pairs = torch.view_as_complex(x.to(dtype).reshape(*x.shape[:-1], -1, 2).contiguous())
+        return torch.view_as_real(pairs * freqs_cis[:, :, None, :].to(pairs.dtype)).flatten(3).to(x.dtype)
+
+    return rotate(xq), rotate(xk)
 
 
 def _apply(q, k, cos, sin, unsqueeze_dim, layout):
@@ -292,10 +317,13 @@ def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float
             raise ValueError(f"install: {name} could not be called as {call} "
                              f"({type(err).__name__}: {err}); nothing was replaced") from err
         ours = new(x, positions, *extra)
-        if not (isinstance(theirs, tuple) and len(theirs) == 2
-                and all(isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(theirs, ours))):
+        if new.tables == "complex":  # one complex tensor each
+            theirs, ours = (theirs,), (ours,)
+        if not (isinstance(theirs, tuple) and len(theirs) == len(ours)
+                and all(isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_complex() == b.is_complex()
+                        for a, b in zip(theirs, ours))):
             return None
-        worst = max(worst, *(float((a.double() - b.double()).abs().max()) for a, b in zip(theirs, ours)))
+        worst = max(worst, *(float((a.to(b.dtype) - b).abs().max()) for a, b in zip(theirs, ours)))
     return worst
 
 

@@ -24,11 +24,19 @@ FAMILIES = {
     "gpt_neox": "half", "stablelm": "half", "persimmon": "half", "olmo2": "half", "olmo3": "half",
     "granite": "half", "starcoder2": "half", "falcon": "half", "smollm3": "half", "seed_oss": "half",
     "exaone4": "half",
+    "nemotron": "half", "lfm2": "half", "minimax": "half", "hunyuan_v1_dense": "half", "apertus": "half",
+    "vaultgemma": "half",
     "gpt_oss": "half",  # tables with each angle once
-    "glm": "interleaved", "glm4": "interleaved", "ernie4_5": "interleaved",
+    "glm": "interleaved", "glm4": "interleaved", "ernie4_5": "interleaved", "helium": "interleaved",
     "cohere": "interleaved", "cohere2": "interleaved",  # tables with each angle twice in a row
+    "llama4_text": "complex",  # freqs_cis, complex numbers on the pairs (2i, 2i + 1)
 }
-TABLE_FORM = {"gpt_oss": "pairs", "cohere": "interleaved", "cohere2": "interleaved"}
+TABLE_FORM = {"gpt_oss": "pairs", "cohere": "interleaved", "cohere2": "interleaved", "llama4_text": "complex"}
+APPLY = {  # the model's function and rope's replacement, by pairing
+    "half": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb),
+    "interleaved": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved),
+    "complex": ("apply_rotary_emb", rope.hf.apply_rotary_emb_complex),
+}
 
 
 def tiny_model(model_type: str):
@@ -54,9 +62,8 @@ def test_same_logits(model_type, monkeypatch):
         embeddings = [m for m in model.modules() if isinstance(m, rope.hf.RotaryEmbedding) and m.layer_types is None]
         assert {m.tables for m in embeddings} == {TABLE_FORM.get(model_type, "rotate_half")}
         torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
-        layout = FAMILIES[model_type]
-        ours = rope.hf.apply_rotary_pos_emb if layout == "half" else rope.hf.apply_rotary_pos_emb_interleaved
-        monkeypatch.setattr(importlib.import_module(type(model).__module__), "apply_rotary_pos_emb", ours)
+        function, ours = APPLY[FAMILIES[model_type]]
+        monkeypatch.setattr(importlib.import_module(type(model).__module__), function, ours)
         torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
 
 
@@ -122,3 +129,26 @@ def test_half_split_function_on_interleaved_tables_raises():
     with pytest.raises(ValueError, match="use rope.hf.apply_rotary_pos_emb_interleaved"):
         rope.hf.apply_rotary_pos_emb(q, q, cos, sin)
     rope.hf.apply_rotary_pos_emb_interleaved(q, q, cos, sin)
+
+
+def test_complex_function_equals_apply_rotary_and_llama4():
+    """apply_rotary_emb_complex from rope's freqs_cis is rope.apply_rotary in the interleaved
+    layout (exact angles); from a foreign freqs_cis it is Llama 4's complex product."""
+    from transformers.models.llama4.modeling_llama4 import apply_rotary_emb
+
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(2, 5, 3, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 5, 1, 16, generator=gen, dtype=torch.float64)
+    position_ids = torch.randint(0, 2**20, (2, 5), generator=gen)
+    params = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    freqs_cis = rope.hf.RotaryEmbedding(rope_parameters=params, head_dim=16, tables="complex")(q, position_ids)
+    assert freqs_cis.dtype == torch.complex64 and freqs_cis.shape == (2, 5, 8)
+    theta, _ = rope.inv_freq(params, 16)
+    expected = rope.apply_rotary(q, k, position_ids, theta, layout="interleaved")
+    for a, b in zip(rope.hf.apply_rotary_emb_complex(q, k, freqs_cis), expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    foreign = freqs_cis * 1  # a new tensor: no source
+    for a, b in zip(rope.hf.apply_rotary_emb_complex(q.float(), k.float(), foreign),
+                    apply_rotary_emb(q.float(), k.float(), foreign)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
