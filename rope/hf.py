@@ -16,7 +16,8 @@
 * :func:`apply_rotary_pos_emb_interleaved` is the same for the models that rotate the pairs
   (2i, 2i + 1): GLM, GLM-4 and ERNIE 4.5 (whose table formula it uses for other tables), and,
   from rope's tables, Cohere and GLM-4V.
-* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``.
+* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``, and
+  :func:`apply_rotary_pos_emb_interleave` for DeepSeek-V3's function of that name.
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
   after checking that the new module returns the old one's tables (and in which form).
 
@@ -42,6 +43,7 @@ from torch import nn
 from .apply import apply_rotary, rotation_angles
 from .config import parse_config
 from .frequencies import inv_freq
+from .layouts import interleaved_to_half
 from .mrope import apply_mrope, mrope_angles
 
 _SEQ_DEPENDENT = ("dynamic", "longrope")
@@ -223,6 +225,16 @@ def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
     coordinates turns by the angle of ``cos[..., i]``, as their ``apply_rotary_pos_emb`` does by
     taking the first half of the table and repeating each entry twice."""
     return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
+
+
+def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
+    """transformers-compatible with DeepSeek-V2/V3's ``apply_rotary_pos_emb_interleave``
+    (``rope_interleave``): pair i is (2i, 2i + 1) of the input, from ``rotate_half`` tables, and the
+    rotated pairs come out in the half-split order, (y_a of every pair, then y_b of every pair).
+    That is the half-split rotation of the input with its coordinates reordered from interleaved
+    to half-split (:func:`rope.layouts.interleaved_to_half`), which is how it is computed here."""
+    order = interleaved_to_half(q.shape[-1], cos.shape[-1]).to(q.device)
+    return apply_rotary_pos_emb(q[..., order], k[..., order], cos, sin, unsqueeze_dim=unsqueeze_dim)
 
 
 def apply_rotary_emb_complex(xq, xk, freqs_cis):

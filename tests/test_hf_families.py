@@ -152,3 +152,44 @@ def test_complex_function_equals_apply_rotary_and_llama4():
     for a, b in zip(rope.hf.apply_rotary_emb_complex(q.float(), k.float(), foreign),
                     apply_rotary_emb(q.float(), k.float(), foreign)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rope_interleave", [True, False])
+def test_deepseek_v3_decoupled_rope(rope_interleave, monkeypatch):
+    """DeepSeek-V3's multi-head latent attention rotates only qk_rope_head_dim coordinates, with
+    YaRN (mscale = mscale_all_dim) and, by default, interleaved pairs returned half-split."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3
+
+    config = DeepseekV3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2, rope_interleave=rope_interleave,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 1e4})
+    torch.manual_seed(6)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = model(tokens).logits
+        assert rope.hf.install(model) == 1
+        monkeypatch.setattr(modeling_deepseek_v3, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb)
+        monkeypatch.setattr(modeling_deepseek_v3, "apply_rotary_pos_emb_interleave",
+                            rope.hf.apply_rotary_pos_emb_interleave)
+        got = model(tokens).logits
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_interleave_function_matches_deepseek():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 1, 5, 8, generator=gen, dtype=torch.float64)
+    cos, sin = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=8)(q, torch.arange(5)[None] + 9)
+    for a, b in zip(rope.hf.apply_rotary_pos_emb_interleave(q, k, cos, sin),
+                    apply_rotary_pos_emb_interleave(q, k, cos, sin)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
