@@ -9,7 +9,7 @@ Keys read (all others are ignored, as transformers does):
 
 =================================  ====================================================
 ``rope_type`` (or legacy ``type``) ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
-                                   ``longrope``, ``llama3``; missing means ``default``
+                                   ``longrope``, ``llama3``, ``proportional``; missing means ``default``
 ``rope_theta``                     the base b of theta_i = b^(-2i/d); default 10000
 ``factor``                         the context-extension factor s (>= 1)
 ``max_position_embeddings``        the model's context length (``dynamic``; fallbacks)
@@ -37,7 +37,7 @@ import torch
 
 from .mrope import check_section, section_axes
 
-ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3")
+ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
 DEFAULT_THETA = 10000.0
 
@@ -71,9 +71,14 @@ class RopeConfig:
     mrope_interleaved: bool = False
 
     def rotary_dim(self, head_dim: int) -> int:
-        """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it."""
+        """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it;
+        the whole head for ``proportional``, whose unrotated pairs get the frequency 0 instead."""
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
             raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        if self.rope_type == "proportional":
+            if head_dim % 2:
+                raise ValueError(f"rope_type 'proportional' rotates the whole head: head_dim must be even, got {head_dim}")
+            return head_dim
         dim = int(head_dim * self.partial_rotary_factor)
         if dim < 2 or dim % 2:
             raise ValueError(

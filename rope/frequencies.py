@@ -162,6 +162,18 @@ def _llama3(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     return (1 - smooth) * theta / s + smooth * theta, 1.0
 
 
+def _proportional(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
+    """Proportional RoPE (Gemma 4, LFM3): over the whole head (dim = head_dim), the first
+    r = int(partial_rotary_factor * dim // 2) pairs keep the frequencies of a full head,
+    theta_i = b^(-2i/dim), and the other pairs get 0 (they do not rotate); all divided by
+    ``factor`` (default 1). Unlike partial rotary, the exponent counts the whole head, so the
+    rotated pairs are exactly the fastest ones of ordinary RoPE on that head."""
+    rotated = int(cfg.partial_rotary_factor * dim // 2)
+    theta = default_theta(cfg.rope_theta, dim)
+    theta[rotated:] = 0.0
+    return theta / (cfg.factor or 1.0), 1.0
+
+
 FREQUENCY_FUNCTIONS: dict[str, Callable[[RopeConfig, int, int | None], Frequencies]] = {
     "default": _default,
     "linear": _linear,
@@ -170,6 +182,7 @@ FREQUENCY_FUNCTIONS: dict[str, Callable[[RopeConfig, int, int | None], Frequenci
     "yarn": _yarn,
     "longrope": _longrope,
     "llama3": _llama3,
+    "proportional": _proportional,
 }
 
 

@@ -16,8 +16,9 @@
 * :func:`apply_rotary_pos_emb_interleaved` is the same for the models that rotate the pairs
   (2i, 2i + 1): GLM, GLM-4 and ERNIE 4.5 (whose table formula it uses for other tables), and,
   from rope's tables, Cohere and GLM-4V.
-* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``, and
-  :func:`apply_rotary_pos_emb_interleave` for DeepSeek-V3's function of that name.
+* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``,
+  :func:`apply_rotary_pos_emb_interleave` for DeepSeek-V3's function of that name, and
+  :func:`apply_rotary_pos_emb_single` for Gemma 4's one-tensor function.
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
   after checking that the new module returns the old one's tables (and in which form).
 
@@ -102,6 +103,16 @@ GPT-OSS); or ``complex``: one complex64 tensor s exp(i m theta_i) per pair inste
 (Llama 4's ``freqs_cis``)."""
 
 
+def layer_type_head_dim(config: Any, layer_type: str) -> int:
+    """The head dimension of the layers of ``layer_type``: from the first such layer's entry of
+    ``config.per_layer_config`` where the config varies by layer (Gemma 4's full-attention layers
+    have wider heads), else :func:`head_dim_of`."""
+    per_layer, layer_types = getattr(config, "per_layer_config", None), getattr(config, "layer_types", None)
+    if per_layer is not None and layer_types and layer_type in layer_types:
+        return head_dim_of(per_layer[list(layer_types).index(layer_type)])
+    return head_dim_of(config)
+
+
 class RotaryEmbedding(nn.Module):
     """``(cos, sin)`` tables for transformers models, from a transformers config or explicit
     ``rope_parameters`` and ``head_dim``, laid out as ``tables`` says (:data:`TABLE_FORMS`).
@@ -120,19 +131,20 @@ class RotaryEmbedding(nn.Module):
         self.tables = tables
         if config is not None:
             rope_parameters = rope_parameters_from_config(config)
-            head_dim = head_dim_of(config) if head_dim is None else head_dim
-        if rope_parameters is None or head_dim is None:
+        if rope_parameters is None or (config is None and head_dim is None):
             raise ValueError("RotaryEmbedding needs a config, or both rope_parameters and head_dim")
         per_type = layer_type_parameters(rope_parameters)
         used = getattr(config, "layer_types", None)
         if per_type is not None and used:  # as transformers: a module for each type the layers use
             per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
         self.layer_types = None if per_type is None else nn.ModuleDict(
-            {layer_type: RotaryEmbedding(rope_parameters=p, head_dim=head_dim, tables=tables)
+            {layer_type: RotaryEmbedding(rope_parameters=p, tables=tables,
+                                         head_dim=head_dim or layer_type_head_dim(config, layer_type))
              for layer_type, p in per_type.items()}
         )
         if self.layer_types is not None:
             return
+        head_dim = head_dim or head_dim_of(config)
         self.rope_config = parse_config(rope_parameters)
         self.head_dim = head_dim
         theta, self.attention_scaling = inv_freq(self.rope_config, head_dim)
@@ -225,6 +237,17 @@ def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
     coordinates turns by the angle of ``cos[..., i]``, as their ``apply_rotary_pos_emb`` does by
     taking the first half of the table and repeating each entry twice."""
     return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
+
+
+def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible with the one-tensor ``apply_rotary_pos_emb(x, cos, sin)`` of Gemma 4:
+    :func:`apply_rotary_pos_emb` on x alone (from rope's tables the key slot gets one head of x,
+    and its result is dropped)."""
+    source = getattr(cos, "rope_source", None)
+    if source is not None and unsqueeze_dim in (1, 2) and x.dim() == 4:
+        one_head = x.narrow(unsqueeze_dim, 0, 1)
+        return _rotate_from_source(x, one_head, *source, heads_dim=unsqueeze_dim, layout="half")[0]
+    return _apply(x, x, cos, sin, unsqueeze_dim, "half")[0]
 
 
 def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):

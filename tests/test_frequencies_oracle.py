@@ -44,8 +44,11 @@ def assert_matches_hf(params: dict, head_dim: int, max_position_embeddings: int,
     # transformers raises b to a float32 exponent 2i/d in float32: its error grows with |ln theta_i|,
     # and a ramp w (yarn, llama3) blending theta/s and theta multiplies it by up to slope(w) * s:
     # `conditioning` bounds that product.
-    rtol = 2.0**-22 * (1 + theirs.double().log().abs()) * conditioning
-    rel = (ours.double() - theirs.double()).abs() / theirs.double()
+    still = theirs == 0  # proportional: pairs that do not rotate
+    assert torch.equal(ours == 0, still)
+    theirs, ours = theirs[~still].double(), ours[~still].double()
+    rtol = 2.0**-22 * (1 + theirs.log().abs()) * conditioning
+    rel = (ours - theirs).abs() / theirs
     assert (rel <= rtol).all(), f"worst relative error {rel.max().item():.3g} for {params}"
     assert math.isclose(our_attention, float(their_attention), rel_tol=1e-12)
 
@@ -147,3 +150,15 @@ def test_ntk_closed_form(head_dim, theta, factor):
     assert ours[0].item() == 1.0
     torch.testing.assert_close(ours[-1].double(), plain[-1].double() / factor, rtol=2.0**-22, atol=0)
     assert attention == 1.0
+
+
+@given(head_dims, thetas, st.one_of(st.none(), factors), st.sampled_from([1.0, 0.75, 0.5, 0.3, 0.25, 0.1]))
+def test_proportional(head_dim, theta, factor, partial):
+    """Gemma 4's full-attention layers: a full head's frequencies on the first pairs, 0 on the rest."""
+    params = {"rope_type": "proportional", "rope_theta": theta, "partial_rotary_factor": partial}
+    if factor is not None:
+        params["factor"] = factor
+    assert_matches_hf(params, head_dim, 4096)
+    theta_ours, _ = rope.inv_freq(params, head_dim)
+    assert theta_ours.shape == (head_dim // 2,)
+    assert int((theta_ours != 0).sum()) == int(partial * head_dim // 2)

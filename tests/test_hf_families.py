@@ -193,3 +193,31 @@ def test_interleave_function_matches_deepseek():
     for a, b in zip(rope.hf.apply_rotary_pos_emb_interleave(q, k, cos, sin),
                     apply_rotary_pos_emb_interleave(q, k, cos, sin)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_gemma4_proportional_rope_and_wider_global_heads(monkeypatch):
+    """Gemma 4: sliding layers with default RoPE on heads of 16, full-attention layers with
+    proportional RoPE (a quarter of the pairs rotate, the rest get frequency 0) on heads of 32,
+    taken from the per-layer config; its apply function takes one tensor."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4 import modeling_gemma4
+
+    config = Gemma4TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=97, max_position_embeddings=64, sliding_window=8, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2)
+    torch.manual_seed(9)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        expected = model(tokens).logits
+        assert rope.hf.install(model) == 1
+        full = model.model.rotary_emb.layer_types["full_attention"]
+        assert full.rope_config.rope_type == "proportional" and full.inv_freq.shape == (16,)
+        assert int((full.inv_freq != 0).sum()) == 4
+        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+        monkeypatch.setattr(modeling_gemma4, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_single)
+        got = model(tokens).logits
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
