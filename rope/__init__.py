@@ -4,7 +4,7 @@ Entry points:
 
 * :func:`inv_freq` — frequencies and attention factor of a Hugging Face style RoPE config;
 * :func:`apply_rotary` — rotate q and k (both layouts, partial rotary, GQA, any positions);
-* :mod:`rope.hf` — a drop-in ``rotary_emb`` module and ``apply_rotary_pos_emb`` for transformers;
+* :mod:`rope.hf` — transformers drop-ins: the ``rotary_emb`` module, the apply functions, ``install``;
 * :mod:`rope.layouts` — half-split vs interleaved pairing and checkpoint weight permutation;
 * :mod:`rope.reference` — float64 matrix, complex and elementwise forms (the book's reference);
 * :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);

@@ -1,0 +1,74 @@
+"""Drop-in pieces for Hugging Face transformers models.
+
+* :class:`RotaryEmbedding` replaces a model's ``rotary_emb`` module: ``forward(x, position_ids)``
+  returns ``(cos, sin)`` in ``x.dtype``, already multiplied by the attention factor, the contract
+  of transformers' ``LlamaRotaryEmbedding``: ``[batch, seq, rotary_dim]`` in the ``rotate_half``
+  layout of most models, or in the layouts of Cohere and GLM-4V (each angle twice in a row) and
+  GPT-OSS (each angle once), or Llama 4's complex ``freqs_cis`` (:data:`TABLE_FORMS`). Angles,
+  cos and sin are computed in float64 and rounded once (transformers rounds the angle to float32
+  first, which costs accuracy at long positions).
+* :func:`apply_rotary_pos_emb` has the signature and result of transformers' function, computes in
+  float32 or better, and also handles partial rotary (cos narrower than the head). Given the ``cos``
+  that :class:`RotaryEmbedding` returned, it rotates from the positions and frequencies that
+  ``cos`` was made from (the ``rope_source`` attribute) with :func:`rope.apply_rotary`: the fused
+  exact kernel on CUDA, float64 on the CPU, and no table rounded to the model's dtype in between.
+  Any other ``cos`` (sliced, converted, someone else's) takes the ``rotate_half`` table formula.
+* :func:`apply_rotary_pos_emb_interleaved` is the same for the models that rotate the pairs
+  (2i, 2i + 1): GLM, GLM-4 and ERNIE 4.5 (whose table formula it uses for other tables), and,
+  from rope's tables, Cohere and GLM-4V.
+* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``,
+  :func:`apply_rotary_pos_emb_interleave` for DeepSeek-V3's function of that name, and
+  :func:`apply_rotary_pos_emb_single` for Gemma 4's one-tensor function.
+* :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
+  after checking that the new module returns the old one's tables (and in which form).
+
+Models with one RoPE configuration per layer type (Gemma 3, OLMo 3, ModernBERT: ``rope_parameters``
+nested as ``{"sliding_attention": {...}, "full_attention": {...}}``) call ``rotary_emb(x,
+position_ids, layer_type)``; :class:`RotaryEmbedding` then holds one module per layer type.
+M-RoPE models (Qwen2-VL and its successors, ``mrope_section`` in the config) pass position ids
+``[3, batch, seq]``; :class:`RotaryEmbedding` then turns each pair by the t, h or w position its
+section assigns (:mod:`rope.mrope`), and ``apply_rotary_pos_emb`` rotates from those angles.
+
+``dynamic`` and ``longrope`` pick their frequencies from the current length
+``max(position_ids) + 1`` at every call; transformers instead keeps the largest ``dynamic`` base it
+has seen until the length falls back below the original context. Both agree on any single forward.
+"""
+
+from .embedding import (
+    TABLE_FORMS,
+    RotaryEmbedding,
+    head_dim_of,
+    layer_type_head_dim,
+    layer_type_parameters,
+    rope_parameters_from_config,
+    rotate_half_tables,
+)
+from .functions import (
+    apply_rotary_emb_complex,
+    apply_rotary_pos_emb,
+    apply_rotary_pos_emb_interleave,
+    apply_rotary_pos_emb_interleaved,
+    apply_rotary_pos_emb_single,
+    rotate_half,
+    rotate_pairs_interleaved,
+)
+from .install import PROBE_TOLERANCE, install
+
+__all__ = [
+    "PROBE_TOLERANCE",
+    "TABLE_FORMS",
+    "RotaryEmbedding",
+    "apply_rotary_emb_complex",
+    "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_interleave",
+    "apply_rotary_pos_emb_interleaved",
+    "apply_rotary_pos_emb_single",
+    "head_dim_of",
+    "install",
+    "layer_type_head_dim",
+    "layer_type_parameters",
+    "rope_parameters_from_config",
+    "rotate_half",
+    "rotate_half_tables",
+    "rotate_pairs_interleaved",
+]
