@@ -113,6 +113,26 @@ def rotate_pairs(x, cos, sin, layout, rotary_dim):
     return round_once(out, x.dtype)
 
 
+def check_factor_and_grad(attention_factor, grad_in_place) -> None:
+    """Raise unless ``attention_factor`` is a positive number and ``grad_in_place`` a bool."""
+    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
+        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
+    if not isinstance(grad_in_place, bool):
+        raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
+
+
+def rotate_by_angles(q, k, angles, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
+    """q and k rotated by float64 pair angles ``[seq, pairs]`` (shared by the batch) or ``[batch,
+    seq, pairs]``: cos and sin times the attention factor (sin negated for the conjugate),
+    :func:`rotate_pairs` on both."""
+    angles = (angles[None] if angles.dim() == 2 else angles)[:, :, None, :]  # [batch or 1, seq, 1, pairs]
+    cos = torch.cos(angles) * attention_factor
+    sin = torch.sin(angles) * attention_factor
+    if conjugate:
+        sin = -sin
+    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)
+
+
 def apply_rotary(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -152,21 +172,11 @@ def apply_rotary(
     """
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim)
     check_layout(layout)
-    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
-        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
-    if not isinstance(grad_in_place, bool):
-        raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
+    check_factor_and_grad(attention_factor, grad_in_place)
     if use_kernel(q, backend):
         from .fused import rotary
 
         return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
                       conjugate, grad_in_place)
-    angles = rotation_angles(positions, inv_freq)
-    if positions.dim() == 1:
-        angles = angles[None]
-    angles = angles[:, :, None, :]  # [batch or 1, seq, 1, rotary_dim/2]
-    cos = torch.cos(angles) * attention_factor
-    sin = torch.sin(angles) * attention_factor
-    if conjugate:
-        sin = -sin
-    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)
+    return rotate_by_angles(q, k, rotation_angles(positions, inv_freq), layout=layout, rotary_dim=rotary_dim,
+                            attention_factor=attention_factor, conjugate=conjugate)

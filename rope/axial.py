@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .apply import check_inputs, rotate_pairs, rotation_angles
+from .apply import check_inputs, rotate_by_angles, rotation_angles
 from .checks import integer_tensor
 from .frequencies import inv_freq
 from .layouts import check_layout
@@ -134,10 +134,4 @@ def apply_rotary_2d(
     positions_x = positions_xy[..., 0]
     rotary_dim = check_inputs(q, k, positions_x, combined, None)
     angles = pair_angles(positions_xy, inv_freq_x, inv_freq_y.to(inv_freq_x.device), mixed=mixed)
-    if positions_x.dim() == 1:
-        angles = angles[None]
-    angles = angles[:, :, None, :]  # [batch or 1, seq, 1, pairs]
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    if conjugate:
-        sin = -sin
-    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)
+    return rotate_by_angles(q, k, angles, layout=layout, rotary_dim=rotary_dim, conjugate=conjugate)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .apply import use_kernel, check_inputs, rotate_pairs, rotation_angles
+from .apply import check_factor_and_grad, check_inputs, rotate_by_angles, rotation_angles, use_kernel
 from .checks import integer_tensor
 from .layouts import check_layout
 
@@ -154,25 +154,15 @@ def apply_mrope(
     _check_position_ids(position_ids)
     rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
     check_layout(layout)
-    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
-        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
-    if not isinstance(grad_in_place, bool):
-        raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
+    check_factor_and_grad(attention_factor, grad_in_place)
     _check_axes(axes, inv_freq.shape[0])
     if use_kernel(q, backend):
         from .fused import rotary
 
         return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
                       conjugate, grad_in_place, axes.to(device=q.device, dtype=torch.int64))
-    angles = mrope_angles(position_ids, inv_freq, axes)
-    if position_ids.dim() == 2:
-        angles = angles[None]
-    angles = angles[:, :, None, :]  # [batch or 1, seq, 1, pairs]
-    cos = torch.cos(angles) * attention_factor
-    sin = torch.sin(angles) * attention_factor
-    if conjugate:
-        sin = -sin
-    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)
+    return rotate_by_angles(q, k, mrope_angles(position_ids, inv_freq, axes), layout=layout, rotary_dim=rotary_dim,
+                            attention_factor=attention_factor, conjugate=conjugate)
 
 
 def multimodal_positions(segments, *, start: int = 0, time_interval: int = 1) -> torch.Tensor:

@@ -51,20 +51,28 @@ def tiny_model(model_type: str):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_same_logits(model_type, monkeypatch):
-    model = tiny_model(model_type)
-    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(1))
+def assert_same_logits(model, patches: dict, monkeypatch, seed: int = 1):
+    """The model's logits, then with rope.hf.install, then also with ``patches`` (the names of
+    the model module's functions -> rope's) set: all equal. Returns the installed model."""
+    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         expected = model(tokens).logits
         assert expected.abs().max() > 0.1
         assert rope.hf.install(model) >= 1
-        embeddings = [m for m in model.modules() if isinstance(m, rope.hf.RotaryEmbedding) and m.layer_types is None]
-        assert {m.tables for m in embeddings} == {TABLE_FORM.get(model_type, "rotate_half")}
         torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
-        function, ours = APPLY[FAMILIES[model_type]]
-        monkeypatch.setattr(importlib.import_module(type(model).__module__), function, ours)
+        module = importlib.import_module(type(model).__module__)
+        for name, function in patches.items():
+            monkeypatch.setattr(module, name, function)
         torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+    return model
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_same_logits(model_type, monkeypatch):
+    function, ours = APPLY[FAMILIES[model_type]]
+    model = assert_same_logits(tiny_model(model_type), {function: ours}, monkeypatch)
+    embeddings = [m for m in model.modules() if isinstance(m, rope.hf.RotaryEmbedding) and m.layer_types is None]
+    assert {m.tables for m in embeddings} == {TABLE_FORM.get(model_type, "rotate_half")}
 
 
 def test_install_refuses_tables_it_does_not_reproduce():
@@ -159,8 +167,6 @@ def test_deepseek_v3_decoupled_rope(rope_interleave, monkeypatch):
     """DeepSeek-V3's multi-head latent attention rotates only qk_rope_head_dim coordinates, with
     YaRN (mscale = mscale_all_dim) and, by default, interleaved pairs returned half-split."""
     from transformers import DeepseekV3Config
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3
-
     config = DeepseekV3Config(
         vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
@@ -171,16 +177,9 @@ def test_deepseek_v3_decoupled_rope(rope_interleave, monkeypatch):
                          "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 1e4})
     torch.manual_seed(6)
     model = AutoModelForCausalLM.from_config(config).eval()
-    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        expected = model(tokens).logits
-        assert rope.hf.install(model) == 1
-        monkeypatch.setattr(modeling_deepseek_v3, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb)
-        monkeypatch.setattr(modeling_deepseek_v3, "apply_rotary_pos_emb_interleave",
-                            rope.hf.apply_rotary_pos_emb_interleave)
-        got = model(tokens).logits
-    assert expected.abs().max() > 0.1
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+    assert_same_logits(model, {"apply_rotary_pos_emb": rope.hf.apply_rotary_pos_emb,
+                               "apply_rotary_pos_emb_interleave": rope.hf.apply_rotary_pos_emb_interleave},
+                       monkeypatch, seed=7)
 
 
 def test_interleave_function_matches_deepseek():
@@ -200,8 +199,6 @@ def test_gemma4_proportional_rope_and_wider_global_heads(monkeypatch):
     proportional RoPE (a quarter of the pairs rotate, the rest get frequency 0) on heads of 32,
     taken from the per-layer config; its apply function takes one tensor."""
     from transformers import Gemma4TextConfig
-    from transformers.models.gemma4 import modeling_gemma4
-
     config = Gemma4TextConfig(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
@@ -209,15 +206,7 @@ def test_gemma4_proportional_rope_and_wider_global_heads(monkeypatch):
         eos_token_id=2, initializer_range=0.2)
     torch.manual_seed(9)
     model = AutoModelForCausalLM.from_config(config).eval()
-    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(10))
-    with torch.no_grad():
-        expected = model(tokens).logits
-        assert rope.hf.install(model) == 1
-        full = model.model.rotary_emb.layer_types["full_attention"]
-        assert full.rope_config.rope_type == "proportional" and full.inv_freq.shape == (16,)
-        assert int((full.inv_freq != 0).sum()) == 4
-        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
-        monkeypatch.setattr(modeling_gemma4, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_single)
-        got = model(tokens).logits
-    assert expected.abs().max() > 0.1
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+    assert_same_logits(model, {"apply_rotary_pos_emb": rope.hf.apply_rotary_pos_emb_single}, monkeypatch, seed=10)
+    full = model.model.rotary_emb.layer_types["full_attention"]
+    assert full.rope_config.rope_type == "proportional" and full.inv_freq.shape == (16,)
+    assert int((full.inv_freq != 0).sum()) == 4

@@ -27,14 +27,19 @@ layouts = st.sampled_from(["half", "interleaved"])
 
 def reference(x, positions, theta, *, layout, attention_factor=1.0, conjugate=False):
     """float64 y = s R_m x (or s R_m^T x) on the first 2 len(theta) coordinates, angles reduced exactly."""
-    x = x.to("cpu", torch.float64)
     angles = reduced_angles(positions.cpu(), theta.cpu())
-    if positions.dim() == 1:
+    return rotate_by(x, angles, layout=layout, attention_factor=attention_factor, conjugate=conjugate)
+
+
+def rotate_by(x, angles, *, layout, attention_factor, conjugate):
+    """float64 rotation of x's pairs by ``angles`` ([seq, pairs] or [batch, seq, pairs])."""
+    x = x.to("cpu", torch.float64)
+    if angles.dim() == 2:
         angles = angles[None]
     cos, sin = angles.cos()[:, :, None] * attention_factor, angles.sin()[:, :, None] * attention_factor
     if conjugate:
         sin = -sin
-    a, b = pair_indices(2 * theta.numel(), layout)
+    a, b = pair_indices(2 * angles.shape[-1], layout)
     y = x.clone()
     y[..., a] = x[..., a] * cos - x[..., b] * sin
     y[..., b] = x[..., b] * cos + x[..., a] * sin
@@ -273,19 +278,9 @@ def test_every_launch_shape_gives_the_same_result(block_s, block_h, group):
 def mrope_reference(x, position_ids, theta, axes, *, layout, attention_factor=1.0, conjugate=False):
     """float64 rotation with pair i turned by the exactly reduced angle of row axes[i] of the
     [3, ...] position ids."""
-    x = x.to("cpu", torch.float64)
     per_axis = reduced_angles(position_ids.cpu(), theta.cpu())  # [3, ..., pairs]
     angles = torch.stack([per_axis[int(a), ..., i] for i, a in enumerate(axes.tolist())], dim=-1)
-    if position_ids.dim() == 2:
-        angles = angles[None]
-    cos, sin = angles.cos()[:, :, None] * attention_factor, angles.sin()[:, :, None] * attention_factor
-    if conjugate:
-        sin = -sin
-    a, b = pair_indices(2 * theta.numel(), layout)
-    y = x.clone()
-    y[..., a] = x[..., a] * cos - x[..., b] * sin
-    y[..., b] = x[..., b] * cos + x[..., a] * sin
-    return y
+    return rotate_by(x, angles, layout=layout, attention_factor=attention_factor, conjugate=conjugate)
 
 
 @st.composite
