@@ -28,6 +28,7 @@ of the position ids (exactly reduced angles, float32 math, one rounding).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -165,19 +166,22 @@ def apply_mrope(
                             attention_factor=attention_factor, conjugate=conjugate)
 
 
-def multimodal_positions(segments, *, start: int = 0, time_interval: int = 1) -> torch.Tensor:
+def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) -> torch.Tensor:
     """Position ids ``[3, tokens]`` (rows t, h, w) of a sequence of text runs and visual grids.
 
     ``segments`` lists, in order, ints (a run of that many text tokens) and ``(T, H, W)`` tuples
     (a visual block of T frames of H x W tokens, after the vision encoder's merging, tokens in
-    frame, row, column order). A block starting at position s gets t = s + time_interval * frame,
-    h = s + row, w = s + column; text continues one past the largest position used so far
-    (Qwen2-VL's rule; for an image, s + max(H, W), as transformers' ``get_rope_index``).
+    frame, row, column order). A block starting at position s gets
+    t = s + trunc(time_interval * frame) (the product in float32, as transformers computes it;
+    Qwen2.5-VL spaces frames by seconds times tokens per second), h = s + row, w = s + column;
+    text continues one past the largest position used so far (Qwen2-VL's rule; for an image,
+    s + max(H, W), as transformers' ``get_rope_index``).
     """
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise ValueError(f"start must be a non-negative int, got {start!r}")
-    if isinstance(time_interval, bool) or not isinstance(time_interval, int) or time_interval < 0:
-        raise ValueError(f"time_interval must be a non-negative int, got {time_interval!r}")
+    if (isinstance(time_interval, bool) or not isinstance(time_interval, (int, float))
+            or not math.isfinite(time_interval) or time_interval < 0):
+        raise ValueError(f"time_interval must be a finite number >= 0, got {time_interval!r}")
     blocks, position = [], start
     for segment in segments:
         if isinstance(segment, int) and not isinstance(segment, bool) and segment > 0:
@@ -188,7 +192,8 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: int = 1) ->
         ):
             frames, rows, columns = segment
             t, h, w = torch.meshgrid(
-                torch.arange(frames) * time_interval, torch.arange(rows), torch.arange(columns), indexing="ij"
+                (torch.arange(frames) * time_interval).long(), torch.arange(rows), torch.arange(columns),
+                indexing="ij",
             )
             blocks.append(torch.stack([t, h, w]).reshape(len(AXES), -1) + position)
         else:

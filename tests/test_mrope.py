@@ -341,3 +341,15 @@ def test_multimodal_positions_equal_transformers_get_rope_index_for_images():
         model, torch.zeros(1, len(token_types), dtype=torch.long), torch.tensor([token_types]), image_grid_thw=grids)
     ours = multimodal_positions([3, (1, 2, 3), 2, (1, 3, 1), 4])
     assert torch.equal(theirs[:, 0], ours)
+
+
+def test_video_frames_match_transformers_vision_position_ids():
+    """A video block with a fractional frame spacing (Qwen2.5-VL: seconds per frame times tokens
+    per second): the same position ids as transformers' get_vision_position_ids."""
+    for interval in (0.5, 2.5, 7):
+        theirs = modeling_qwen2_vl.Qwen2VLModel.get_vision_position_ids(
+            None, 5, torch.tensor([4, 4, 6]), 1, 2, time_interval=interval)
+        ours = multimodal_positions([(4, 2, 3)], start=5, time_interval=interval)
+        assert torch.equal(theirs, ours)
+    with pytest.raises(ValueError, match="time_interval must be a finite number >= 0"):
+        multimodal_positions([(1, 1, 1)], time_interval=float("nan"))
