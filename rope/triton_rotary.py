@@ -88,7 +88,7 @@ def _cos_sin_of_turns(turns):
 def _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
              CONJUGATE: tl.constexpr, FP64: tl.constexpr):
     """s cos(m theta_i) and +-s sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced angles;
-    ``pos`` is int64 [BLOCK_S, 1] (one position per token) or [BLOCK_S, HALF_PAD] (M-RoPE)."""
+    ``pos`` is the int64 [BLOCK_S, HALF_PAD] position of each pair (:func:`_positions`)."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
     turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
@@ -171,15 +171,16 @@ def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INT
 @triton.jit
 def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
                MROPE: tl.constexpr):
-    """int64 positions: [BLOCK_S, 1], or with M-RoPE [BLOCK_S, HALF_PAD], pair i reading the row
-    AXES[i] (0 t, 1 h, 2 w) of the [3, ...] position ids."""
-    row = POS + batch * sp_b + s * sp_s
+    """int64 [BLOCK_S, HALF_PAD]: the position pair i of each token turns by, the token's own, or
+    with M-RoPE row AXES[i] (0 t, 1 h, 2 w) of the [3, ...] position ids. Loaded in the shape of
+    the angles, the positions need no layout conversion through shared memory before the product
+    with the turns (``python -m rope.kernel_targets --code`` shows the machine code)."""
+    j = tl.arange(0, HALF_PAD)
     if MROPE:
-        j = tl.arange(0, HALF_PAD)
-        axis = tl.load(AXES + j, mask=j < HALF, other=0).to(tl.int64)
-        pos = tl.load(row[:, None] + axis[None, :] * sp_a, mask=s_mask[:, None], other=0)
+        row_of_pair = tl.load(AXES + j, mask=j < HALF, other=0).to(tl.int64) * sp_a
     else:
-        pos = tl.load(row, mask=s_mask, other=0)[:, None]
+        row_of_pair = tl.zeros((HALF_PAD,), dtype=tl.int64)
+    pos = tl.load((POS + batch * sp_b + s * sp_s)[:, None] + row_of_pair[None, :], mask=s_mask[:, None], other=0)
     return pos.to(tl.int64)
 
 
