@@ -353,3 +353,56 @@ def test_video_frames_match_transformers_vision_position_ids():
         assert torch.equal(theirs, ours)
     with pytest.raises(ValueError, match="time_interval must be a finite number >= 0"):
         multimodal_positions([(1, 1, 1)], time_interval=float("nan"))
+
+
+def default_sections_model(model_type: str, class_name: str, **sizes):
+    """A tiny text model of a vision-language family whose config names no mrope_section, so that
+    transformers' module uses its class default (sized for heads of 128)."""
+    import importlib
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type).get_text_config()
+    for key, value in dict(TINY, hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                           **sizes).items():
+        if hasattr(config, key):
+            setattr(config, key, value)
+    assert "mrope_section" not in (config.rope_parameters or {})
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    torch.manual_seed(len(model_type))
+    return getattr(module, class_name)(config).eval()
+
+
+@pytest.mark.parametrize("model_type, class_name, sizes, sections, interleaved", [
+    ("qwen2_5_vl", "Qwen2_5_VLTextModel", {}, (16, 24, 24), False),
+    ("qwen3_vl_moe", "Qwen3VLMoeTextModel", dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+     (24, 20, 20), True),
+])
+def test_install_finds_the_model_default_sections(model_type, class_name, sizes, sections, interleaved):
+    """With no mrope_section in the config, install takes the sections from the module it replaces
+    and finds by probing whether the model deals them chunked or interleaved."""
+    model = default_sections_model(model_type, class_name, **sizes)
+    position_ids = multimodal_positions([3, (1, 3, 4), 4])[:, None].expand(3, 2, -1)
+    tokens = torch.randint(0, 97, (2, position_ids.shape[-1]), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+        assert rope.hf.install(model) == 1
+        got = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+    config = model.rotary_emb.rope_config
+    assert config.mrope_section == sections and config.mrope_interleaved == interleaved
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_install_refuses_another_three_axis_convention():
+    """ERNIE 4.5 VL deals its sections in yet another way: no candidate matches, nothing is replaced."""
+    model = default_sections_model("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel")
+    original = model.rotary_emb
+    with pytest.raises(ValueError, match="is not reproduced by rope.hf.RotaryEmbedding"):
+        rope.hf.install(model)
+    assert model.rotary_emb is original
+
+
+def test_three_rows_of_positions_need_sections():
+    embedding = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16)
+    with pytest.raises(ValueError, match=r"look like M-RoPE's \[3, batch, seq\], but the rope_parameters have no"):
+        embedding(torch.zeros(1), torch.zeros(3, 1, 4, dtype=torch.long))

@@ -151,6 +151,9 @@ class RotaryEmbedding(nn.Module):
             raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
         if self.mrope_axes is not None and position_ids.dim() == 2:
             position_ids = position_ids.expand(3, -1, -1)
+        if self.mrope_axes is None and position_ids.dim() == 3:
+            raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} look like M-RoPE's [3, batch, seq], "
+                             "but the rope_parameters have no mrope_section")
         theta, attention = self.frequencies(position_ids)
         theta = theta.to(position_ids.device)
         angles = self.pair_angles(position_ids, theta)

@@ -8,58 +8,98 @@ from typing import Any
 import torch
 from torch import nn
 
-from .embedding import TABLE_FORMS, RotaryEmbedding
+from .embedding import TABLE_FORMS, RotaryEmbedding, head_dim_of, layer_type_parameters, rope_parameters_from_config
 
 PROBE_TOLERANCE = 1e-5
 """How far install's probe lets the old and new tables differ: transformers' float32 angles at
 positions below 8 are off by less than 1e-6; a wrong layout or axis assignment is off by O(1)."""
 
 
-def _probe_positions(embedding: RotaryEmbedding, device) -> torch.Tensor:
-    """Positions 0..7 in a fixed shuffled order per row: ``[1, 8]``, or ``[3, 1, 8]`` with M-RoPE
-    (t, h, w differ, so a wrong assignment of pairs to axes shows)."""
+def _probe_positions(rows: int, device) -> torch.Tensor:
+    """Positions 0..7 in a fixed shuffled order per row: ``[1, 8]``, or ``[3, 1, 8]`` (M-RoPE's t, h
+    and w rows differ, so a wrong assignment of pairs to axes shows)."""
     gen = torch.Generator().manual_seed(0)
-    rows = 3 if embedding.mrope_axes is not None else 1
     positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])
     return (positions[:, None] if rows == 3 else positions).to(device)
 
 
-def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float | None:
-    """The largest difference between the (cos, sin) of ``old`` and ``new`` at probe positions,
-    over every layer type; ``None`` where the shapes differ. Raises if ``old`` cannot be called."""
+def _call(name: str, module: nn.Module, positions, layer_type, device):
+    """``module(x, positions[, layer_type])`` with a float32 ``x``, or an error naming the module."""
     x = torch.zeros(1, dtype=torch.float32, device=device)
+    extra = () if layer_type is None else (layer_type,)
+    try:
+        return module(x, positions, *extra)
+    except Exception as err:  # any failure means the module does not follow the contract
+        call = "rotary_emb(x, position_ids" + ("" if layer_type is None else f", {layer_type!r}") + ")"
+        raise ValueError(f"install: {name} could not be called as {call} ({type(err).__name__}: {err}); "
+                         "nothing was replaced") from err
+
+
+def _gap(theirs, ours) -> float | None:
+    """The largest difference of two module outputs ((cos, sin) or one complex tensor); ``None``
+    when their structure or shapes differ."""
+    theirs, ours = (tuple(out) if isinstance(out, (tuple, list)) else (out,) for out in (theirs, ours))
+    if not (len(theirs) == len(ours) and all(
+            isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_complex() == b.is_complex()
+            for a, b in zip(theirs, ours))):
+        return None
+    return max(float((a.to(b.dtype) - b).abs().max()) for a, b in zip(theirs, ours))
+
+
+def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float | None:
+    """The largest difference between the tables of ``old`` and ``new`` at probe positions, over
+    every layer type; ``None`` where they differ in shape or in what position ids they take. A
+    module that takes M-RoPE's three rows of position ids must be matched by an M-RoPE module,
+    which the three-row probe checks whichever kind ``new`` is. Raises if ``old`` cannot be called."""
     cases = [(None, new)] if new.layer_types is None else list(new.layer_types.items())
     worst = 0.0
     for layer_type, embedding in cases:
-        positions = _probe_positions(embedding, device)
-        extra = () if layer_type is None else (layer_type,)
-        try:
-            theirs = old(x, positions, *extra)
-        except Exception as err:  # any failure means the module does not follow the contract
-            call = "rotary_emb(x, position_ids" + ("" if layer_type is None else f", {layer_type!r}") + ")"
-            raise ValueError(f"install: {name} could not be called as {call} "
-                             f"({type(err).__name__}: {err}); nothing was replaced") from err
-        ours = new(x, positions, *extra)
-        if new.tables == "complex":  # one complex tensor each
-            theirs, ours = (theirs,), (ours,)
-        if not (isinstance(theirs, tuple) and len(theirs) == len(ours)
-                and all(isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_complex() == b.is_complex()
-                        for a, b in zip(theirs, ours))):
+        mrope = embedding.mrope_axes is not None
+        gap = _gap(_call(name, old, _probe_positions(3 if mrope else 1, device), layer_type, device),
+                   embedding(torch.zeros(1, device=device), _probe_positions(3 if mrope else 1, device)))
+        if gap is None:
             return None
-        worst = max(worst, *(float((a.to(b.dtype) - b).abs().max()) for a, b in zip(theirs, ours)))
+        worst = max(worst, gap)
+        if not mrope and layer_type is None:  # does the old module read three rows of position ids?
+            try:
+                theirs = old(torch.zeros(1, dtype=torch.float32, device=device), _probe_positions(3, device))
+            except Exception:  # it does not take them: nothing to match
+                continue
+            if _gap(theirs, embedding(torch.zeros(1, device=device), _probe_positions(1, device))) is not None:
+                return None  # it reduced three rows to tables of one: M-RoPE, which this module is not
     return worst
 
 
+def _candidates(config: Any, old: nn.Module, form: str):
+    """Modules to try for one table form: from the config as it is; and where the old module has
+    M-RoPE sections the config does not name (transformers' per-model default), with those
+    sections, chunked and interleaved."""
+    yield RotaryEmbedding(config, tables=form)
+    sections = getattr(old, "mrope_section", None)
+    params = rope_parameters_from_config(config)
+    if sections is not None and layer_type_parameters(params) is None and params.get("mrope_section") is None:
+        for interleaved in (False, True):
+            try:
+                yield RotaryEmbedding(rope_parameters={**params, "mrope_section": list(sections),
+                                                       "mrope_interleaved": interleaved},
+                                      head_dim=head_dim_of(config), tables=form)
+            except ValueError:  # the sections do not fit this assignment (or at all): not a candidate
+                continue
+
+
 def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbedding:
-    """The :class:`RotaryEmbedding` of ``config`` whose table form reproduces ``old``, or an error."""
+    """The :class:`RotaryEmbedding` of ``config`` whose tables reproduce ``old``, or an error."""
     found = []
     for form in TABLE_FORMS:
-        new = RotaryEmbedding(config, tables=form)
-        new = new.to(device) if device is not None else new
-        gap = _table_gap(name, old, new, device)
-        if gap is not None and gap <= PROBE_TOLERANCE:
-            return new
-        found.append(f"{form}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
+        for new in _candidates(config, old, form):
+            new = new.to(device) if device is not None else new
+            gap = _table_gap(name, old, new, device)
+            if gap is not None and gap <= PROBE_TOLERANCE:
+                return new
+            label = form if new.layer_types is not None or new.mrope_axes is None else (
+                f"{form} with mrope_section {list(new.rope_config.mrope_section)}"
+                + (" interleaved" if new.rope_config.mrope_interleaved else ""))
+            found.append(f"{label}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
     raise ValueError(
         f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: its (cos, sin) at "
         f"probe positions differ in every table form ({'; '.join(found)}): another scaling or convention; "
@@ -74,7 +114,9 @@ def install(model: nn.Module) -> int:
     Every replacement is first checked: the old and new modules must return the same ``(cos,
     sin)`` at a few probe positions (shuffled per axis for M-RoPE, for every layer type if the
     config has several), to within :data:`PROBE_TOLERANCE`, in one of the :data:`TABLE_FORMS`,
-    which the new module then keeps. A module no form reproduces (a convention rope does not
+    which the new module then keeps. A module that reads M-RoPE's three rows of position ids is
+    only matched by an M-RoPE module; where the config names no ``mrope_section`` (the model
+    class has a default), the old module's sections are tried, chunked and interleaved. A module no form reproduces (a convention rope does not
     know) raises ValueError and the model is left untouched, instead of running with wrong
     positions.
     """
