@@ -33,7 +33,7 @@ def main():
             assert torch.allclose(q_out.float(), q.float(), atol=0.07), "rotate then un-rotate must give q back"
             assert torch.isfinite(q_grad).all()
         position_ids = torch.randint(0, 2**31 - 1, (3, batch, seq), device="cuda", generator=gen)
-        axes = rope.mrope.section_axes([8, 8, 8], 24, interleaved=True)
+        axes = rope.mrope.section_axes([8, 8, 8], 24, style="interleaved")
         q_m, k_m = rope.mrope.apply_mrope(q, k, position_ids, theta, axes, backend="triton")
         q_back, _ = rope.mrope.apply_mrope(q_m, k_m, position_ids, theta, axes, conjugate=True, backend="triton")
         assert torch.allclose(q_back.float(), q.float(), atol=0.07), "M-RoPE: rotate then un-rotate must give q back"

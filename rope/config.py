@@ -19,7 +19,8 @@ yarn: ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_
 longrope: ``short_factor``, ``long_factor``, ``attention_factor``
 llama3: ``low_freq_factor``, ``high_freq_factor``
 M-RoPE: ``mrope_section``          pairs that follow the t, h, w positions (:mod:`rope.mrope`);
-        ``mrope_interleaved``      interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL)
+        ``mrope_interleaved``      interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL);
+        ``mrope_style``            (rope's own key) ``chunked``, ``interleaved`` or ``alternating``
 =================================  ====================================================
 
 M-RoPE combines with any ``rope_type``: the frequencies are those of the type, the section only
@@ -35,7 +36,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .mrope import check_section, section_axes
+from .mrope import MROPE_STYLES, check_section, section_axes
 
 ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional")
 
@@ -68,7 +69,7 @@ class RopeConfig:
     high_freq_factor: float | None = None
     # M-RoPE
     mrope_section: tuple[int, int, int] | None = None
-    mrope_interleaved: bool = False
+    mrope_style: str = "chunked"
 
     def rotary_dim(self, head_dim: int) -> int:
         """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it;
@@ -92,7 +93,7 @@ class RopeConfig:
         without an ``mrope_section``."""
         if self.mrope_section is None:
             return None
-        return section_axes(self.mrope_section, self.rotary_dim(head_dim) // 2, interleaved=self.mrope_interleaved)
+        return section_axes(self.mrope_section, self.rotary_dim(head_dim) // 2, style=self.mrope_style)
 
     def require(self, key: str) -> Any:
         """The value of ``key``, or a ValueError saying that this rope_type needs it."""
@@ -204,5 +205,14 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     if get("mrope_interleaved") is not None:
         if not isinstance(get("mrope_interleaved"), bool):
             raise TypeError(f"config key 'mrope_interleaved' must be a bool, got {get('mrope_interleaved')!r}")
-        fields["mrope_interleaved"] = get("mrope_interleaved")
+        fields["mrope_style"] = "interleaved" if get("mrope_interleaved") else "chunked"
+    if get("mrope_style") is not None:
+        style = get("mrope_style")
+        if style not in MROPE_STYLES:
+            raise ValueError(f"config key 'mrope_style' must be one of {', '.join(map(repr, MROPE_STYLES))}, "
+                             f"got {style!r}")
+        if fields.get("mrope_style", style) != style:
+            raise ValueError(f"config keys 'mrope_style' ({style!r}) and 'mrope_interleaved' "
+                             f"({get('mrope_interleaved')!r}) disagree")
+        fields["mrope_style"] = style
     return RopeConfig(**fields)

@@ -20,6 +20,8 @@ s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair
 * interleaved (Qwen3-VL, Qwen3.5; config key ``mrope_interleaved``): pair i follows h when
   i mod 3 = 1 and i < 3 s_h, w when i mod 3 = 2 and i < 3 s_w, and t otherwise, so every axis
   gets fast and slow frequencies (transformers' ``recomposition_frequencies`` of Qwen3-VL).
+* alternating (ERNIE 4.5 VL): h and w take turns over the fast pairs, t takes the slowest
+  (:func:`section_axes` reads that model's section, listed as (s_h, s_w, s_t)).
 
 As with :func:`rope.apply_rotary`, the torch path computes angles, cos, sin and products in
 float64 and rounds once; on CUDA the fused Triton kernel runs instead, each pair reading its row
@@ -38,6 +40,7 @@ from .checks import integer_tensor
 from .layouts import check_layout
 
 AXES = ("t", "h", "w")
+MROPE_STYLES = ("chunked", "interleaved", "alternating")
 
 
 def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int, int]:
@@ -52,12 +55,15 @@ def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int,
     return tuple(mrope_section)
 
 
-def section_axes(mrope_section, pairs: int, *, interleaved: bool = False) -> torch.Tensor:
+def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.Tensor:
     """The axis (0 = t, 1 = h, 2 = w) of each of ``pairs`` rotated pairs, int64 ``[pairs]``.
 
-    Chunked: s_t zeros, s_h ones, s_w twos. Interleaved: 1 at i = 1, 4, .., 3 s_h - 2, 2 at
-    i = 2, 5, .., 3 s_w - 1, 0 elsewhere. Either way axis a gets exactly s_a pairs; a section
-    that does not fit (sum != pairs, or interleaved positions past the last pair) is an error.
+    ``chunked``: s_t zeros, s_h ones, s_w twos. ``interleaved``: 1 at i = 1, 4, .., 3 s_h - 2,
+    2 at i = 2, 5, .., 3 s_w - 1, 0 elsewhere. ``alternating`` (ERNIE 4.5 VL, whose config lists
+    its section as (s_h, s_w, s_t), read here in that order): h and w alternate over the first
+    s_h + s_w pairs (h on even i), t takes the last s_t, so s_h must equal s_w. Either way axis a
+    gets exactly s_a pairs; a section that does not fit (sum != pairs, interleaved positions past
+    the last pair, unequal h and w when alternating) is an error.
     """
     sections = check_section(mrope_section)
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs <= 0:
@@ -66,11 +72,16 @@ def section_axes(mrope_section, pairs: int, *, interleaved: bool = False) -> tor
         raise ValueError(
             f"mrope_section {list(sections)} sums to {sum(sections)}, but there are rotary_dim / 2 = {pairs} pairs"
         )
-    if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
-    if not interleaved:
+    if style not in MROPE_STYLES:
+        raise ValueError(f"style must be one of {', '.join(map(repr, MROPE_STYLES))}, got {style!r}")
+    if style == "chunked":
         return torch.repeat_interleave(torch.arange(len(AXES)), torch.tensor(sections))
     index = torch.arange(pairs)
+    if style == "alternating":
+        s_h, s_w, s_t = sections
+        if s_h != s_w:
+            raise ValueError(f"alternating mrope_section (s_h, s_w, s_t) = {list(sections)} needs s_h == s_w")
+        return torch.where(index < s_h + s_w, 1 + index % 2, 0)
     axes = torch.zeros(pairs, dtype=torch.int64)
     for axis in (1, 2):
         axes[(index % 3 == axis) & (index < 3 * sections[axis])] = axis

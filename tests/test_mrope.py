@@ -15,11 +15,15 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 layouts = st.sampled_from(["half", "interleaved"])
 
 
-def axes_by_rule(sections, interleaved):
-    """The axis of each pair, written out from the two rules (not through rope.mrope)."""
-    s_t, s_h, s_w = sections
-    if not interleaved:
+def axes_by_rule(sections, style):
+    """The axis of each pair, written out from the three rules (not through rope.mrope)."""
+    if style == "chunked":
+        s_t, s_h, s_w = sections
         return [0] * s_t + [1] * s_h + [2] * s_w
+    if style == "alternating":  # ERNIE 4.5 VL's order: (s_h, s_w, s_t)
+        s_h, s_w, s_t = sections
+        return [1, 2] * s_h + [0] * s_t
+    s_t, s_h, s_w = sections
     out = []
     for i in range(s_t + s_h + s_w):
         if i % 3 == 1 and i < 3 * s_h:
@@ -33,19 +37,24 @@ def axes_by_rule(sections, interleaved):
 
 @st.composite
 def sections(draw):
-    """(mrope_section, interleaved): chunked sections of any sizes, or interleaved ones that fit."""
-    if draw(st.booleans()):
-        return (draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))), False
+    """(mrope_section, style): chunked sections of any sizes, interleaved ones that fit, or
+    alternating ones (equal h and w)."""
+    style = draw(st.sampled_from(["chunked", "interleaved", "alternating"]))
+    if style == "chunked":
+        return (draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))), style
+    if style == "alternating":
+        s_hw = draw(st.integers(1, 4))
+        return (s_hw, s_hw, draw(st.integers(1, 4))), style
     pairs = draw(st.integers(3, 14))
     s_h = draw(st.integers(1, (pairs + 1) // 3))
     s_w = draw(st.integers(1, pairs // 3))
-    return (pairs - s_h - s_w, s_h, s_w), True
+    return (pairs - s_h - s_w, s_h, s_w), style
 
 
 @st.composite
 def problems(draw, dtype=None, high=None):
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    section, interleaved = draw(sections())
+    section, style = draw(sections())
     pairs = sum(section)
     batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 5))
     heads_q, heads_k = draw(st.integers(1, 3)), draw(st.integers(1, 3))
@@ -57,7 +66,7 @@ def problems(draw, dtype=None, high=None):
     high = high or draw(st.sampled_from([16, 2**12, 2**20]))
     shape = (3, seq) if draw(st.booleans()) else (3, batch, seq)
     positions = torch.randint(0, high, shape, generator=gen)
-    return q, k, positions, theta, section, interleaved
+    return q, k, positions, theta, section, style
 
 
 def rotate_by_block_matrix(t, positions, theta, axes, layout):
@@ -75,9 +84,9 @@ def rotate_by_block_matrix(t, positions, theta, axes, layout):
 
 @given(problems(), layouts)
 def test_matches_block_matrix_with_one_rounding(problem, layout):
-    q, k, positions, theta, section, interleaved = problem
-    axes = section_axes(section, len(theta), interleaved=interleaved)
-    assert axes.tolist() == axes_by_rule(section, interleaved)
+    q, k, positions, theta, section, style = problem
+    axes = section_axes(section, len(theta), style=style)
+    assert axes.tolist() == axes_by_rule(section, style)
     q_out, k_out = apply_mrope(q, k, positions, theta, axes, layout=layout)
     for t, out in ((q, q_out), (k, k_out)):
         assert out.dtype == t.dtype and out.shape == t.shape
@@ -89,8 +98,8 @@ def test_matches_block_matrix_with_one_rounding(problem, layout):
                                                                    max_size=3))
 def test_scores_depend_on_the_offset_only(problem, layout, shift):
     """(R_p q)^T (R_p' k) is unchanged when every position moves by the same (dt, dh, dw)."""
-    q, k, positions, theta, section, interleaved = problem
-    axes = section_axes(section, len(theta), interleaved=interleaved)
+    q, k, positions, theta, section, style = problem
+    axes = section_axes(section, len(theta), style=style)
     k = k[:, :, :1].expand_as(q).contiguous()
     shifted = positions + torch.tensor(shift).reshape(3, *[1] * (positions.dim() - 1))
 
@@ -104,8 +113,8 @@ def test_scores_depend_on_the_offset_only(problem, layout, shift):
 @given(problems(), layouts)
 def test_text_tokens_get_exactly_1d_rope(problem, layout):
     """t = h = w = m: the same numbers as rope.apply_rotary, whatever the sections."""
-    q, k, positions, theta, section, interleaved = problem
-    axes = section_axes(section, len(theta), interleaved=interleaved)
+    q, k, positions, theta, section, style = problem
+    axes = section_axes(section, len(theta), style=style)
     text = positions[0]
     ours = apply_mrope(q, k, text.expand(3, *text.shape), theta, axes, layout=layout, attention_factor=1.25)
     plain = rope.apply_rotary(q, k, text, theta, layout=layout, attention_factor=1.25, backend="torch")
@@ -114,8 +123,8 @@ def test_text_tokens_get_exactly_1d_rope(problem, layout):
 
 @given(problems(dtype=torch.float64), layouts)
 def test_conjugate_inverts(problem, layout):
-    q, k, positions, theta, section, interleaved = problem
-    axes = section_axes(section, len(theta), interleaved=interleaved)
+    q, k, positions, theta, section, style = problem
+    axes = section_axes(section, len(theta), style=style)
     q_rot, k_rot = apply_mrope(q, k, positions, theta, axes, layout=layout)
     q_back, k_back = apply_mrope(q_rot, k_rot, positions, theta, axes, layout=layout, conjugate=True)
     torch.testing.assert_close(q_back, q, rtol=0, atol=1e-12)
@@ -136,7 +145,7 @@ def test_mrope_angles_pick_each_pairs_axis():
     gen = torch.Generator().manual_seed(11)
     positions = torch.randint(0, 2**20, (3, 2, 5), generator=gen)
     theta = rope.inv_freq({"rope_theta": 1e6}, 16)[0]
-    axes = section_axes([3, 3, 2], 8, interleaved=True)
+    axes = section_axes([3, 3, 2], 8, style="interleaved")
     angles = mrope_angles(positions, theta, axes)
     assert angles.shape == (2, 5, 8) and angles.dtype == torch.float64
     for i, axis in enumerate(axes.tolist()):
@@ -149,16 +158,16 @@ def test_mrope_angles_pick_each_pairs_axis():
 
 def test_config_reads_sections_and_the_mrope_alias():
     cfg = rope.parse_config({"type": "mrope", "mrope_section": [16, 24, 24], "rope_theta": 1e6})
-    assert cfg.rope_type == "default" and cfg.mrope_section == (16, 24, 24) and not cfg.mrope_interleaved
+    assert cfg.rope_type == "default" and cfg.mrope_section == (16, 24, 24) and cfg.mrope_style == "chunked"
     assert cfg.mrope_axes(128).bincount().tolist() == [16, 24, 24]
     qwen35 = rope.parse_config({"rope_type": "default", "mrope_section": [11, 11, 10], "mrope_interleaved": True,
                                 "partial_rotary_factor": 0.25})
-    assert qwen35.mrope_axes(256).tolist() == axes_by_rule((11, 11, 10), True)
+    assert qwen35.mrope_axes(256).tolist() == axes_by_rule((11, 11, 10), "interleaved")
     assert rope.parse_config({}).mrope_axes(64) is None
     # any scaling type combines with sections: frequencies from the type, axes from the section
     yarn = rope.parse_config({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                               "mrope_section": [2, 3, 3]})
-    assert yarn.mrope_axes(16).tolist() == axes_by_rule((2, 3, 3), False)
+    assert yarn.mrope_axes(16).tolist() == axes_by_rule((2, 3, 3), "chunked")
 
 
 @pytest.mark.parametrize(
@@ -170,6 +179,9 @@ def test_config_reads_sections_and_the_mrope_alias():
         ({"mrope_section": "16,24,24"}, TypeError, "config key 'mrope_section' must be a list of three ints"),
         ({"mrope_section": [16, 24, 24], "mrope_interleaved": 1}, TypeError, "'mrope_interleaved' must be a bool"),
         ({"rope_type": "bogus"}, ValueError, r"unknown rope_type 'bogus'.*\(or 'mrope'\)"),
+        ({"mrope_section": [2, 2, 2], "mrope_style": "zigzag"}, ValueError, "'mrope_style' must be one of"),
+        ({"mrope_section": [2, 2, 2], "mrope_style": "alternating", "mrope_interleaved": True}, ValueError,
+         "disagree"),
     ],
 )
 def test_config_errors(params, error, message):
@@ -181,9 +193,13 @@ def test_section_errors_name_what_does_not_fit():
     with pytest.raises(ValueError, match=r"sums to 64, but there are rotary_dim / 2 = 32 pairs"):
         rope.parse_config({"mrope_section": [16, 24, 24]}).mrope_axes(64)
     with pytest.raises(ValueError, match=r"interleaved mrope_section \[1, 4, 1\] does not fit 6 pairs"):
-        section_axes([1, 4, 1], 6, interleaved=True)
+        section_axes([1, 4, 1], 6, style="interleaved")
     with pytest.raises(ValueError, match="pairs must be a positive int"):
         section_axes([1, 1, 1], 0)
+    with pytest.raises(ValueError, match=r"alternating mrope_section .* needs s_h == s_w"):
+        section_axes([2, 3, 1], 6, style="alternating")
+    with pytest.raises(ValueError, match="style must be one of"):
+        section_axes([2, 2, 2], 6, style="zigzag")
 
 
 def test_apply_errors():
@@ -373,14 +389,16 @@ def default_sections_model(model_type: str, class_name: str, **sizes):
     return getattr(module, class_name)(config).eval()
 
 
-@pytest.mark.parametrize("model_type, class_name, sizes, sections, interleaved", [
-    ("qwen2_5_vl", "Qwen2_5_VLTextModel", {}, (16, 24, 24), False),
+@pytest.mark.parametrize("model_type, class_name, sizes, sections, style", [
+    ("qwen2_5_vl", "Qwen2_5_VLTextModel", {}, (16, 24, 24), "chunked"),
     ("qwen3_vl_moe", "Qwen3VLMoeTextModel", dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
-     (24, 20, 20), True),
+     (24, 20, 20), "interleaved"),
+    ("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel", {}, (22, 22, 20), "alternating"),
 ])
-def test_install_finds_the_model_default_sections(model_type, class_name, sizes, sections, interleaved):
+def test_install_finds_the_model_default_sections(model_type, class_name, sizes, sections, style):
     """With no mrope_section in the config, install takes the sections from the module it replaces
-    and finds by probing whether the model deals them chunked or interleaved."""
+    and finds by probing how the model deals them to pairs (ERNIE 4.5 VL also lays its tables out
+    with each angle twice in a row)."""
     model = default_sections_model(model_type, class_name, **sizes)
     position_ids = multimodal_positions([3, (1, 3, 4), 4])[:, None].expand(3, 2, -1)
     tokens = torch.randint(0, 97, (2, position_ids.shape[-1]), generator=torch.Generator().manual_seed(3))
@@ -389,17 +407,8 @@ def test_install_finds_the_model_default_sections(model_type, class_name, sizes,
         assert rope.hf.install(model) == 1
         got = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
     config = model.rotary_emb.rope_config
-    assert config.mrope_section == sections and config.mrope_interleaved == interleaved
+    assert config.mrope_section == sections and config.mrope_style == style
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
-
-
-def test_install_refuses_another_three_axis_convention():
-    """ERNIE 4.5 VL deals its sections in yet another way: no candidate matches, nothing is replaced."""
-    model = default_sections_model("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel")
-    original = model.rotary_emb
-    with pytest.raises(ValueError, match="is not reproduced by rope.hf.RotaryEmbedding"):
-        rope.hf.install(model)
-    assert model.rotary_emb is original
 
 
 def test_three_rows_of_positions_need_sections():

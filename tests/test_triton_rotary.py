@@ -316,7 +316,7 @@ def test_mrope_kernel_on_text_is_the_1d_kernel_bit_for_bit():
     from rope.mrope import apply_mrope, section_axes
 
     q, k, positions, theta = _small(torch.bfloat16, seed=5)
-    axes = section_axes([2, 1, 1], 4, interleaved=False)
+    axes = section_axes([2, 1, 1], 4)
     ours = apply_mrope(q, k, positions.expand(3, -1, -1), theta, axes, backend="triton")
     plain = rope.apply_rotary(q, k, positions, theta, backend="triton")
     assert torch.equal(ours[0], plain[0]) and torch.equal(ours[1], plain[1])

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..mrope import MROPE_STYLES
 from .embedding import TABLE_FORMS, RotaryEmbedding, head_dim_of, layer_type_parameters, rope_parameters_from_config
 
 PROBE_TOLERANCE = 1e-5
@@ -73,15 +74,14 @@ def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float
 def _candidates(config: Any, old: nn.Module, form: str):
     """Modules to try for one table form: from the config as it is; and where the old module has
     M-RoPE sections the config does not name (transformers' per-model default), with those
-    sections, chunked and interleaved."""
+    sections, in each of :data:`rope.mrope.MROPE_STYLES`."""
     yield RotaryEmbedding(config, tables=form)
     sections = getattr(old, "mrope_section", None)
     params = rope_parameters_from_config(config)
     if sections is not None and layer_type_parameters(params) is None and params.get("mrope_section") is None:
-        for interleaved in (False, True):
+        for style in MROPE_STYLES:
             try:
-                yield RotaryEmbedding(rope_parameters={**params, "mrope_section": list(sections),
-                                                       "mrope_interleaved": interleaved},
+                yield RotaryEmbedding(rope_parameters={**params, "mrope_section": list(sections), "mrope_style": style},
                                       head_dim=head_dim_of(config), tables=form)
             except ValueError:  # the sections do not fit this assignment (or at all): not a candidate
                 continue
@@ -97,8 +97,7 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbeddin
             if gap is not None and gap <= PROBE_TOLERANCE:
                 return new
             label = form if new.layer_types is not None or new.mrope_axes is None else (
-                f"{form} with mrope_section {list(new.rope_config.mrope_section)}"
-                + (" interleaved" if new.rope_config.mrope_interleaved else ""))
+                f"{form} with {new.rope_config.mrope_style} mrope_section {list(new.rope_config.mrope_section)}")
             found.append(f"{label}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
     raise ValueError(
         f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: its (cos, sin) at "
@@ -116,7 +115,7 @@ def install(model: nn.Module) -> int:
     config has several), to within :data:`PROBE_TOLERANCE`, in one of the :data:`TABLE_FORMS`,
     which the new module then keeps. A module that reads M-RoPE's three rows of position ids is
     only matched by an M-RoPE module; where the config names no ``mrope_section`` (the model
-    class has a default), the old module's sections are tried, chunked and interleaved. A module no form reproduces (a convention rope does not
+    class has a default), the old module's sections are tried in each assignment style. A module no form reproduces (a convention rope does not
     know) raises ValueError and the model is left untouched, instead of running with wrong
     positions.
     """
