@@ -389,26 +389,33 @@ def default_sections_model(model_type: str, class_name: str, **sizes):
     return getattr(module, class_name)(config).eval()
 
 
-@pytest.mark.parametrize("model_type, class_name, sizes, sections, style", [
-    ("qwen2_5_vl", "Qwen2_5_VLTextModel", {}, (16, 24, 24), "chunked"),
+@pytest.mark.parametrize("model_type, class_name, sizes, sections, style, ours", [
+    ("qwen2_5_vl", "Qwen2_5_VLTextModel", {}, (16, 24, 24), "chunked", rope.hf.apply_rotary_pos_emb),
     ("qwen3_vl_moe", "Qwen3VLMoeTextModel", dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
-     (24, 20, 20), "interleaved"),
-    ("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel", {}, (22, 22, 20), "alternating"),
+     (24, 20, 20), "interleaved", rope.hf.apply_rotary_pos_emb),
+    ("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel", {}, (22, 22, 20), "alternating",
+     rope.hf.apply_rotary_pos_emb_interleaved),
 ])
-def test_install_finds_the_model_default_sections(model_type, class_name, sizes, sections, style):
+def test_install_finds_the_model_default_sections(model_type, class_name, sizes, sections, style, ours, monkeypatch):
     """With no mrope_section in the config, install takes the sections from the module it replaces
     and finds by probing how the model deals them to pairs (ERNIE 4.5 VL also lays its tables out
-    with each angle twice in a row)."""
+    with each angle twice in a row and pairs (2i, 2i + 1)); rope's apply function then agrees too."""
+    import importlib
+
     model = default_sections_model(model_type, class_name, **sizes)
     position_ids = multimodal_positions([3, (1, 3, 4), 4])[:, None].expand(3, 2, -1)
     tokens = torch.randint(0, 97, (2, position_ids.shape[-1]), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         expected = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
         assert rope.hf.install(model) == 1
-        got = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+        installed = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
+        monkeypatch.setattr(importlib.import_module(type(model).__module__), "apply_rotary_pos_emb", ours)
+        patched = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
     config = model.rotary_emb.rope_config
     assert config.mrope_section == sections and config.mrope_style == style
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(installed, expected, rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(patched, expected, rtol=1e-4, atol=2e-5)
 
 
 def test_three_rows_of_positions_need_sections():
