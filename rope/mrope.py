@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .apply import check_factor_and_grad, check_inputs, rotate_by_angles, rotation_angles, use_kernel
+from .apply import check_factor_and_grad, check_inputs, rotate_by_angles, use_kernel
 from .checks import integer_tensor
 from .layouts import check_layout
 
@@ -124,9 +124,14 @@ def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch
     """
     _check_position_ids(position_ids)
     _check_axes(axes, inv_freq.shape[0])
-    per_axis = rotation_angles(position_ids, inv_freq)  # [3, ..., pairs]
-    index = axes.to(per_axis.device).expand(per_axis.shape[1:])[None]
-    return per_axis.gather(0, index)[0]
+    return _gathered_angles(position_ids, inv_freq, axes)
+
+
+def _gathered_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """:func:`mrope_angles` for checked arguments: each pair's row of positions first, then one
+    float64 product per pair (the same numbers as :func:`rope.apply.rotation_angles`)."""
+    rows = position_ids[axes.to(position_ids.device)].movedim(0, -1)  # [..., pairs]
+    return rows.to(torch.float64) * inv_freq.to(torch.float64)
 
 
 def apply_mrope(
@@ -173,8 +178,8 @@ def apply_mrope(
 
         return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
                       conjugate, grad_in_place, axes.to(device=q.device, dtype=torch.int64))
-    return rotate_by_angles(q, k, mrope_angles(position_ids, inv_freq, axes), layout=layout, rotary_dim=rotary_dim,
-                            attention_factor=attention_factor, conjugate=conjugate)
+    return rotate_by_angles(q, k, _gathered_angles(position_ids, inv_freq, axes), layout=layout,
+                            rotary_dim=rotary_dim, attention_factor=attention_factor, conjugate=conjugate)
 
 
 def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) -> torch.Tensor:

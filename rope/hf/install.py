@@ -56,8 +56,8 @@ def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float
     worst = 0.0
     for layer_type, embedding in cases:
         mrope = embedding.mrope_axes is not None
-        gap = _gap(_call(name, old, _probe_positions(3 if mrope else 1, device), layer_type, device),
-                   embedding(torch.zeros(1, device=device), _probe_positions(3 if mrope else 1, device)))
+        positions = _probe_positions(3 if mrope else 1, device)
+        gap = _gap(_call(name, old, positions, layer_type, device), embedding(torch.zeros(1, device=device), positions))
         if gap is None:
             return None
         worst = max(worst, gap)
