@@ -1,37 +1,127 @@
-"""Argument checks shared by the modules of ``rope``: each raises an error naming the argument
-and what was expected, and nothing is silently converted or clamped."""
+"""Argument checks for every public entry point of ``rope``: the package's error policy, in one place.
+
+The policy (README, "Errors"):
+
+* a value of the wrong *type* raises ``TypeError`` naming the argument and the expected type;
+  a value of the right type but the wrong *value* (range, shape, NaN/inf, length) raises
+  ``ValueError`` naming the argument and what was expected;
+* flags are real ``bool`` values: ``"False"``, ``0``, ``None`` or ``numpy.bool_`` are refused,
+  since a string would be truthy;
+* integers are Python ``int`` or NumPy integers (accepted on purpose: they are integers), never
+  ``bool``, floats (``3.0``), strings or lists; they come back as ``int``;
+* real numbers are ``int``, ``float`` or NumPy integers and floats, never ``bool``; NaN and
+  infinities are refused unless an argument says otherwise; they come back as ``float``;
+* nothing is silently converted, clamped, truncated or ignored.
+
+Checks on tensor *values* (finite frequencies, valid M-RoPE axes) would cost a device-to-host
+synchronisation on CUDA; there they are asynchronous device assertions
+(:func:`assert_values`), raised by the next synchronising call, and eager ``ValueError`` on
+every other device.
+"""
 
 from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Iterable
 
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The dtypes of queries and keys: the floating types rope rotates (one rounding to each)."""
+
+
+def flag(name: str, value) -> bool:
+    """Raise ``TypeError`` unless ``value`` is ``True`` or ``False``; return it."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+    return value
+
+
+def integer(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
+            even: bool = False) -> int:
+    """``value`` as an ``int``: ``TypeError`` unless it is an int or NumPy integer (not bool),
+    ``ValueError`` outside ``[minimum, maximum]`` or, with ``even``, when odd."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    if even and value % 2:
+        raise ValueError(f"{name} must be even, got {value}")
+    return value
+
+
+def optional_integer(name: str, value, **bounds) -> int | None:
+    """``None``, or :func:`integer` of ``value``."""
+    return None if value is None else integer(name, value, **bounds)
+
+
+def number(name: str, value, *, minimum: float | None = None, maximum: float | None = None,
+           positive: bool = False, finite: bool = True) -> float:
+    """``value`` as a ``float``: ``TypeError`` unless it is a real number (int, float, NumPy
+    number; not bool), ``ValueError`` if it is NaN, infinite (unless ``finite=False``), not
+    ``> 0`` with ``positive``, or outside ``[minimum, maximum]``. Integers too large for a
+    float raise ``ValueError`` (not ``OverflowError``)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is too large for a float, got {value!r}") from None
+    if math.isnan(value) or (finite and math.isinf(value)):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def choice(name: str, value, options: Iterable[str]) -> str:
+    """Raise ``ValueError`` unless ``value`` is one of ``options``; return it."""
+    options = tuple(options)
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+    return value
+
+
+def tensor(name: str, value) -> torch.Tensor:
+    """Raise ``TypeError`` unless ``value`` is a tensor; return it."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def float_tensor(name: str, value, *, dtypes=FLOAT_DTYPES, dim: int | None = None) -> torch.Tensor:
+    """Raise unless ``value`` is a tensor of one of ``dtypes`` (``TypeError``) with ``dim``
+    dimensions (``ValueError``); return it."""
+    tensor(name, value)
+    if value.dtype not in dtypes:
+        raise TypeError(f"{name} must be a tensor of {', '.join(str(d).removeprefix('torch.') for d in dtypes)}, "
+                        f"got {value.dtype}")
+    if dim is not None and value.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
+    return value
 
 
 def head_tensors(**tensors: torch.Tensor) -> None:
     """Raise unless each keyword is a float16/bfloat16/float32/float64 tensor of shape
     ``[batch, seq, heads, head_dim]`` (queries, keys, values)."""
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        float_tensor(name, t)
         if t.dim() != 4:
             raise ValueError(f"{name} must have shape [batch, seq, heads, head_dim], got {tuple(t.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
-
-
-def tensor(name: str, value) -> torch.Tensor:
-    """Raise unless ``value`` is a tensor; return it."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    return value
 
 
 def integer_tensor(name: str, value, *, dim: int | None = None, length: int | None = None) -> torch.Tensor:
     """Raise unless ``value`` is an integer (not bool) tensor, of ``dim`` dimensions and, for a
     1-D tensor, ``length`` entries when those are given; return it."""
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of integers, got {type(value).__name__}")
+    tensor(name, value)
     if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
     if dim is not None and value.dim() != dim:
@@ -41,10 +131,34 @@ def integer_tensor(name: str, value, *, dim: int | None = None, length: int | No
     return value
 
 
-def int_at_least(name: str, value, minimum: int) -> int:
-    """Raise unless ``value`` is an int (not bool) >= ``minimum``; return it."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+def same_device(reference_name: str, reference: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless every tensor is on ``reference``'s device."""
+    for name, t in tensors.items():
+        if t.device != reference.device:
+            raise ValueError(f"{name} is on {t.device} but {reference_name} is on {reference.device}")
+
+
+def assert_values(name: str, ok: torch.Tensor, expected: str) -> None:
+    """Refuse a tensor whose values break a rule: ``ok`` is a 0-D bool tensor computed from it.
+    Eager ``ValueError`` off CUDA; on CUDA, and under ``torch.compile``, an asynchronous device
+    assertion (no host synchronisation), which fails the next synchronising call."""
+    if torch.compiler.is_compiling() or ok.is_cuda:
+        torch._assert_async(ok, f"{name} must hold {expected}")
+    elif not bool(ok):
+        raise ValueError(f"{name} must hold {expected}")
+
+
+def finite_frequencies(name: str, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Raise unless ``inv_freq`` is a 1-D float32 tensor of finite values (zeros are legal:
+    proportional RoPE pads with them); return it.
+
+    The frequencies theta_i are float32 numbers, as :func:`rope.inv_freq` returns and as
+    transformers computes them; every path rotates by exactly those values. A float64, float16
+    or bfloat16 ``inv_freq`` is refused rather than rounded: convert it with ``.float()`` if its
+    float32 rounding is meant (a bfloat16 buffer is usually the mistake of transformers issue
+    #29496: recompute it in float32 instead).
+    """
+    float_tensor(name, inv_freq, dtypes=(torch.float32,), dim=1)
+    if inv_freq.numel():
+        assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
+    return inv_freq

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import int_at_least
+from .checks import integer
 
 
 def dual_chunk_relative_positions(q_len: int, k_len: int, *, chunk_size: int, local_window: int) -> torch.Tensor:
@@ -44,12 +44,12 @@ def dual_chunk_relative_positions(q_len: int, k_len: int, *, chunk_size: int, lo
         chunk_size: s, the tokens per chunk (>= 1).
         local_window: w, the successive-chunk window, 0 <= w <= s (the paper sets w = c - s).
     """
-    int_at_least("q_len", q_len, 1)
-    int_at_least("k_len", k_len, 1)
+    integer("q_len", q_len, minimum=1)
+    integer("k_len", k_len, minimum=1)
     if q_len > k_len:
         raise ValueError(f"q_len must be <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
-    s = int_at_least("chunk_size", chunk_size, 1)
-    w = int_at_least("local_window", local_window, 0)
+    s = integer("chunk_size", chunk_size, minimum=1)
+    w = integer("local_window", local_window, minimum=0)
     if w > s:
         raise ValueError(f"local_window must be <= chunk_size ({s}), got {w}")
     c = s + w

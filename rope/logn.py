@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .checks import int_at_least, integer_tensor
+from .checks import integer, integer_tensor
 
 
 def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
@@ -30,7 +30,7 @@ def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
     ``training_length`` L is the pre-training context length (>= 2).
     """
     integer_tensor("positions", positions)
-    int_at_least("training_length", training_length, 2)  # ln L must be positive
+    integer("training_length", training_length, minimum=2)  # ln L must be positive
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0 (counted from 0), got minimum {int(positions.min())}")
     visible = positions.to(torch.float64) + 1

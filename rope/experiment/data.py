@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..checks import int_at_least
+from ..checks import integer
 
 MARKOV, ANCHOR, RECALL = 0, 1, 2
 KIND_NAMES = {MARKOV: "markov", ANCHOR: "anchor", RECALL: "recall"}
@@ -47,13 +47,13 @@ class TaskSpec:
     seed: int = 0
 
     def __post_init__(self):
-        int_at_least("markov_vocab", self.markov_vocab, 2)
-        int_at_least("successors", self.successors, 1)
+        integer("markov_vocab", self.markov_vocab, minimum=2)
+        integer("successors", self.successors, minimum=1)
         if self.successors > self.markov_vocab:
             raise ValueError(f"successors must be <= markov_vocab = {self.markov_vocab}, got {self.successors}")
-        int_at_least("anchors", self.anchors, 1)
-        int_at_least("span", self.span, 1)
-        int_at_least("seed", self.seed, 0)
+        integer("anchors", self.anchors, minimum=1)
+        integer("span", self.span, minimum=1)
+        integer("seed", self.seed, minimum=0)
         for name in ("event_rate", "recall_share"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
@@ -123,9 +123,9 @@ class RecallTask:
 
         Deterministic in ``seed``; all sequences are generated together, one position at a time.
         """
-        int_at_least("batch", batch, 1)
-        int_at_least("length", length, 1)
-        int_at_least("seed", seed, 0)
+        integer("batch", batch, minimum=1)
+        integer("length", length, minimum=1)
+        integer("seed", seed, minimum=0)
         spec = self.spec
         rng = np.random.default_rng([spec.seed, seed])
         rows = np.arange(batch)

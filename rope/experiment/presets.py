@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..checks import int_at_least
+from ..checks import integer
 from .data import TaskSpec
 
 
@@ -49,7 +49,7 @@ class ExperimentConfig:
         if not self.eval_multiples or any(isinstance(m, bool) or not isinstance(m, int) or m < 1
                                           for m in self.eval_multiples):
             raise ValueError(f"eval_multiples must be a non-empty tuple of positive ints, got {self.eval_multiples!r}")
-        int_at_least("seed", self.seed, 0)
+        integer("seed", self.seed, minimum=0)
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"threads must be None or a positive int, got {self.threads!r}")
 
