@@ -112,3 +112,181 @@ def exact_reduced_angle(position: int, theta: float) -> Fraction:
     turns = Fraction(position) * Fraction(theta) / TWO_PI
     turns -= (turns + Fraction(1, 2)).__floor__()
     return turns * TWO_PI
+
+
+# --- Exact turns for the torch path: 126-bit fixed point in 21-bit limbs -------------------------
+#
+# theta_i is a float32 number M * 2^e (M < 2^24 an integer) and m an int64, so the number of turns
+# m * theta_i / (2 pi) modulo 1 is known exactly once 1/(2 pi) is known to enough bits. Both the
+# turns per position T_i = frac(theta_i / (2 pi)) and the product m * T_i are held as 126-bit
+# binary fractions in six int64 "limbs" of 21 bits each (least significant first): every limb
+# product is below 2^42 and a column of them below 2^44, so int64 arithmetic never overflows and
+# nothing needs float64 (the same code runs where float64 does not exist, e.g. Apple's MPS).
+# T_i is exact to 2^-125 turns, so for any int64 m the angle is within 2^-59 rad of m theta_i
+# modulo 2 pi: below the rounding of a float64 cosine.
+
+LIMB_BITS = 21
+TURN_LIMBS = 6  # 126 bits of a turn
+_LIMB_MASK = (1 << LIMB_BITS) - 1
+_GUARD_LIMBS = 2  # bits of 1/(2 pi) below the window, so M * window's carries into it are right
+_WINDOW_LIMBS = TURN_LIMBS + _GUARD_LIMBS
+_E_MIN, _E_MAX = -149, 104  # theta = M 2^e: subnormals have e = -149, the largest float32 e = 104
+_C_BITS = 400  # 1/(2 pi) as floor(2^400 / (2 pi)): enough for e = 104 with the window's 168 bits
+
+
+def _inverse_two_pi_windows() -> torch.Tensor:
+    """int64 ``[e_max - e_min + 1, 8]``: for each exponent e, the 168 bits of 1/(2 pi) that
+    M * 2^e * (1/(2 pi)) needs for its fraction to 2^-126 (two guard limbs below), in limbs.
+
+    frac(M 2^e / (2 pi)) * 2^126 = (M * C >> s) mod 2^126 with C = floor(2^K / (2 pi)) and
+    s = K - 126 - e; bits of C above s + 126 only add multiples of 2^126, bits below s - 42
+    change the result by less than M 2^-42 < 1 unit... of the guard limbs, which are dropped."""
+    c = int(Fraction(2**_C_BITS) / _two_pi(_C_BITS + 64))
+    rows = []
+    for e in range(_E_MIN, _E_MAX + 1):
+        shift = _C_BITS - TURN_LIMBS * LIMB_BITS - e - _GUARD_LIMBS * LIMB_BITS
+        window = (c >> shift) & ((1 << (_WINDOW_LIMBS * LIMB_BITS)) - 1)
+        rows.append([(window >> (LIMB_BITS * j)) & _LIMB_MASK for j in range(_WINDOW_LIMBS)])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+_WINDOWS = _inverse_two_pi_windows()
+
+
+def _carry(columns: list[torch.Tensor], limbs: int) -> list[torch.Tensor]:
+    """Propagate carries through limb columns (least significant first); keep ``limbs`` limbs,
+    i.e. reduce modulo 2^(21 limbs). Arithmetic shifts make negative columns borrow."""
+    out, carry = [], 0
+    for column in columns[:limbs]:
+        value = column + carry
+        out.append(value & _LIMB_MASK)
+        carry = value >> LIMB_BITS
+    return out
+
+
+def _negate(limbs: list[torch.Tensor], negative: torch.Tensor) -> list[torch.Tensor]:
+    """-T modulo 1 where ``negative``, T elsewhere."""
+    return _carry([torch.where(negative, -limb, limb) for limb in limbs], len(limbs))
+
+
+def turns_per_position(inv_freq: torch.Tensor) -> list[torch.Tensor]:
+    """T_i = frac(theta_i / (2 pi)) of float32 theta_i as six 21-bit limbs (int64 ``[pairs]``
+    each, least significant first), exact to 2^-125 turns, for every finite float32 theta_i.
+
+    The float32 bits give theta = M 2^e exactly (M < 2^24); M times the window of 1/(2 pi) for
+    exponent e, carried and shifted by the two guard limbs, is the fraction. Integer arithmetic
+    only, on inv_freq's device, with no host synchronisation."""
+    bits = inv_freq.contiguous().view(torch.int32).to(torch.int64)
+    field = (bits >> 23) & 0xFF
+    significand = bits & 0x7FFFFF
+    m_int = torch.where(field == 0, significand, significand | 0x800000)
+    exponent = torch.where(field == 0, torch.full_like(field, _E_MIN), field - 150)
+    window = _WINDOWS.to(inv_freq.device)[(exponent - _E_MIN).clamp(0, _E_MAX - _E_MIN)]  # finite: in range
+    limbs = _carry([m_int * window[..., j] for j in range(_WINDOW_LIMBS)], _WINDOW_LIMBS)[_GUARD_LIMBS:]
+    return _negate(limbs, bits < 0)
+
+
+def turns(positions: torch.Tensor, per_position: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(m T_i) mod 1 in limbs, broadcasting ``positions`` (int64) against the limbs of T.
+
+    m = l_0 + l_1 2^21 + l_2 2^42 with l_0, l_1 in [0, 2^21) and l_2 = m >> 42 signed, so every
+    int64 m is covered; the column sums of l_k t_j stay below 2^44."""
+    m = positions.to(torch.int64)
+    pieces = [m & _LIMB_MASK, (m >> LIMB_BITS) & _LIMB_MASK, m >> (2 * LIMB_BITS)]
+    columns = [sum(pieces[k] * per_position[n - k] for k in range(len(pieces)) if n - k >= 0)
+               for n in range(TURN_LIMBS)]
+    return _carry(columns, TURN_LIMBS)
+
+
+def add_turns(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(a + b) mod 1 for two turns in limbs (RoPE-Mixed adds the x and y angles)."""
+    return _carry([x + y for x, y in zip(a, b)], TURN_LIMBS)
+
+
+def _quadrant_and_rest(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """q = round(4 turns) mod 4 and the top limb of turns - q/4, now signed in [-2^18, 2^18]:
+    the rest is a fraction of a turn in [-1/8, 1/8]."""
+    top = limbs[-1]
+    quadrant = (top + (1 << (LIMB_BITS - 3))) >> (LIMB_BITS - 2)  # 0 .. 4
+    return quadrant & 3, limbs[:-1] + [top - (quadrant << (LIMB_BITS - 2))]
+
+
+_SPLIT = 134217729.0  # 2^27 + 1, Veltkamp's splitter for float64
+_TWO_PI_HI = float(TWO_PI)
+_TWO_PI_LO = float(TWO_PI - Fraction(_TWO_PI_HI))
+
+
+def _two_product(a: torch.Tensor, b: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, e) with p = fl(a b) and p + e = a b exactly (Dekker's product, no FMA needed)."""
+    p = a * b
+    a_big = a * _SPLIT
+    a_hi = a_big - (a_big - a)
+    a_lo = a - a_hi
+    b_big = b * _SPLIT
+    b_hi = b_big - (b_big - b)
+    b_lo = b - b_hi
+    return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+
+def _rotate_quadrant(quadrant, cos, sin):
+    """cos and sin of x + q pi / 2 from those of x: swapped and negated by q mod 4."""
+    odd = (quadrant & 1) == 1
+    cos_q, sin_q = torch.where(odd, sin, cos), torch.where(odd, cos, sin)
+    return (torch.where((quadrant == 1) | (quadrant == 2), -cos_q, cos_q),
+            torch.where(quadrant >= 2, -sin_q, sin_q))
+
+
+def cos_sin_of_turns(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 cos and sin of 2 pi turns, each within 2^-52 of the exact value.
+
+    The quadrant comes from the integer; the rest x in [-1/8, 1/8] turns is summed to a float64
+    pair (hi, lo) exactly enough (its first 40 bits are exact, the next 63 add with one
+    rounding), the angle 2 pi x is formed as a double-float (Dekker's product with 2 pi to 106
+    bits), |angle| <= pi/4, and cos(a + d) = cos a - d sin a, sin(a + d) = sin a + d cos a for the
+    low part d (|d| < 2^-53, so d^2 is far below float64's resolution)."""
+    quadrant, rest = _quadrant_and_rest(limbs)
+    head = (rest[-1] * (1 << LIMB_BITS) + rest[-2]).to(torch.float64) * 2.0**-42  # exact: 40 bits
+    tail = (rest[-3].to(torch.float64) * 2.0**-63 + rest[-4].to(torch.float64) * 2.0**-84
+            + rest[-5].to(torch.float64) * 2.0**-105)
+    x_hi = head + tail
+    x_lo = tail - (x_hi - head)  # exact: |head| >= |tail| or head = 0
+    angle, error = _two_product(x_hi, _TWO_PI_HI)
+    low = error + x_hi * _TWO_PI_LO + x_lo * _TWO_PI_HI
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    return _rotate_quadrant(quadrant, cos - low * sin, sin + low * cos)
+
+
+def cos_sin_of_turns_float32(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos and sin of 2 pi turns without any float64 arithmetic (for devices that have
+    none, e.g. Apple's MPS): the quadrant from the integer, the rest x in [-1/8, 1/8] turns from
+    the top 40 bits, then float32 cos/sin of |2 pi x| <= pi/4: within about 2 float32 roundings,
+    the accuracy of the Triton kernel."""
+    quadrant, rest = _quadrant_and_rest(limbs)
+    x = rest[-1].to(torch.float32) * 2.0**-21 + rest[-2].to(torch.float32) * 2.0**-42
+    angle = x * float(TWO_PI)
+    return _rotate_quadrant(quadrant, torch.cos(angle), torch.sin(angle))
+
+
+def exact_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """m theta_i reduced exactly to [-pi, pi), as float64 (one rounding of the reduced angle,
+    within 2^-51 rad), shape ``positions.shape + inv_freq.shape``: what the float64 reference
+    forms of :mod:`rope.reference` turn by."""
+    integer_tensor("positions", positions)
+    limbs = turns(positions[..., None], turns_per_position(inv_freq))
+    top = limbs[-1] - ((limbs[-1] >> (LIMB_BITS - 1)) << LIMB_BITS)  # signed: turns in [-1/2, 1/2)
+    head = (top * (1 << LIMB_BITS) + limbs[-2]).to(torch.float64) * 2.0**-42
+    fraction = head + (limbs[-3].to(torch.float64) * 2.0**-63 + limbs[-4].to(torch.float64) * 2.0**-84)
+    return fraction * float(TWO_PI)
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool = False,
+            float64: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of m theta_i, with the angle reduced modulo 2 pi exactly.
+
+    ``positions``: integer ``[...]`` (one position per token: the result is ``[..., pairs]``) or,
+    with ``per_pair``, ``[..., pairs]`` (each pair's own position: M-RoPE). ``inv_freq``: finite
+    float32 theta_i. Returns float64 tensors within 2^-52 of the exact values for every int64
+    position (``float64=False``: float32, without float64 arithmetic, within about 2e-7)."""
+    integer_tensor("positions", positions)
+    limbs = turns(positions if per_pair else positions[..., None], turns_per_position(inv_freq))
+    return cos_sin_of_turns(limbs) if float64 else cos_sin_of_turns_float32(limbs)

@@ -2,18 +2,28 @@
 
 For pair i = (x_a, x_b) of a head at position m, with angle m * theta_i (RoFormer eq. 34):
 
-    y_a = x_a cos(m theta_i) - x_b sin(m theta_i)
-    y_b = x_b cos(m theta_i) + x_a sin(m theta_i)
+    y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i))
+    y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i))
 
-multiplied by ``attention_factor``; coordinates past ``rotary_dim`` pass through unchanged.
-The angle m * theta_i, its cos and sin, and the products are computed in float64 from the
-integer position and the float32 theta_i, and the result is rounded once to the input dtype.
-At position 2^20 the usual recipe (float32 product, float32 cos) is off by about 0.06 in cos;
-here the product is float64: exact for float32 theta_i below m = 2^29, and off by at most
-2^-53 |m theta_i| beyond (about 1e-7 rad at m = 2^31, still far below a bfloat16 or float16 ulp).
+with s the attention factor; coordinates past ``rotary_dim`` pass through unchanged.
 
-On CUDA the fused Triton kernel (:mod:`rope.fused`) does the same in one launch, with float32
-math, exactly reduced angles (:mod:`rope.angles`) and one rounding of the output.
+Exactness. theta_i is a float32 number and m an integer, so the angle is reduced modulo 2 pi
+exactly (:func:`rope.angles.cos_sin`: 126-bit fixed-point turns), cos and sin are within 2^-52,
+and the products are float64, rounded once to the input dtype. Every output is within half an
+ulp of its dtype from the exact value plus at most 2^-50 s |(x_a, x_b)|, at every int64 position
+(tests/test_apply_exactness.py checks this against mpmath). The usual recipe (float32 product,
+float32 cos) is off by about 0.06 in cos at position 2^20.
+
+Gradients. The backward of y = s R_m x is dx = s R_m^T dy: the same rotation with the sines
+negated, computed and rounded once in the same way (:class:`_Rotation`), in every dtype.
+
+Overflow. An output beyond its dtype's range is +-inf, never NaN: where float64 itself could
+overflow (float64 inputs, or attention factors above 2^512) each pair is scaled by a power of two
+first, which is exact.
+
+Devices without float64 (Apple's MPS) take a float32 route: the same exact turns in integer
+arithmetic, float32 cos/sin of the reduced angle and float32 products, the accuracy of the
+Triton kernel. On CUDA the fused Triton kernel (:mod:`rope.fused`) runs instead, in one launch.
 """
 
 from __future__ import annotations
@@ -22,40 +32,39 @@ import importlib.util
 
 import torch
 
-from .checks import head_tensors, integer_tensor, tensor
-from .layouts import check_layout, pair_indices
+from . import checks
+from .angles import cos_sin
+from .layouts import LAYOUTS
 
 KERNEL_MAX_HEAD_DIM = 1024
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+DEVICES_WITHOUT_FLOAT64 = ("mps",)
+_SAFE_FACTOR = 2.0**512  # below it, float64 products of float32-range inputs cannot overflow
 
 
 def check_inputs(q, k, positions, inv_freq, rotary_dim):
     """Validate apply_rotary's tensors (shapes, dtypes, devices) and return the rotary width."""
-    head_tensors(q=q, k=k)
-    tensor("positions", positions)
-    tensor("inv_freq", inv_freq)
+    checks.head_tensors(q=q, k=k)
+    checks.tensor("positions", positions)
+    checks.tensor("inv_freq", inv_freq)
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, seq and head_dim (heads may differ)"
         )
-    for name, t in (("k", k), ("positions", positions), ("inv_freq", inv_freq)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    integer_tensor("positions", positions)
+    checks.same_device("q", q, k=k, positions=positions, inv_freq=inv_freq)
+    checks.integer_tensor("positions", positions)
     batch, seq = q.shape[0], q.shape[1]
     if tuple(positions.shape) not in ((seq,), (batch, seq)):
         raise ValueError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                          f"got {tuple(positions.shape)}")
-    if inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point:
-        raise ValueError(f"inv_freq must be a 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    checks.finite_frequencies("inv_freq", inv_freq)
     head_dim = q.shape[3]
     if rotary_dim is None:
         rotary_dim = 2 * inv_freq.shape[0]
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or rotary_dim <= 0 or rotary_dim % 2:
-        raise ValueError(f"rotary_dim must be a positive even int, got {rotary_dim!r}")
+    rotary_dim = checks.integer("rotary_dim", rotary_dim, minimum=2, even=True)
     if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim {rotary_dim} exceeds head_dim {head_dim}")
     if inv_freq.shape[0] != rotary_dim // 2:
@@ -63,11 +72,20 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim):
     return rotary_dim
 
 
+def check_options(layout, attention_factor, conjugate, backend, grad_in_place) -> float:
+    """Validate the keyword options shared by :func:`apply_rotary` and its M-RoPE and 2D forms;
+    return the attention factor as a float."""
+    checks.choice("layout", layout, LAYOUTS)
+    checks.choice("backend", backend, BACKENDS)
+    checks.flag("conjugate", conjugate)
+    checks.flag("grad_in_place", grad_in_place)
+    return checks.number("attention_factor", attention_factor, positive=True)
+
+
 def use_kernel(q: torch.Tensor, backend: str) -> bool:
     """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel on q's device;
     raises if "triton" was asked for and cannot run."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    checks.choice("backend", backend, BACKENDS)
     if backend == "torch":
         return False
     if backend == "auto":
@@ -79,9 +97,24 @@ def use_kernel(q: torch.Tensor, backend: str) -> bool:
     return True
 
 
+def has_float64(device: torch.device) -> bool:
+    """Whether tensors on ``device`` can be float64 (not on Apple's MPS)."""
+    return device.type not in DEVICES_WITHOUT_FLOAT64
+
+
+def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *,
+                  per_pair: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the exactly reduced angles m theta_i (:func:`rope.angles.cos_sin`): float64,
+    or float32 on devices without float64 (:func:`has_float64`)."""
+    return cos_sin(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
+
+
 def rotation_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """m * theta_i in float64, shape ``positions.shape + (rotary_dim/2,)``."""
+    """m * theta_i as a float64 product (not reduced): what the book plots."""
     return positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
+
+
+_BELOW_FLOAT32 = (1 << 29) - 1  # the float64 significand bits that float32 does not have
 
 
 def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -90,47 +123,107 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     torch converts float64 to float16/bfloat16 through float32, which rounds twice and can land
     one ulp off. Rounding to float32 *to odd* first (truncate, then set the last bit if anything
     was dropped) makes the second rounding exact, because float32 carries more than two extra
-    bits (Boldo and Melquiond, "When double rounding is odd", 2005).
+    bits (Boldo and Melquiond, "When double rounding is odd", 2005). On the float64 bit pattern
+    that is: clear the 29 low significand bits and set the lowest kept one if any was set (NaN
+    stays NaN, infinities and the sign are untouched). Below float32's normal range (|x| <
+    2^-126, bfloat16 only: float16's range lies inside float32's normal range) float32 has fewer
+    bits, so those entries round to odd on float32's subnormal grid instead.
     """
-    if dtype not in (torch.float16, torch.bfloat16):
+    if x.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16):
         return x.to(dtype)
+    bits = x.view(torch.int64)
+    sticky = ((bits & _BELOW_FLOAT32) + _BELOW_FLOAT32) & (1 << 29)  # bit 29 set iff a dropped bit was
+    out = ((bits & ~_BELOW_FLOAT32) | sticky).view(torch.float64).to(torch.float32).to(dtype)
+    if dtype == torch.bfloat16:
+        tiny = out.abs() <= 2.0**-126  # rounding is monotone: every |x| < 2^-126 lands here
+        if tiny.any():
+            out[tiny] = _round_to_odd_float32(x[tiny]).to(dtype)
+    return out
+
+
+def _round_to_odd_float32(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to float32 toward zero, with the last bit set if that was inexact."""
     nearest = x.to(torch.float32)
     inexact = nearest.to(torch.float64) != x
     rounded_up = nearest.abs().to(torch.float64) > x.abs()
     toward_zero = torch.where(rounded_up, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest)
-    odd = (toward_zero.view(torch.int32) | 1).view(torch.float32)
-    return torch.where(inexact & x.isfinite(), odd, nearest).to(dtype)
+    return torch.where(inexact, (toward_zero.view(torch.int32) | 1).view(torch.float32), nearest)
 
 
-def rotate_pairs(x, cos, sin, layout, rotary_dim):
-    """(x_a, x_b) -> (x_a cos - x_b sin, x_b cos + x_a sin) on the layout's pairs, float64, rounded once."""
-    a, b = (idx.to(x.device) for idx in pair_indices(rotary_dim, layout))
-    x64 = x.to(torch.float64)
-    xa, xb = x64[..., a], x64[..., b]
-    out = x64.clone()
-    out[..., a] = xa * cos - xb * sin
-    out[..., b] = xb * cos + xa * sin
-    return round_once(out, x.dtype)
+def pair_views(x: torch.Tensor, layout: str, rotary_dim: int):
+    """``(x_a, x_b, tail)``: views of the two coordinates of every pair (:mod:`rope.layouts`)
+    and of the coordinates past ``rotary_dim``."""
+    half = rotary_dim // 2
+    if layout == "half":
+        return x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
+    pairs = x[..., :rotary_dim].unflatten(-1, (half, 2))
+    return pairs[..., 0], pairs[..., 1], x[..., rotary_dim:]
 
 
-def check_factor_and_grad(attention_factor, grad_in_place) -> None:
-    """Raise unless ``attention_factor`` is a positive number and ``grad_in_place`` a bool."""
-    if isinstance(attention_factor, bool) or not isinstance(attention_factor, (int, float)) or attention_factor <= 0:
-        raise ValueError(f"attention_factor must be a positive number, got {attention_factor!r}")
-    if not isinstance(grad_in_place, bool):
-        raise TypeError(f"grad_in_place must be a bool, got {type(grad_in_place).__name__}")
+def _join_pairs(y_a, y_b, tail, layout: str) -> torch.Tensor:
+    if layout == "half":
+        return torch.cat((y_a, y_b, tail), dim=-1)
+    return torch.cat((torch.stack((y_a, y_b), dim=-1).flatten(-2), tail), dim=-1)
 
 
-def rotate_by_angles(q, k, angles, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
-    """q and k rotated by float64 pair angles ``[seq, pairs]`` (shared by the batch) or ``[batch,
-    seq, pairs]``: cos and sin times the attention factor (sin negated for the conjugate),
-    :func:`rotate_pairs` on both."""
-    angles = (angles[None] if angles.dim() == 2 else angles)[:, :, None, :]  # [batch or 1, seq, 1, pairs]
-    cos = torch.cos(angles) * attention_factor
-    sin = torch.sin(angles) * attention_factor
-    if conjugate:
-        sin = -sin
-    return rotate_pairs(q, cos, sin, layout, rotary_dim), rotate_pairs(k, cos, sin, layout, rotary_dim)
+def _rotated_pair(x_a, x_b, cos, sin, safe: bool):
+    """(x_a cos - x_b sin, x_b cos + x_a sin) in the dtype of cos. ``safe``: the pair is first
+    divided by 2^k, k the exponent of its larger coordinate (exact: only large pairs are
+    scaled), and multiplied back in two exact steps, so that no intermediate overflows and an
+    output beyond the range is +-inf, not inf - inf = NaN."""
+    if not safe:
+        return x_a * cos - x_b * sin, x_b * cos + x_a * sin
+    exponent = torch.frexp(torch.maximum(x_a.abs(), x_b.abs())).exponent.clamp(min=0)
+    one = torch.ones_like(x_a, dtype=cos.dtype)
+    down, up, rest = (torch.ldexp(one, e) for e in (-exponent, exponent // 2, exponent - exponent // 2))
+    x_a, x_b = x_a * down, x_b * down
+    return (x_a * cos - x_b * sin) * up * rest, (x_b * cos + x_a * sin) * up * rest
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
+                 *, safe: bool | None = None) -> torch.Tensor:
+    """(x_a, x_b) -> (x_a cos - x_b sin, x_b cos + x_a sin) on the layout's pairs, computed in
+    the dtype of cos and sin (float64, or float32 where float64 does not exist) and rounded once
+    to x's dtype; the tail passes through. cos and sin broadcast against ``x_a`` (e.g.
+    ``[batch, seq, 1, pairs]``). Differentiable: the gradient is the transposed rotation, computed
+    and rounded the same way. ``safe`` guards against intermediate overflow
+    (:func:`_rotated_pair`); by default it is on where x's range reaches that of cos's dtype,
+    which suffices for |cos|, |sin| <= 2^512."""
+    if safe is None:
+        safe = x.dtype == cos.dtype or cos.dtype == torch.float32
+    return _Rotation.apply(x, cos, sin, layout, rotary_dim, safe)
+
+
+def _rotate_once(x, cos, sin, layout, rotary_dim, safe):
+    x_a, x_b, tail = pair_views(x, layout, rotary_dim)
+    y_a, y_b = _rotated_pair(x_a.to(cos.dtype), x_b.to(cos.dtype), cos, sin, safe)
+    return _join_pairs(round_once(y_a, x.dtype), round_once(y_b, x.dtype), tail, layout)
+
+
+class _Rotation(torch.autograd.Function):
+    """y = R x rounded once, with dx = R^T dy rounded once (cos and sin are constants)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout, rotary_dim, safe):
+        ctx.save_for_backward(cos, sin)
+        ctx.options = (layout, rotary_dim, safe)
+        return _rotate_once(x, cos, sin, layout, rotary_dim, safe)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _Rotation.apply(grad, cos, -sin, *ctx.options), None, None, None, None, None
+
+
+def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
+    """q and k rotated by the cos and sin of their pairs' angles, ``[seq, pairs]`` (shared by the
+    batch) or ``[batch, seq, pairs]``: times the attention factor (sin negated for the
+    conjugate), :func:`rotate_pairs` on both."""
+    cos, sin = ((t[None] if t.dim() == 2 else t)[:, :, None, :] for t in (cos, sin))  # [batch or 1, seq, 1, pairs]
+    cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
+    safe = q.dtype == torch.float64 or cos.dtype == torch.float32 or attention_factor > _SAFE_FACTOR
+    return (rotate_pairs(q, cos, sin, layout, rotary_dim, safe=safe),
+            rotate_pairs(k, cos, sin, layout, rotary_dim, safe=safe))
 
 
 def apply_rotary(
@@ -153,30 +246,36 @@ def apply_rotary(
         k: ``[batch, seq, heads_k, head_dim]``; heads_k may differ from heads_q (GQA, MQA).
         positions: integer positions, ``[seq]`` (shared by the batch) or ``[batch, seq]``
             (offsets, packed sequences: any values).
-        inv_freq: the rotary_dim/2 frequencies theta_i, e.g. from :func:`rope.inv_freq`.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32 and finite, e.g. from
+            :func:`rope.inv_freq` (float64 or half-precision frequencies are refused, not rounded).
         layout: ``"half"`` (pairs (i, i + d/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
         rotary_dim: rotated width d (default ``2 * len(inv_freq)``); the rest of the head passes through.
         attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does.
         conjugate: rotate by -m * theta_i, the transpose R_m^T (the inverse when attention_factor is 1).
-        backend: ``"torch"`` (float64 math, any device), ``"triton"`` (the fused kernel, float32
+        backend: ``"torch"`` (exactly reduced angles and float64 math, rounded once; float32 math
+            on devices without float64), ``"triton"`` (the fused kernel, float32
             math, float64 for float64 inputs; differentiable), or ``"auto"``: the kernel for CUDA
             tensors when Triton is installed, torch otherwise.
         grad_in_place: on the kernel path, let the backward overwrite the incoming gradients
             with the input gradients when both are contiguous and separate buffers (saves a q-
             and a k-sized buffer; the tensors autograd passes in are destroyed). The torch
-            path's backward is autograd's own and ignores it.
+            path ignores it (its backward writes new tensors).
 
     Returns:
-        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the
-        torch path, from float32 in the kernel).
+        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once: on the torch path
+        within half an ulp plus 2^-50 s |(x_a, x_b)| of the exact rotation (module docstring);
+        the kernel's bounds are in :mod:`rope.triton_rotary`.
+
+    Raises:
+        TypeError, ValueError: for any bad argument, naming it (README, "Errors").
     """
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim)
-    check_layout(layout)
-    check_factor_and_grad(attention_factor, grad_in_place)
+    attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
     if use_kernel(q, backend):
         from .fused import rotary
 
-        return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
+        return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, attention_factor,
                       conjugate, grad_in_place)
-    return rotate_by_angles(q, k, rotation_angles(positions, inv_freq), layout=layout, rotary_dim=rotary_dim,
-                            attention_factor=attention_factor, conjugate=conjugate)
+    cos, sin = exact_cos_sin(positions, inv_freq)
+    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
+                             attention_factor=attention_factor, conjugate=conjugate)

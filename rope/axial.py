@@ -25,10 +25,11 @@ import math
 
 import torch
 
-from .apply import check_inputs, rotate_by_angles, rotation_angles
+from .angles import add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns, turns_per_position
+from .apply import check_inputs, check_options, has_float64, rotate_by_cos_sin
+from . import checks
 from .checks import integer_tensor
 from .frequencies import inv_freq
-from .layouts import check_layout
 
 
 def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,12 +74,11 @@ def _check_positions_xy(q: torch.Tensor, positions_xy) -> None:
 
 
 def _check_frequencies(inv_freq_x, inv_freq_y, mixed: bool) -> torch.Tensor:
-    """The frequencies side by side (validated); mixed needs one (x, y) pair per rotated pair."""
-    for name, t in (("inv_freq_x", inv_freq_x), ("inv_freq_y", inv_freq_y)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 1 or not t.dtype.is_floating_point:
-            raise ValueError(f"{name} must be a 1-D float tensor, got {t.dtype} {tuple(t.shape)}")
+    """The frequencies side by side (validated: finite float32, as :func:`rope.apply_rotary`
+    takes them); mixed needs one (x, y) pair per rotated pair."""
+    checks.finite_frequencies("inv_freq_x", inv_freq_x)
+    checks.finite_frequencies("inv_freq_y", inv_freq_y)
+    checks.same_device("inv_freq_x", inv_freq_x, inv_freq_y=inv_freq_y)
     if mixed and inv_freq_x.shape != inv_freq_y.shape:
         raise ValueError(
             f"mixed=True needs inv_freq_x and inv_freq_y of equal length (one x and one y frequency per pair), "
@@ -89,15 +89,18 @@ def _check_frequencies(inv_freq_x, inv_freq_y, mixed: bool) -> torch.Tensor:
     return inv_freq_x if mixed else torch.cat([inv_freq_x, inv_freq_y.to(inv_freq_x.device)])
 
 
-def pair_angles(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *, mixed: bool = False) -> torch.Tensor:
-    """The float64 angle of every rotated pair, shape ``positions_xy.shape[:-1] + (pairs,)``.
+def pair_cos_sin(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *,
+                 mixed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angle of every rotated pair, shape ``positions_xy.shape[:-1] + (pairs,)``,
+    reduced modulo 2 pi exactly (:mod:`rope.angles`; float64, float32 where float64 does not exist).
 
     axial: (x theta_x,0, ..., x theta_x,a-1, y theta_y,0, ..., y theta_y,b-1);
-    mixed: x theta_x,i + y theta_y,i.
+    mixed: x theta_x,i + y theta_y,i, the two turns added exactly before the cosine.
     """
-    x_angles = rotation_angles(positions_xy[..., 0], inv_freq_x)
-    y_angles = rotation_angles(positions_xy[..., 1], inv_freq_y)
-    return x_angles + y_angles if mixed else torch.cat([x_angles, y_angles], dim=-1)
+    x_turns = turns(positions_xy[..., 0, None], turns_per_position(inv_freq_x))
+    y_turns = turns(positions_xy[..., 1, None], turns_per_position(inv_freq_y))
+    limbs = add_turns(x_turns, y_turns) if mixed else [torch.cat(pair, dim=-1) for pair in zip(x_turns, y_turns)]
+    return (cos_sin_of_turns if has_float64(positions_xy.device) else cos_sin_of_turns_float32)(limbs)
 
 
 def apply_rotary_2d(
@@ -128,10 +131,11 @@ def apply_rotary_2d(
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once from float64.
     """
+    checks.flag("mixed", mixed)
     _check_positions_xy(q, positions_xy)
     combined = _check_frequencies(inv_freq_x, inv_freq_y, mixed)
-    check_layout(layout)
-    positions_x = positions_xy[..., 0]
-    rotary_dim = check_inputs(q, k, positions_x, combined, None)
-    angles = pair_angles(positions_xy, inv_freq_x, inv_freq_y.to(inv_freq_x.device), mixed=mixed)
-    return rotate_by_angles(q, k, angles, layout=layout, rotary_dim=rotary_dim, conjugate=conjugate)
+    check_options(layout, 1.0, conjugate, "torch", False)
+    rotary_dim = check_inputs(q, k, positions_xy[..., 0], combined, None)
+    checks.same_device("q", q, inv_freq_y=inv_freq_y)
+    cos, sin = pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed=mixed)
+    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, conjugate=conjugate)

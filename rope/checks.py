@@ -90,6 +90,18 @@ def choice(name: str, value, options: Iterable[str]) -> str:
     return value
 
 
+def dtype_choice(name: str, value, options: Iterable[torch.dtype]) -> torch.dtype:
+    """Raise ``TypeError`` unless ``value`` is a ``torch.dtype``, ``ValueError`` unless it is one
+    of ``options``; return it."""
+    options = tuple(options)
+    if not isinstance(value, torch.dtype):
+        raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__} {value!r}")
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(str(d).removeprefix('torch.') for d in options)}, "
+                         f"got {value}")
+    return value
+
+
 def tensor(name: str, value) -> torch.Tensor:
     """Raise ``TypeError`` unless ``value`` is a tensor; return it."""
     if not isinstance(value, torch.Tensor):
@@ -102,8 +114,9 @@ def float_tensor(name: str, value, *, dtypes=FLOAT_DTYPES, dim: int | None = Non
     dimensions (``ValueError``); return it."""
     tensor(name, value)
     if value.dtype not in dtypes:
-        raise TypeError(f"{name} must be a tensor of {', '.join(str(d).removeprefix('torch.') for d in dtypes)}, "
-                        f"got {value.dtype}")
+        names = [str(d).removeprefix("torch.") for d in dtypes]
+        expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        raise TypeError(f"{name} must be {expected}, got {value.dtype}")
     if dim is not None and value.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
     return value

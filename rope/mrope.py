@@ -35,9 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .apply import check_factor_and_grad, check_inputs, rotate_by_angles, use_kernel
+from .apply import check_inputs, check_options, exact_cos_sin, rotate_by_cos_sin, use_kernel
 from .checks import integer_tensor
-from .layouts import check_layout
 
 AXES = ("t", "h", "w")
 MROPE_STYLES = ("chunked", "interleaved", "alternating")
@@ -117,21 +116,33 @@ def _check_axes(axes: torch.Tensor, pairs: int) -> None:
         raise ValueError(f"{message}, got {axes.tolist()}")
 
 
-def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
-    """p_a(i) * theta_i in float64, shape ``position_ids.shape[1:] + (pairs,)``.
+def pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """The position p_a(i) that pair i turns by: row ``axes[i]`` of ``position_ids`` ``[3, ...]``
+    (t, h, w), shape ``position_ids.shape[1:] + (pairs,)``; ``axes`` from :func:`section_axes`."""
+    _check_position_ids(position_ids)
+    integer_tensor("axes", axes, dim=1)
+    _check_axes(axes, axes.shape[0])
+    return _gathered_positions(position_ids, axes)
 
-    ``position_ids`` is ``[3, ...]`` (t, h, w), ``axes`` from :func:`section_axes`.
-    """
+
+def _gathered_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    return position_ids[axes.to(position_ids.device)].movedim(0, -1)  # [..., pairs]
+
+
+def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """p_a(i) * theta_i as a float64 product (not reduced), shape ``position_ids.shape[1:] + (pairs,)``."""
     _check_position_ids(position_ids)
     _check_axes(axes, inv_freq.shape[0])
-    return _gathered_angles(position_ids, inv_freq, axes)
+    return _gathered_positions(position_ids, axes).to(torch.float64) * inv_freq.to(torch.float64)
 
 
-def _gathered_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
-    """:func:`mrope_angles` for checked arguments: each pair's row of positions first, then one
-    float64 product per pair (the same numbers as :func:`rope.apply.rotation_angles`)."""
-    rows = position_ids[axes.to(position_ids.device)].movedim(0, -1)  # [..., pairs]
-    return rows.to(torch.float64) * inv_freq.to(torch.float64)
+def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
+                  axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of p_a(i) * theta_i, the angle reduced modulo 2 pi exactly (float64; float32
+    where float64 does not exist), shape ``position_ids.shape[1:] + (pairs,)``."""
+    _check_position_ids(position_ids)
+    _check_axes(axes, inv_freq.shape[0])
+    return exact_cos_sin(_gathered_positions(position_ids, axes), inv_freq, per_pair=True)
 
 
 def apply_mrope(
@@ -170,16 +181,16 @@ def apply_mrope(
     """
     _check_position_ids(position_ids)
     rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
-    check_layout(layout)
-    check_factor_and_grad(attention_factor, grad_in_place)
+    attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
     _check_axes(axes, inv_freq.shape[0])
     if use_kernel(q, backend):
         from .fused import rotary
 
-        return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, float(attention_factor),
+        return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, attention_factor,
                       conjugate, grad_in_place, axes.to(device=q.device, dtype=torch.int64))
-    return rotate_by_angles(q, k, _gathered_angles(position_ids, inv_freq, axes), layout=layout,
-                            rotary_dim=rotary_dim, attention_factor=attention_factor, conjugate=conjugate)
+    cos, sin = exact_cos_sin(_gathered_positions(position_ids, axes), inv_freq, per_pair=True)
+    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
+                             attention_factor=attention_factor, conjugate=conjugate)
 
 
 def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) -> torch.Tensor:

@@ -8,7 +8,8 @@ Three equivalent ways to write y = R_m x (RoFormer, Su et al. 2021):
 * elementwise form (eq. 34): y = x * cos_vec + x_rot * sin_vec, where x_rot sends pair
   (x_a, x_b) to (-x_b, x_a) and cos_vec, sin_vec repeat cos/sin(m theta_i) on both members of pair i.
 
-Which coordinates form pair i is the layout (:mod:`rope.layouts`). These are slow and exact;
+Which coordinates form pair i is the layout (:mod:`rope.layouts`). The angles of float32
+frequencies and integer positions are reduced modulo 2 pi exactly. These are slow and exact;
 :func:`rope.apply_rotary` is the fast path that must agree with them.
 """
 
@@ -16,11 +17,21 @@ from __future__ import annotations
 
 import torch
 
+from .angles import exact_angles
 from .layouts import check_layout, pair_indices
 
 
 def _angles(position, inv_freq) -> torch.Tensor:
-    return torch.as_tensor(position, dtype=torch.float64) * torch.as_tensor(inv_freq).to(torch.float64)
+    """m theta_i: reduced modulo 2 pi exactly for float32 theta_i and integer m
+    (:func:`rope.angles.exact_angles`), else the float64 product."""
+    if not isinstance(position, torch.Tensor):  # a Python float stays float64, an int an integer
+        position = torch.as_tensor(position, dtype=torch.float64 if isinstance(position, float) else None)
+    inv_freq = torch.as_tensor(inv_freq)
+    if inv_freq.dtype == torch.float32 and not position.dtype.is_floating_point:
+        if position.dim() and position.shape[-1] == 1:  # [..., 1] against [pairs]: [..., pairs]
+            position = position[..., 0]
+        return exact_angles(position, inv_freq.reshape(-1))
+    return position.to(torch.float64) * inv_freq.to(torch.float64)
 
 
 def rotation_matrix(position, inv_freq, *, head_dim: int | None = None, layout: str = "half") -> torch.Tensor:

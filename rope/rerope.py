@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from .apply import rotate_pairs, rotation_angles
+from .apply import exact_cos_sin, rotate_pairs
 from .checks import head_tensors, integer_tensor, tensor
 from .layouts import check_layout, pair_indices
 
@@ -77,9 +77,15 @@ def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
 
 
 def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str) -> torch.Tensor:
-    """R_p x for each token, float64; ``positions`` may be fractional (float64)."""
-    angles = rotation_angles(positions.to(x.device), inv_freq.to(x.device))[None, :, None, :]  # [1, seq, 1, d/2]
-    return rotate_pairs(x.to(torch.float64), torch.cos(angles), torch.sin(angles), layout, 2 * inv_freq.numel())
+    """R_p x for each token, float64. Integer ``positions`` turn by exactly reduced angles
+    (:func:`rope.apply.exact_cos_sin`, with float32 ``inv_freq``); fractional (float64) ones, as
+    Leaky ReRoPE's second pass needs, by the float64 product p theta_i."""
+    if positions.dtype.is_floating_point:
+        angles = positions.to(x.device, torch.float64)[:, None] * inv_freq.to(x.device, torch.float64)
+        cos, sin = torch.cos(angles), torch.sin(angles)
+    else:
+        cos, sin = exact_cos_sin(positions.to(x.device), inv_freq.to(x.device))
+    return rotate_pairs(x.to(torch.float64), cos[None, :, None, :], sin[None, :, None, :], layout, 2 * inv_freq.numel())
 
 
 def _logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
@@ -155,15 +161,14 @@ def rerope_scores_two_pass(
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)
     _check_window(window, leaky_scale)
-    inv_freq = inv_freq.to(torch.float64)
-    m = q_positions.to(device=q.device, dtype=torch.float64)
-    n = k_positions.to(device=q.device, dtype=torch.float64)
+    m, n = q_positions.to(q.device), k_positions.to(q.device)
     pass1 = _logits(_rotated(q, m, inv_freq, layout), _rotated(k, n, inv_freq, layout))
     if leaky_scale is None:
-        q2 = _rotated(q, torch.full_like(m, float(window)), inv_freq, layout)
+        q2 = _rotated(q, torch.full_like(m, window), inv_freq, layout)
         k2 = _rotated(k, torch.zeros_like(n), inv_freq, layout)
     else:
-        q2 = _rotated(q, m + window * (leaky_scale - 1), inv_freq / leaky_scale, layout)
-        k2 = _rotated(k, n, inv_freq / leaky_scale, layout)
+        slow = inv_freq.to(torch.float64) / leaky_scale
+        q2 = _rotated(q, m.to(torch.float64) + window * (leaky_scale - 1), slow, layout)
+        k2 = _rotated(k, n.to(torch.float64), slow, layout)
     pass2 = _logits(q2, k2)
     return torch.where((m[:, None] - n[None, :]) < window, pass1, pass2)

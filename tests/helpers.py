@@ -1,4 +1,6 @@
-"""Shared test utilities: float64 references live in rope.reference; this holds tolerances."""
+"""Shared test utilities: tolerances and exact rounding to each dtype."""
+
+import math
 
 import torch
 
@@ -25,3 +27,43 @@ def assert_correctly_rounded(out: torch.Tensor, reference: torch.Tensor) -> None
     bound = 0.5 * ulp(reference, out.dtype) * (1 + 1e-6) + 1e-12 * reference.abs()
     worst = (err / bound).max().item()
     assert worst <= 1.0, f"{out.dtype}: error reaches {worst:.3f} x half an ulp"
+
+
+# (significand bits incl. the implicit one, smallest normal exponent, largest finite value)
+_FORMATS = {
+    torch.float16: (11, -14, 65504.0),
+    torch.bfloat16: (8, -126, float(torch.finfo(torch.bfloat16).max)),
+    torch.float32: (24, -126, float(torch.finfo(torch.float32).max)),
+    torch.float64: (53, -1022, float(torch.finfo(torch.float64).max)),
+}
+
+
+def round_exact(value, dtype: torch.dtype) -> float:
+    """The exact rational ``value`` (a Fraction, int or float) rounded once to ``dtype``, to nearest
+    with ties to even, as a Python float (+-inf beyond the range, as IEEE rounding gives)."""
+    from fractions import Fraction
+
+    bits, emin, largest = _FORMATS[dtype]
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    value = Fraction(value)
+    if value == 0:
+        return 0.0
+    sign, magnitude = (-1 if value < 0 else 1), abs(value)
+    exponent = max(magnitude.numerator.bit_length() - magnitude.denominator.bit_length(), emin)
+    while Fraction(2) ** exponent > magnitude and exponent > emin:
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= magnitude:
+        exponent += 1
+    unit = Fraction(2) ** (exponent - bits + 1)  # spacing of dtype numbers at |value|
+    scaled = magnitude / unit
+    whole = scaled.numerator // scaled.denominator
+    rest = scaled - whole
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2):
+        whole += 1
+    rounded = whole * unit
+    top = Fraction(largest).numerator.bit_length() - 1  # largest = (2 - 2^(1 - bits)) 2^top
+    overflow_threshold = Fraction(largest) + Fraction(2) ** (top - bits)  # largest + half its spacing
+    if magnitude >= overflow_threshold:
+        return sign * float("inf")
+    return sign * float(rounded)

@@ -139,11 +139,11 @@ def test_bad_input_is_named(change, error, match):
 
 def test_bad_options_are_named():
     q, k, p, f = _inputs()
-    with pytest.raises(ValueError, match="layout must be 'half' or 'interleaved'"):
+    with pytest.raises(ValueError, match="layout must be"):
         rope.apply_rotary(q, k, p, f, layout="neox")
-    with pytest.raises(ValueError, match="rotary_dim must be a positive even int"):
+    with pytest.raises(ValueError, match="rotary_dim must be even"):
         rope.apply_rotary(q, k, p, f[:2], rotary_dim=3)
-    with pytest.raises(ValueError, match="attention_factor must be a positive number"):
+    with pytest.raises(ValueError, match="attention_factor must be > 0"):
         rope.apply_rotary(q, k, p, f, attention_factor=-1.0)
     with pytest.raises(ValueError, match="inv_freq has 3 entries, expected rotary_dim/2 = 4"):
         rope.apply_rotary(q, k, p, f[:3], rotary_dim=8)
