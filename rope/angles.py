@@ -170,12 +170,25 @@ def _negate(limbs: list[torch.Tensor], negative: torch.Tensor) -> list[torch.Ten
 
 
 def turns_per_position(inv_freq: torch.Tensor) -> list[torch.Tensor]:
-    """T_i = frac(theta_i / (2 pi)) of float32 theta_i as six 21-bit limbs (int64 ``[pairs]``
-    each, least significant first), exact to 2^-125 turns, for every finite float32 theta_i.
+    """T_i = frac(theta_i / (2 pi)) as six 21-bit limbs (int64 ``[pairs]`` each, least
+    significant first), exact to 2^-125 turns (2^-123 for float64), for every finite float32
+    theta_i, and for float64 theta_i that are 0 or of magnitude in [2^-100, 2^127).
 
     The float32 bits give theta = M 2^e exactly (M < 2^24); M times the window of 1/(2 pi) for
-    exponent e, carried and shifted by the two guard limbs, is the fraction. Integer arithmetic
-    only, on inv_freq's device, with no host synchronisation."""
+    exponent e, carried and shifted by the two guard limbs, is the fraction. A float64 theta is
+    the exact sum of three float32 pieces (24 + 24 + 24 >= 53 bits), whose turns add modulo 1.
+    Integer arithmetic only (and the float64 split), with no host synchronisation."""
+    if inv_freq.dtype == torch.float64:
+        first = inv_freq.to(torch.float32)
+        rest = inv_freq - first.to(torch.float64)  # exact, as is the next remainder
+        second = rest.to(torch.float32)
+        third = (rest - second.to(torch.float64)).to(torch.float32)
+        pieces = [_float32_turns(piece) for piece in (first, second, third)]
+        return add_turns(add_turns(pieces[0], pieces[1]), pieces[2])
+    return _float32_turns(inv_freq)
+
+
+def _float32_turns(inv_freq: torch.Tensor) -> list[torch.Tensor]:
     bits = inv_freq.contiguous().view(torch.int32).to(torch.int64)
     field = (bits >> 23) & 0xFF
     significand = bits & 0x7FFFFF

@@ -60,7 +60,7 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim):
     if tuple(positions.shape) not in ((seq,), (batch, seq)):
         raise ValueError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                          f"got {tuple(positions.shape)}")
-    checks.finite_frequencies("inv_freq", inv_freq)
+    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES)
     head_dim = q.shape[3]
     if rotary_dim is None:
         rotary_dim = 2 * inv_freq.shape[0]
@@ -82,14 +82,20 @@ def check_options(layout, attention_factor, conjugate, backend, grad_in_place) -
     return checks.number("attention_factor", attention_factor, positive=True)
 
 
-def use_kernel(q: torch.Tensor, backend: str) -> bool:
+def use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor | None = None) -> bool:
     """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel on q's device;
-    raises if "triton" was asked for and cannot run."""
+    raises if "triton" was asked for and cannot run. The kernel takes float32 frequencies only
+    (:func:`rope.checks.finite_frequencies`): "auto" leaves float64 ones to the torch path."""
     checks.choice("backend", backend, BACKENDS)
+    float64_frequencies = inv_freq is not None and inv_freq.dtype == torch.float64
     if backend == "torch":
         return False
     if backend == "auto":
-        return q.is_cuda and q.shape[-1] <= KERNEL_MAX_HEAD_DIM and HAS_TRITON
+        return q.is_cuda and q.shape[-1] <= KERNEL_MAX_HEAD_DIM and HAS_TRITON and not float64_frequencies
+    if float64_frequencies:
+        raise TypeError("backend='triton' takes float32 inv_freq (theta_i as float32 numbers); float64 "
+                        "frequencies are honoured exactly by backend='torch' (or pass inv_freq.float() if their "
+                        "float32 rounding is meant)")
     if not HAS_TRITON:
         raise ValueError("backend='triton' needs the triton package (pip install triton)")
     if q.shape[-1] > KERNEL_MAX_HEAD_DIM:
@@ -107,11 +113,6 @@ def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *,
     """cos and sin of the exactly reduced angles m theta_i (:func:`rope.angles.cos_sin`): float64,
     or float32 on devices without float64 (:func:`has_float64`)."""
     return cos_sin(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
-
-
-def rotation_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """m * theta_i as a float64 product (not reduced): what the book plots."""
-    return positions.to(torch.float64)[..., None] * inv_freq.to(torch.float64)
 
 
 _BELOW_FLOAT32 = (1 << 29) - 1  # the float64 significand bits that float32 does not have
@@ -246,8 +247,9 @@ def apply_rotary(
         k: ``[batch, seq, heads_k, head_dim]``; heads_k may differ from heads_q (GQA, MQA).
         positions: integer positions, ``[seq]`` (shared by the batch) or ``[batch, seq]``
             (offsets, packed sequences: any values).
-        inv_freq: the rotary_dim/2 frequencies theta_i, float32 and finite, e.g. from
-            :func:`rope.inv_freq` (float64 or half-precision frequencies are refused, not rounded).
+        inv_freq: the rotary_dim/2 frequencies theta_i, finite, e.g. from :func:`rope.inv_freq`:
+            float32, or float64 (honoured exactly, on the torch path); never rounded
+            (float16/bfloat16 are refused: :func:`rope.checks.finite_frequencies`).
         layout: ``"half"`` (pairs (i, i + d/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
         rotary_dim: rotated width d (default ``2 * len(inv_freq)``); the rest of the head passes through.
         attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does.
@@ -271,7 +273,7 @@ def apply_rotary(
     """
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim)
     attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
-    if use_kernel(q, backend):
+    if use_kernel(q, backend, inv_freq):
         from .fused import rotary
 
         return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, attention_factor,

@@ -76,8 +76,8 @@ def _check_positions_xy(q: torch.Tensor, positions_xy) -> None:
 def _check_frequencies(inv_freq_x, inv_freq_y, mixed: bool) -> torch.Tensor:
     """The frequencies side by side (validated: finite float32, as :func:`rope.apply_rotary`
     takes them); mixed needs one (x, y) pair per rotated pair."""
-    checks.finite_frequencies("inv_freq_x", inv_freq_x)
-    checks.finite_frequencies("inv_freq_y", inv_freq_y)
+    checks.finite_frequencies("inv_freq_x", inv_freq_x, dtypes=checks.FREQUENCY_DTYPES)
+    checks.finite_frequencies("inv_freq_y", inv_freq_y, dtypes=checks.FREQUENCY_DTYPES)
     checks.same_device("inv_freq_x", inv_freq_x, inv_freq_y=inv_freq_y)
     if mixed and inv_freq_x.shape != inv_freq_y.shape:
         raise ValueError(

@@ -161,17 +161,30 @@ def assert_values(name: str, ok: torch.Tensor, expected: str) -> None:
         raise ValueError(f"{name} must hold {expected}")
 
 
-def finite_frequencies(name: str, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Raise unless ``inv_freq`` is a 1-D float32 tensor of finite values (zeros are legal:
-    proportional RoPE pads with them); return it.
+FREQUENCY_DTYPES = (torch.float32, torch.float64)
+"""The dtypes of ``inv_freq`` that the torch path honours exactly (the kernel: float32 only)."""
 
-    The frequencies theta_i are float32 numbers, as :func:`rope.inv_freq` returns and as
-    transformers computes them; every path rotates by exactly those values. A float64, float16
-    or bfloat16 ``inv_freq`` is refused rather than rounded: convert it with ``.float()`` if its
-    float32 rounding is meant (a bfloat16 buffer is usually the mistake of transformers issue
-    #29496: recompute it in float32 instead).
+_FLOAT64_FREQUENCY_RANGE = (2.0**-100, 2.0**127)  # where three float32 pieces hold a float64 exactly
+
+
+def finite_frequencies(name: str, inv_freq: torch.Tensor, *, dtypes=(torch.float32,)) -> torch.Tensor:
+    """Raise unless ``inv_freq`` is a 1-D tensor of ``dtypes`` with finite values (zeros are
+    legal: proportional RoPE pads with them); return it.
+
+    The rule for the frequencies' dtype: rope rotates by exactly the theta_i it is given and
+    never rounds them. float32 (what :func:`rope.inv_freq` returns and transformers computes) is
+    taken everywhere. float64 is honoured exactly by the torch path (``dtypes`` includes it;
+    nonzero |theta_i| must then lie in [2^-100, 2^127], where three float32 pieces hold it
+    exactly) and refused by the kernel, which :func:`rope.apply_rotary` then does not pick.
+    float16 and bfloat16 are refused: such a buffer is usually the mistake of transformers issue
+    #29496 (a model cast rounds its frequencies); recompute it in float32.
     """
-    float_tensor(name, inv_freq, dtypes=(torch.float32,), dim=1)
+    float_tensor(name, inv_freq, dtypes=dtypes, dim=1)
     if inv_freq.numel():
         assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
+        if inv_freq.dtype == torch.float64:
+            size = inv_freq.abs()
+            low, high = _FLOAT64_FREQUENCY_RANGE
+            assert_values(name, ((size == 0) | ((size >= low) & (size < high))).all(),
+                          "float64 values of magnitude 0 or in [2^-100, 2^127)")
     return inv_freq

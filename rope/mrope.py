@@ -129,13 +129,6 @@ def _gathered_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch
     return position_ids[axes.to(position_ids.device)].movedim(0, -1)  # [..., pairs]
 
 
-def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
-    """p_a(i) * theta_i as a float64 product (not reduced), shape ``position_ids.shape[1:] + (pairs,)``."""
-    _check_position_ids(position_ids)
-    _check_axes(axes, inv_freq.shape[0])
-    return _gathered_positions(position_ids, axes).to(torch.float64) * inv_freq.to(torch.float64)
-
-
 def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
                   axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of p_a(i) * theta_i, the angle reduced modulo 2 pi exactly (float64; float32
@@ -183,7 +176,7 @@ def apply_mrope(
     rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
     attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
     _check_axes(axes, inv_freq.shape[0])
-    if use_kernel(q, backend):
+    if use_kernel(q, backend, inv_freq):
         from .fused import rotary
 
         return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, attention_factor,

@@ -75,15 +75,19 @@ positions_st = st.lists(st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_f
                                   st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=3)
 theta_st = st.lists(st.one_of(st.floats(0, 1, width=32), st.floats(-2.0**20, 2.0**20, width=32)), min_size=1,
                     max_size=3)
+theta64_st = st.lists(st.one_of(st.just(0.0), st.floats(2.0**-100, 1), st.floats(-2.0**30, -(2.0**-100))),
+                      min_size=1, max_size=3)
 
 
 @given(dtype=st.sampled_from(DTYPES), layout=st.sampled_from(["half", "interleaved"]), positions=positions_st,
-       thetas=theta_st, factor=st.floats(0.25, 4), conjugate=st.booleans(), tail=st.integers(0, 2),
-       seed=st.integers(0, 2**32 - 1))
+       thetas=st.one_of(theta_st.map(lambda t: (t, torch.float32)), theta64_st.map(lambda t: (t, torch.float64))),
+       factor=st.floats(0.25, 4), conjugate=st.booleans(), tail=st.integers(0, 2), seed=st.integers(0, 2**32 - 1))
 def test_torch_path_is_correctly_rounded_at_any_position(dtype, layout, positions, thetas, factor, conjugate, tail,
                                                          seed):
+    """float32 frequencies, and float64 ones honoured exactly (not rounded to float32)."""
     gen = torch.Generator().manual_seed(seed)
-    theta = torch.tensor(thetas, dtype=torch.float32)
+    thetas, theta_dtype = thetas
+    theta = torch.tensor(thetas, dtype=theta_dtype)
     rotary_dim = 2 * len(thetas)
     seq = len(positions)
     q = (torch.randn(1, seq, 2, rotary_dim + tail, generator=gen, dtype=torch.float64) * 3).to(dtype)

@@ -17,7 +17,7 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
             eos_token_id=2, initializer_range=0.2, num_local_experts=4, sliding_window=8)
 
-# model type -> the pairing its apply_rotary_pos_emb uses
+# model type -> the convention of its apply_rotary_pos_emb (pairing, and how it reads the tables)
 FAMILIES = {
     "llama": "half", "mistral": "half", "mixtral": "half", "qwen2": "half", "qwen3": "half",
     "phi3": "half", "phi": "half", "gemma": "half", "gemma2": "half", "gemma3_text": "half",
@@ -26,15 +26,17 @@ FAMILIES = {
     "exaone4": "half",
     "nemotron": "half", "lfm2": "half", "minimax": "half", "hunyuan_v1_dense": "half", "apertus": "half",
     "vaultgemma": "half",
-    "gpt_oss": "half",  # tables with each angle once
+    "gpt_oss": "pair_tables",  # tables with each angle once
     "glm": "interleaved", "glm4": "interleaved", "ernie4_5": "interleaved", "helium": "interleaved",
-    "cohere": "interleaved", "cohere2": "interleaved",  # tables with each angle twice in a row
+    "cohere": "interleaved_tables", "cohere2": "interleaved_tables",  # tables with each angle twice in a row
     "llama4_text": "complex",  # freqs_cis, complex numbers on the pairs (2i, 2i + 1)
 }
 TABLE_FORM = {"gpt_oss": "pairs", "cohere": "interleaved", "cohere2": "interleaved", "llama4_text": "complex"}
 APPLY = {  # the model's function and rope's replacement, by pairing
     "half": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb),
     "interleaved": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved),
+    "interleaved_tables": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved_tables),
+    "pair_tables": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_pair_tables),
     "complex": ("apply_rotary_emb", rope.hf.apply_rotary_emb_complex),
 }
 
@@ -134,9 +136,9 @@ def test_half_split_function_on_interleaved_tables_raises():
     rope.hf.install(model)
     q = torch.randn(1, 4, 5, 16)
     cos, sin = model.model.rotary_emb(q, torch.arange(5)[None])
-    with pytest.raises(ValueError, match="use rope.hf.apply_rotary_pos_emb_interleaved"):
+    with pytest.raises(ValueError, match="use rope.hf.apply_rotary_pos_emb_interleaved_tables"):
         rope.hf.apply_rotary_pos_emb(q, q, cos, sin)
-    rope.hf.apply_rotary_pos_emb_interleaved(q, q, cos, sin)
+    rope.hf.apply_rotary_pos_emb_interleaved_tables(q, q, cos, sin)
 
 
 def test_complex_function_equals_apply_rotary_and_llama4():

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import rope
 from helpers import assert_correctly_rounded
-from rope.mrope import apply_mrope, mrope_angles, multimodal_positions, section_axes
+from rope.mrope import apply_mrope, multimodal_positions, pair_positions, section_axes
 from rope.reference import rotation_matrix
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -141,16 +141,14 @@ def test_gradients_are_the_conjugate_rotation():
     assert torch.autograd.gradcheck(lambda a, b: apply_mrope(a, b, positions, theta, axes), (q, k))
 
 
-def test_mrope_angles_pick_each_pairs_axis():
+def test_pair_positions_pick_each_pairs_axis():
     gen = torch.Generator().manual_seed(11)
     positions = torch.randint(0, 2**20, (3, 2, 5), generator=gen)
-    theta = rope.inv_freq({"rope_theta": 1e6}, 16)[0]
     axes = section_axes([3, 3, 2], 8, style="interleaved")
-    angles = mrope_angles(positions, theta, axes)
-    assert angles.shape == (2, 5, 8) and angles.dtype == torch.float64
+    rows = pair_positions(positions, axes)
+    assert rows.shape == (2, 5, 8) and rows.dtype == positions.dtype
     for i, axis in enumerate(axes.tolist()):
-        expected = positions[axis].double() * float(theta[i])
-        assert torch.equal(angles[..., i], expected)
+        assert torch.equal(rows[..., i], positions[axis])
 
 
 # ----- configs and errors -------------------------------------------------------------------------
@@ -318,7 +316,7 @@ def test_same_hidden_states_with_rope_installed(name, monkeypatch):
 
 def test_glm4v_interleaved_tables_and_pairs(monkeypatch):
     """GLM-4V: chunked sections, each angle twice in a row in the tables, pairs (2i, 2i + 1) over
-    half the head. install finds the table form; rope's interleaved apply function, fed rope's
+    half the head. install finds the table form; rope's function for those tables, fed rope's
     tables, rotates from the exact angles; the hidden states match transformers'."""
     from transformers import Glm4vTextConfig
     from transformers.models.glm4v import modeling_glm4v
@@ -336,7 +334,7 @@ def test_glm4v_interleaved_tables_and_pairs(monkeypatch):
         assert model.rotary_emb.tables == "interleaved" and model.rotary_emb.mrope_axes is not None
         torch.testing.assert_close(model(input_ids=tokens, position_ids=position_ids).last_hidden_state, expected,
                                    rtol=1e-4, atol=2e-5)
-        monkeypatch.setattr(modeling_glm4v, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved)
+        monkeypatch.setattr(modeling_glm4v, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved_tables)
         got = model(input_ids=tokens, position_ids=position_ids).last_hidden_state
     assert got.abs().max() > 0.1
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
@@ -394,7 +392,7 @@ def default_sections_model(model_type: str, class_name: str, **sizes):
     ("qwen3_vl_moe", "Qwen3VLMoeTextModel", dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
      (24, 20, 20), "interleaved", rope.hf.apply_rotary_pos_emb),
     ("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel", {}, (22, 22, 20), "alternating",
-     rope.hf.apply_rotary_pos_emb_interleaved),
+     rope.hf.apply_rotary_pos_emb_interleaved_tables),
 ])
 def test_install_finds_the_model_default_sections(model_type, class_name, sizes, sections, style, ours, monkeypatch):
     """With no mrope_section in the config, install takes the sections from the module it replaces

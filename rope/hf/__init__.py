@@ -6,21 +6,24 @@
   layout of most models, or in the layouts of Cohere and GLM-4V (each angle twice in a row) and
   GPT-OSS (each angle once), or Llama 4's complex ``freqs_cis`` (:data:`TABLE_FORMS`). Angles,
   cos and sin are computed in float64 and rounded once (transformers rounds the angle to float32
-  first, which costs accuracy at long positions).
-* :func:`apply_rotary_pos_emb` has the signature and result of transformers' function, computes in
-  float32 or better, and also handles partial rotary (cos narrower than the head). Given the ``cos``
-  that :class:`RotaryEmbedding` returned, it rotates from the positions and frequencies that
-  ``cos`` was made from (the ``rope_source`` attribute) with :func:`rope.apply_rotary`: the fused
-  exact kernel on CUDA, float64 on the CPU, and no table rounded to the model's dtype in between.
-  Any other ``cos`` (sliced, converted, someone else's) takes the ``rotate_half`` table formula.
-* :func:`apply_rotary_pos_emb_interleaved` is the same for the models that rotate the pairs
-  (2i, 2i + 1): GLM, GLM-4 and ERNIE 4.5 (whose table formula it uses for other tables), and,
-  from rope's tables, Cohere and GLM-4V.
-* :func:`apply_rotary_emb_complex` is the same for Llama 4's ``apply_rotary_emb``,
-  :func:`apply_rotary_pos_emb_interleave` for DeepSeek-V3's function of that name, and
-  :func:`apply_rotary_pos_emb_single` for Gemma 4's one-tensor function.
+  first, which costs accuracy at long positions, and a model cast to bfloat16 rounds its
+  frequencies too; rope's stay float32).
+* :func:`apply_rotary_pos_emb` has the signature and result of transformers' function: its
+  formula on the tables given, in float32 or better, rounded once, also for partial rotary (cos
+  narrower than the head). Given the very ``(cos, sin)`` that :class:`RotaryEmbedding` returned,
+  untouched (:mod:`rope.hf.provenance`), it rotates instead from the positions and frequencies
+  they were made from with :func:`rope.apply_rotary`: the fused exact kernel on CUDA, float64 on
+  the CPU, and no table rounded to the model's dtype in between.
+* The other conventions of transformers' models have their own functions, with the same two
+  paths (table of models in :mod:`rope.hf.functions`): :func:`apply_rotary_pos_emb_interleaved`
+  (GLM, GLM-4, ERNIE 4.5, Helium), :func:`apply_rotary_pos_emb_interleaved_tables` (Cohere,
+  Cohere 2, GLM-4V, ERNIE 4.5 VL), :func:`apply_rotary_pos_emb_pair_tables` (GPT-OSS),
+  :func:`apply_rotary_pos_emb_interleave` (DeepSeek-V2/V3), :func:`apply_rotary_pos_emb_single`
+  (Gemma 4) and :func:`apply_rotary_emb_complex` (Llama 4).
 * :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
-  after checking that the new module returns the old one's tables (and in which form).
+  after checking that the new module returns the old one's tables (and in which form). Install
+  before casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
+  (transformers issue #29496), which install then names, with the fix.
 
 Models with one RoPE configuration per layer type (Gemma 3, OLMo 3, ModernBERT: ``rope_parameters``
 nested as ``{"sliding_attention": {...}, "full_attention": {...}}``) call ``rotary_emb(x,
@@ -48,6 +51,8 @@ from .functions import (
     apply_rotary_pos_emb,
     apply_rotary_pos_emb_interleave,
     apply_rotary_pos_emb_interleaved,
+    apply_rotary_pos_emb_interleaved_tables,
+    apply_rotary_pos_emb_pair_tables,
     apply_rotary_pos_emb_single,
     rotate_half,
     rotate_pairs_interleaved,
@@ -62,6 +67,8 @@ __all__ = [
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_interleave",
     "apply_rotary_pos_emb_interleaved",
+    "apply_rotary_pos_emb_interleaved_tables",
+    "apply_rotary_pos_emb_pair_tables",
     "apply_rotary_pos_emb_single",
     "head_dim_of",
     "install",

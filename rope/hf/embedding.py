@@ -2,8 +2,15 @@
 
 :class:`RotaryEmbedding` reads a transformers config (``rope_parameters`` flat, nested by layer
 type, with M-RoPE sections) and returns cos/sin tables laid out as the model's own module lays
-them out (:data:`TABLE_FORMS`), from float64 angles rounded once, each carrying the positions and
-frequencies it was made from (``rope_source``) for the functions of :mod:`rope.hf.functions`.
+them out (:data:`TABLE_FORMS`), from exactly reduced angles, cos and sin rounded once to the model's dtype
+(:func:`rope.apply.round_once`: torch's own conversion rounds float64 to bfloat16 or float16
+through float32, twice). Each pair of tables records the positions and frequencies it was made
+from (:mod:`rope.hf.provenance`), from which the functions of :mod:`rope.hf.functions` rotate
+while the tables are untouched.
+
+The frequencies theta_i are float32 numbers, and stay so: casting a model (``model.half()``,
+``model.to(torch.bfloat16)``) moves this module's ``inv_freq`` but does not round it, unlike
+transformers' own modules (transformers issue #29496).
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ..apply import rotation_angles
+from .. import checks
+from ..apply import exact_cos_sin, round_once
 from ..config import parse_config
 from ..frequencies import inv_freq
-from ..mrope import mrope_angles
+from ..mrope import mrope_cos_sin
+from . import provenance
 
 _SEQ_DEPENDENT = ("dynamic", "longrope")
 
@@ -27,7 +36,10 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
     and a top-level ``original_max_position_embeddings``, which takes priority as in Phi-3).
     A mapping nested by layer type (Gemma 3: ``{"full_attention": {...}, "sliding_attention":
     {...}}``) gets them folded into each layer type's mapping."""
-    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(params, Mapping):
+        raise TypeError(f"config.rope_parameters must be a mapping, got {type(params).__name__}")
+    params = dict(params)
     per_type = layer_type_parameters(params)
     if per_type is not None:
         return {layer_type: _fold_top_level(config, p) for layer_type, p in per_type.items()}
@@ -56,14 +68,15 @@ def layer_type_parameters(params: Mapping[str, Any]) -> dict[str, dict] | None:
 
 
 def head_dim_of(config: Any) -> int:
-    """``config.head_dim``, else ``hidden_size // num_attention_heads``."""
+    """``config.head_dim``, else ``hidden_size // num_attention_heads`` (as transformers reads it)."""
     head_dim = getattr(config, "head_dim", None)
-    if head_dim is None:
-        try:
-            head_dim = config.hidden_size // config.num_attention_heads
-        except AttributeError as err:
-            raise ValueError("config needs head_dim or hidden_size and num_attention_heads") from err
-    return head_dim
+    if head_dim is not None:
+        return checks.integer("config.head_dim", head_dim, minimum=1)
+    hidden_size, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if hidden_size is None or heads is None:
+        raise ValueError("config needs head_dim or hidden_size and num_attention_heads")
+    return (checks.integer("config.hidden_size", hidden_size, minimum=1)
+            // checks.integer("config.num_attention_heads", heads, minimum=1))
 
 
 TABLE_FORMS = ("rotate_half", "interleaved", "pairs", "complex")
@@ -88,22 +101,33 @@ class RotaryEmbedding(nn.Module):
     """``(cos, sin)`` tables for transformers models, from a transformers config or explicit
     ``rope_parameters`` and ``head_dim``, laid out as ``tables`` says (:data:`TABLE_FORMS`).
 
+    ``forward(x, position_ids)`` takes integer ``position_ids`` ``[batch, seq]`` (M-RoPE: also
+    ``[3, batch, seq]``) on x's device and returns tables ``[batch, seq, width]`` in x's dtype
+    (Llama 4's form: complex64), each entry cos or sin of the float64 angle times the attention
+    factor, rounded once. The tables carry their source (:mod:`rope.hf.provenance`).
+
     With ``rope_parameters`` nested by layer type (Gemma 3, OLMo 3, ModernBERT: one configuration
     for sliding-window layers, another for full attention), it holds one module per type in
     :attr:`layer_types` and ``forward(x, position_ids, layer_type)`` picks one, as transformers'
     module for those models does.
+
+    ``inv_freq`` stays float32 whatever the module is cast to (:meth:`_apply`).
     """
 
-    def __init__(self, config: Any = None, *, rope_parameters: dict | None = None, head_dim: int | None = None,
+    def __init__(self, config: Any = None, *, rope_parameters: Mapping | None = None, head_dim: int | None = None,
                  tables: str = "rotate_half"):
         super().__init__()
-        if tables not in TABLE_FORMS:
-            raise ValueError(f"tables must be one of {', '.join(map(repr, TABLE_FORMS))}, got {tables!r}")
-        self.tables = tables
+        self.tables = checks.choice("tables", tables, TABLE_FORMS)
+        head_dim = checks.optional_integer("head_dim", head_dim, minimum=1)
+        if config is not None and rope_parameters is not None:
+            raise ValueError("RotaryEmbedding takes a config or rope_parameters, not both (the config's "
+                             "rope_parameters would be used)")
         if config is not None:
             rope_parameters = rope_parameters_from_config(config)
         if rope_parameters is None or (config is None and head_dim is None):
             raise ValueError("RotaryEmbedding needs a config, or both rope_parameters and head_dim")
+        if not isinstance(rope_parameters, Mapping):
+            raise TypeError(f"rope_parameters must be a mapping, got {type(rope_parameters).__name__}")
         per_type = layer_type_parameters(rope_parameters)
         used = getattr(config, "layer_types", None)
         if per_type is not None and used:  # as transformers: a module for each type the layers use
@@ -122,66 +146,97 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", theta, persistent=False)
         self.register_buffer("mrope_axes", self.rope_config.mrope_axes(head_dim), persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """What ``.to()``, ``.cuda()``, ``.half()``, ``.to(torch.bfloat16)`` and the like run: the
+        frequencies move to the new device but keep their float32 values. nn.Module would cast them
+        with the model, rounding theta_i to 8 significant bits in bfloat16 (transformers issue
+        #29496: at position 1000 the angles are then off by whole radians)."""
+        theta = self._buffers.get("inv_freq")
+        super()._apply(fn, recurse)
+        if theta is not None:
+            self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
+        return self
+
     def frequencies(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """``(inv_freq, attention_factor)`` for this call's positions."""
+        """``(inv_freq, attention_factor)`` for this call's positions: ``dynamic`` and ``longrope``
+        read the length max(position_ids) + 1."""
         if self.rope_config.rope_type not in _SEQ_DEPENDENT:
             return self.inv_freq, self.attention_scaling
-        theta, attention = inv_freq(self.rope_config, self.head_dim, seq_len=int(position_ids.max()) + 1)
+        if position_ids.numel() == 0:
+            raise ValueError(f"position_ids is empty; rope_type {self.rope_config.rope_type!r} reads the length "
+                             "max(position_ids) + 1")
+        length = int(position_ids.max()) + 1
+        if length < 1:
+            raise ValueError(f"position_ids must hold a position >= 0 (rope_type {self.rope_config.rope_type!r} "
+                             f"reads the length max(position_ids) + 1), got max {length - 1}")
+        theta, attention = inv_freq(self.rope_config, self.head_dim, seq_len=length)
         return theta.to(position_ids.device), attention
 
-    def pair_angles(self, position_ids: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        """Float64 angle of every pair: m theta_i, or p_a(i) theta_i with M-RoPE, where
-        ``position_ids`` is ``[3, batch, seq]`` (or ``[batch, seq]``, the same position on t, h, w,
-        as transformers expands it)."""
+    def pair_cos_sin(self, position_ids: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every pair's angle, m theta_i, or p_a(i) theta_i with M-RoPE (where
+        ``position_ids`` is ``[3, batch, seq]``), reduced modulo 2 pi exactly (float64)."""
         if self.mrope_axes is None:
-            return rotation_angles(position_ids, theta)
-        return mrope_angles(position_ids, theta, self.mrope_axes.to(position_ids.device))
+            return exact_cos_sin(position_ids, theta)
+        return mrope_cos_sin(position_ids, theta, self.mrope_axes.to(position_ids.device))
+
+    def _checked_positions(self, x, position_ids) -> torch.Tensor:
+        """``position_ids`` checked against x and the configuration; M-RoPE's ``[batch, seq]``
+        expanded to its three rows (the same position on t, h, w, as transformers expands it)."""
+        checks.float_tensor("x", x)
+        checks.integer_tensor("position_ids", position_ids)
+        checks.same_device("x", x, position_ids=position_ids)
+        if self.mrope_axes is None and position_ids.dim() == 3:
+            raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} look like M-RoPE's [3, batch, seq], "
+                             "but the rope_parameters have no mrope_section")
+        if position_ids.dim() == 3 and position_ids.shape[0] == 3:
+            return position_ids
+        if position_ids.dim() != 2:
+            expected = "[batch, seq] or [3, batch, seq]" if self.mrope_axes is not None else "[batch, seq]"
+            raise ValueError(f"position_ids must have shape {expected}, got {tuple(position_ids.shape)}")
+        return position_ids if self.mrope_axes is None else position_ids.expand(3, -1, -1)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if self.layer_types is not None:
-            if layer_type not in self.layer_types:
-                raise ValueError(f"layer_type must be one of {', '.join(map(repr, self.layer_types))} (the config's "
-                                 f"layer types), got {layer_type!r}")
-            return self.layer_types[layer_type](x, position_ids)
+            return self.layer_types[checks.choice("layer_type", layer_type, self.layer_types)](x, position_ids)
         if layer_type is not None:
             raise ValueError(f"layer_type {layer_type!r} given, but the rope_parameters are not nested by layer type")
-        if position_ids.dtype.is_floating_point:
-            raise TypeError(f"position_ids must be an integer tensor, got {position_ids.dtype}")
-        if self.mrope_axes is not None and position_ids.dim() == 2:
-            position_ids = position_ids.expand(3, -1, -1)
-        if self.mrope_axes is None and position_ids.dim() == 3:
-            raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} look like M-RoPE's [3, batch, seq], "
-                             "but the rope_parameters have no mrope_section")
+        position_ids = self._checked_positions(x, position_ids)
         theta, attention = self.frequencies(position_ids)
         theta = theta.to(position_ids.device)
-        angles = self.pair_angles(position_ids, theta)
-        source = (position_ids, theta, attention, self.mrope_axes, self.tables)
-        if self.tables == "complex":
-            rotations = torch.polar(torch.ones_like(angles), angles).mul(attention).to(torch.complex64).to(x.device)
-            rotations.rope_source = source
-            return rotations
-        cos, sin = _tables(angles, attention, x.dtype, self.tables)
-        cos, sin = cos.to(x.device), sin.to(x.device)
-        cos.rope_source = source
-        return cos, sin
+        with torch.inference_mode(False):  # tensors with version counters, for provenance, in any mode
+            cos, sin = self.pair_cos_sin(position_ids, theta)
+            if self.tables == "complex":
+                tables = (torch.complex(cos * attention, sin * attention).to(torch.complex64),)
+            else:
+                tables = _tables(cos, sin, attention, x.dtype, self.tables)
+            provenance.attach(tables, position_ids=position_ids, inv_freq=theta, attention_factor=attention,
+                              mrope_axes=self.mrope_axes, form=self.tables)
+        return tables[0] if self.tables == "complex" else tables
 
 
-def _tables(angles: torch.Tensor, attention_factor: float, dtype: torch.dtype,
+def _tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,
             form: str = "rotate_half") -> tuple[torch.Tensor, torch.Tensor]:
-    """Tables from float64 pair angles, laid out as ``form`` (:data:`TABLE_FORMS`), cos and sin
-    times the attention factor, rounded once to ``dtype``."""
-    if form == "rotate_half":
-        angles = torch.cat((angles, angles), dim=-1)
-    elif form == "interleaved":
-        angles = angles.repeat_interleave(2, dim=-1)
-    return (torch.cos(angles) * attention_factor).to(dtype), (torch.sin(angles) * attention_factor).to(dtype)
+    """Tables from the float64 cos and sin of each pair's angle, laid out as ``form``
+    (:data:`TABLE_FORMS`): times the attention factor in float64, rounded once to ``dtype``."""
+    def laid_out(values):
+        if form == "rotate_half":
+            return torch.cat((values, values), dim=-1)
+        return values.repeat_interleave(2, dim=-1) if form == "interleaved" else values
+
+    return (round_once(laid_out(cos) * attention_factor, dtype),
+            round_once(laid_out(sin) * attention_factor, dtype))
 
 
 def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float,
                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` of shape ``positions.shape + (2 len(inv_freq),)`` for the ``rotate_half``
-    formula: float64 angles m theta_i (each repeated for both halves), cos and sin times
-    ``attention_factor``, rounded once to ``dtype``."""
-    return _tables(rotation_angles(positions, inv_freq), attention_factor, dtype)
+    formula: cos and sin of m theta_i reduced modulo 2 pi exactly (each repeated for both
+    halves), times ``attention_factor``, rounded once to ``dtype``."""
+    checks.integer_tensor("positions", positions)
+    checks.finite_frequencies("inv_freq", inv_freq)
+    checks.same_device("positions", positions, inv_freq=inv_freq)
+    attention_factor = checks.number("attention_factor", attention_factor, positive=True)
+    checks.dtype_choice("dtype", dtype, checks.FLOAT_DTYPES)
+    return _tables(*exact_cos_sin(positions, inv_freq), attention_factor, dtype)

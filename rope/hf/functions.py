@@ -1,19 +1,54 @@
 """transformers-compatible rotation functions, to patch in for a model's own.
 
-Each has the signature and result of a transformers function and computes in float32 or better.
-Given tables from :class:`rope.hf.RotaryEmbedding`, they rotate from the exact positions and
-frequencies the tables were made from (``rope_source``) with :func:`rope.apply_rotary` or
-:func:`rope.mrope.apply_mrope`: the fused kernel on CUDA, float64 on the CPU. Other tables take
-the model's own table formula.
+Each has the signature of a transformers function and its result: the model's formula on the
+tables it is given, computed in float32 or better (float64 where q, k or a table is float64) and
+rounded once to the dtype of each input. Where the tables are provably the untouched ones
+:class:`rope.hf.RotaryEmbedding` returned (:mod:`rope.hf.provenance`: the same tensors, returned
+together, not edited since) and the inputs have the batch and sequence they were made for, the
+rotation runs instead from the exact positions and float32 frequencies behind them, with
+:func:`rope.apply_rotary` or :func:`rope.mrope.apply_mrope` (the fused kernel on CUDA, float64 on
+the CPU): the same formula on tables of unrounded values. Any other tables (sliced, negated,
+scaled, converted, edited in place, paired with a table of another call, or someone else's) are
+used as given.
+
+transformers' models follow one of these conventions (tables as their rotary module lays them
+out, :data:`rope.hf.TABLE_FORMS`; pairs of coordinates rotated together):
+
+==========================================  ======================  ============  ==================
+function                                    models                  tables        pairs
+==========================================  ======================  ============  ==================
+:func:`apply_rotary_pos_emb`                Llama and most models   rotate_half   (i, i + d/2)
+:func:`apply_rotary_pos_emb_interleaved`    GLM, GLM-4, ERNIE 4.5,  rotate_half   (2i, 2i + 1)
+                                            Helium                  (first half)
+:func:`apply_rotary_pos_emb_interleaved_    Cohere, Cohere 2,       interleaved   (2i, 2i + 1)
+tables`                                     GLM-4V, ERNIE 4.5 VL
+:func:`apply_rotary_pos_emb_pair_tables`    GPT-OSS                 pairs         (i, i + d/2)
+:func:`apply_rotary_pos_emb_interleave`     DeepSeek-V2/V3          rotate_half   (2i, 2i + 1), out
+                                                                    (first half)  half-split
+:func:`apply_rotary_pos_emb_single`         Gemma 4 (one tensor)    rotate_half   (i, i + d/2)
+:func:`apply_rotary_emb_complex`            Llama 4                 complex       (2i, 2i + 1)
+==========================================  ======================  ============  ==================
+
+Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
+table width, twice that for pair tables) and the rest pass through (partial rotary: Phi,
+GPT-NeoX, GLM, GLM-4V). A function handed rope's tables of another form raises, naming the
+function that reads them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from ..apply import apply_rotary
+from .. import checks
+from ..apply import apply_rotary, round_once
 from ..layouts import interleaved_to_half
 from ..mrope import apply_mrope
+from . import provenance
+from .provenance import TableSource
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
@@ -26,99 +61,292 @@ def rotate_pairs_interleaved(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
+def _first_half_twice(table: torch.Tensor) -> torch.Tensor:
+    """GLM's reading of a rotate_half table: its first half, each entry twice in a row."""
+    return table[..., : table.shape[-1] // 2].repeat_interleave(2, dim=-1)
+
+
+def _llama_formula(x, cos, sin):
+    """x cos + rotate_half(x) sin (Llama's ``apply_rotary_pos_emb``)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def _glm_formula(x, cos, sin):
+    """x c + rotate_pairs_interleaved(x) s with c, s the first half of the tables, each entry
+    twice (GLM's ``apply_rotary_pos_emb``)."""
+    return x * _first_half_twice(cos) + rotate_pairs_interleaved(x) * _first_half_twice(sin)
+
+
+def _cohere_formula(x, cos, sin):
+    """x cos + rotate_pairs_interleaved(x) sin (Cohere's ``apply_rotary_pos_emb``)."""
+    return x * cos + rotate_pairs_interleaved(x) * sin
+
+
+def _gpt_oss_formula(x, cos, sin):
+    """(x1 cos - x2 sin, x2 cos + x1 sin) on the halves x1, x2 (GPT-OSS's ``_apply_rotary_emb``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _deepseek_formula(x, cos, sin):
+    """(x1 c - x2 s, x2 c + x1 s) with x1, x2 the even and odd coordinates and c, s the first
+    half of the tables (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``)."""
+    half = cos.shape[-1] // 2
+    cos, sin = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+@dataclass(frozen=True)
+class _Convention:
+    """How one transformers function reads its tables: ``form``, the :data:`rope.hf.TABLE_FORMS`
+    entry of rope's tables it takes; ``layout``, the pairs rotated from the exact source (after
+    reordering the input from interleaved to half-split with ``reorder``); ``formula`` on the
+    rotated coordinates and the unsqueezed tables; ``whole_head``, whether the tables must span
+    the head."""
+
+    function: str
+    form: str
+    layout: str
+    formula: Callable
+    reorder: bool = False
+    whole_head: bool = False
+
+    def rotated_width(self, table_width: int) -> int:
+        """The coordinates a table of ``table_width`` entries rotates."""
+        return 2 * table_width if self.form == "pairs" else table_width
+
+
+_LLAMA = _Convention("apply_rotary_pos_emb", "rotate_half", "half", _llama_formula)
+_GEMMA4 = _Convention("apply_rotary_pos_emb_single", "rotate_half", "half", _llama_formula)
+_GLM = _Convention("apply_rotary_pos_emb_interleaved", "rotate_half", "interleaved", _glm_formula)
+_COHERE = _Convention("apply_rotary_pos_emb_interleaved_tables", "interleaved", "interleaved", _cohere_formula)
+_GPT_OSS = _Convention("apply_rotary_pos_emb_pair_tables", "pairs", "half", _gpt_oss_formula, whole_head=True)
+_DEEPSEEK = _Convention("apply_rotary_pos_emb_interleave", "rotate_half", "half", _deepseek_formula, reorder=True)
+
+_READERS = {
+    "rotate_half": "rope.hf.apply_rotary_pos_emb (or, where the model pairs (2i, 2i + 1) as GLM does, "
+                   "rope.hf.apply_rotary_pos_emb_interleaved)",
+    "interleaved": "rope.hf.apply_rotary_pos_emb_interleaved_tables",
+    "pairs": "rope.hf.apply_rotary_pos_emb_pair_tables",
+}
+_FORM_NAMES = {
+    "rotate_half": "each angle in both halves (rotate_half tables)",
+    "interleaved": "each angle twice in a row (the tables of Cohere, GLM-4V, ERNIE 4.5 VL)",
+    "pairs": "each angle once (the tables of GPT-OSS)",
+}
+
+
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
-    """transformers-compatible (Llama and most models): ``q * cos + rotate_half(q) * sin`` on the
-    first ``cos.shape[-1]`` coordinates (the rest pass through), in float32 or better, rounded
-    once to q's dtype. ``position_ids`` is accepted for the older signature and ignored."""
-    return _apply(q, k, cos, sin, unsqueeze_dim, "half")
+    """transformers-compatible (Llama and most models): ``q cos + rotate_half(q) sin`` on the
+    first ``cos.shape[-1]`` coordinates (the rest pass through), tables unsqueezed at
+    ``unsqueeze_dim`` (1 for q ``[batch, heads, seq, head_dim]``, 2 for ``[batch, seq, heads,
+    head_dim]``). ``position_ids`` belongs to an older signature, whose tables it indexed: it
+    must be ``None``."""
+    _no_position_ids(position_ids)
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _LLAMA)
 
 
 def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
     """transformers-compatible for the models that pair coordinates (2i, 2i + 1) but build
-    ``rotate_half`` tables (GLM, GLM-4, ERNIE 4.5): pair i of the first ``cos.shape[-1]``
-    coordinates turns by the angle of ``cos[..., i]``, as their ``apply_rotary_pos_emb`` does by
-    taking the first half of the table and repeating each entry twice."""
-    return _apply(q, k, cos, sin, unsqueeze_dim, "interleaved")
+    ``rotate_half`` tables (GLM, GLM-4, ERNIE 4.5, Helium): pair i of the first
+    ``cos.shape[-1]`` coordinates turns by the angle of ``cos[..., i]``, as their
+    ``apply_rotary_pos_emb`` does by taking the first half of the table, each entry twice."""
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _GLM)
+
+
+def apply_rotary_pos_emb_interleaved_tables(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible for the models whose tables hold each angle twice in a row and
+    that pair coordinates (2i, 2i + 1) (Cohere, Cohere 2, GLM-4V, ERNIE 4.5 VL):
+    ``q cos + rotate_pairs_interleaved(q) sin`` on the first ``cos.shape[-1]`` coordinates."""
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _COHERE)
+
+
+def apply_rotary_pos_emb_pair_tables(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible with GPT-OSS, whose tables hold each angle once: the halves
+    (x1, x2) of the head become (x1 cos - x2 sin, x2 cos + x1 sin); the tables span half the head."""
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _GPT_OSS)
 
 
 def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim: int = 1):
-    """transformers-compatible with the one-tensor ``apply_rotary_pos_emb(x, cos, sin)`` of Gemma 4:
-    :func:`apply_rotary_pos_emb` on x alone (from rope's tables the key slot gets one head of x,
-    and its result is dropped)."""
-    source = getattr(cos, "rope_source", None)
-    if source is not None and unsqueeze_dim in (1, 2) and x.dim() == 4:
-        one_head = x.narrow(unsqueeze_dim, 0, 1)
-        return _rotate_from_source(x, one_head, *source, heads_dim=unsqueeze_dim, layout="half")[0]
-    return _apply(x, x, cos, sin, unsqueeze_dim, "half")[0]
+    """transformers-compatible with the one-tensor ``apply_rotary_pos_emb(x, cos, sin)`` of
+    Gemma 4: :func:`apply_rotary_pos_emb` on x alone."""
+    return _rotate({"x": x}, cos, sin, unsqueeze_dim, _GEMMA4)[0]
 
 
 def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
     """transformers-compatible with DeepSeek-V2/V3's ``apply_rotary_pos_emb_interleave``
-    (``rope_interleave``): pair i is (2i, 2i + 1) of the input, from ``rotate_half`` tables, and the
-    rotated pairs come out in the half-split order, (y_a of every pair, then y_b of every pair).
-    That is the half-split rotation of the input with its coordinates reordered from interleaved
-    to half-split (:func:`rope.layouts.interleaved_to_half`), which is how it is computed here."""
-    order = interleaved_to_half(q.shape[-1], cos.shape[-1]).to(q.device)
-    return apply_rotary_pos_emb(q[..., order], k[..., order], cos, sin, unsqueeze_dim=unsqueeze_dim)
+    (``rope_interleave``): pair i is (2i, 2i + 1) of the input, turned by the angle of
+    ``cos[..., i]`` (the first half of ``rotate_half`` tables), and the rotated pairs come out
+    half-split (y_a of every pair, then y_b of every pair): the half-split rotation of the input
+    reordered by :func:`rope.layouts.interleaved_to_half`, which is how the exact path computes
+    it. ``position_ids`` must be ``None``, as in :func:`apply_rotary_pos_emb`."""
+    _no_position_ids(position_ids)
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _DEEPSEEK)
 
 
 def apply_rotary_emb_complex(xq, xk, freqs_cis):
-    """transformers-compatible with Llama 4's ``apply_rotary_emb``: q and k ``[batch, seq, heads,
-    head_dim]``, pairs (2i, 2i + 1) read as complex numbers and multiplied by ``freqs_cis[b, s, i]``,
-    in float32 or better, rounded once to q's dtype. Given the ``freqs_cis`` that
-    :class:`RotaryEmbedding` (``tables="complex"``) returned, it rotates from the exact angles."""
-    source = getattr(freqs_cis, "rope_source", None)
-    if source is not None and xq.dim() == xk.dim() == 4:
-        return _rotate_from_source(xq, xk, *source, heads_dim=2, layout="interleaved")
-
-    def rotate(x):
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        pairs = torch.view_as_complex(x.to(dtype).reshape(*x.shape[:-1], -1, 2).contiguous())
-        return torch.view_as_real(pairs * freqs_cis[:, :, None, :].to(pairs.dtype)).flatten(3).to(x.dtype)
-
-    return rotate(xq), rotate(xk)
+    """transformers-compatible with Llama 4's ``apply_rotary_emb``: xq and xk ``[batch, seq,
+    heads, head_dim]``, pairs (2i, 2i + 1) read as complex numbers and multiplied by
+    ``freqs_cis[b, s, i]`` (``[batch, seq, head_dim / 2]``), in complex64 or better, rounded once
+    to each input's dtype. From the untouched ``freqs_cis`` of :class:`RotaryEmbedding`
+    (``tables="complex"``) it rotates from the exact angles."""
+    xs = {"xq": xq, "xk": xk}
+    _check_complex(xs, freqs_cis)
+    source = provenance.untouched_source(freqs_cis)
+    if source is not None and _matches_source(xs.values(), source, heads_dim=2):
+        return _from_source(tuple(xs.values()), source, heads_dim=2, layout="interleaved")
+    return tuple(_complex_product(x, freqs_cis) for x in xs.values())
 
 
-def _apply(q, k, cos, sin, unsqueeze_dim, layout):
-    source = getattr(cos, "rope_source", None)
-    if source is not None and unsqueeze_dim in (1, 2) and q.dim() == k.dim() == 4:
-        return _rotate_from_source(q, k, *source, heads_dim=unsqueeze_dim, layout=layout)
-    rotary_dim = cos.shape[-1]
-    if sin.shape != cos.shape:
-        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
-    if rotary_dim % 2 or rotary_dim > q.shape[-1] or rotary_dim > k.shape[-1]:
-        raise ValueError(f"cos has width {rotary_dim}; expected an even width <= head_dim {q.shape[-1]}")
+def _no_position_ids(position_ids) -> None:
+    if position_ids is not None:
+        raise ValueError("position_ids must be None: cos and sin are already the tables of the positions "
+                         "(the older transformers signature indexed the tables with it)")
+
+
+def _rotate(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) -> tuple:
+    """``convention``'s function on every tensor of ``xs``: from the exact source where the
+    tables are provably rope's untouched pair made for these inputs, else from the tables given."""
+    unsqueeze_dim, width = _check_tables(xs, cos, sin, unsqueeze_dim, convention)
+    source = provenance.untouched_source(cos, sin)
+    heads_dim = unsqueeze_dim + 4 if unsqueeze_dim < 0 else unsqueeze_dim
+    if source is not None and cos.dim() == 3 and heads_dim in (1, 2) and _matches_source(xs.values(), source,
+                                                                                          heads_dim=heads_dim):
+        inputs = tuple(xs.values())
+        if convention.reorder:  # DeepSeek: the half-split rotation of the input reordered to half-split
+            inputs = tuple(x[..., interleaved_to_half(x.shape[-1], width).to(x.device)] for x in inputs)
+        return _from_source(inputs, source, heads_dim=heads_dim, layout=convention.layout)
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    turn = rotate_half
-    if layout == "interleaved":  # angle i of the first half, for both coordinates of pair i
-        cos = cos[..., : rotary_dim // 2].repeat_interleave(2, dim=-1)
-        sin = sin[..., : rotary_dim // 2].repeat_interleave(2, dim=-1)
-        turn = rotate_pairs_interleaved
-
-    def rotate(x):
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        head, tail = x[..., :rotary_dim].to(dtype), x[..., rotary_dim:]
-        y = head * cos.to(dtype) + turn(head) * sin.to(dtype)
-        return torch.cat((y.to(x.dtype), tail), dim=-1)
-
-    return rotate(q), rotate(k)
+    return tuple(_from_tables(x, cos, sin, width, convention.formula) for x in xs.values())
 
 
-def _rotate_from_source(q, k, position_ids, theta, attention, axes, tables, *, heads_dim, layout):
-    """rope.apply_rotary (rope.mrope.apply_mrope with M-RoPE axes) on [batch, heads, seq, dim]
-    (heads_dim 1) or [batch, seq, heads, dim] views; a batch of one position row is shared.
-    Tables with each angle twice in a row come from models that pair (2i, 2i + 1): the half-split
-    function on them is a mistake and raises."""
-    if tables == "interleaved" and layout == "half":
-        raise ValueError("cos holds each angle twice in a row (the tables of Cohere and GLM-4V, whose models pair "
-                         "coordinates (2i, 2i + 1)): use rope.hf.apply_rotary_pos_emb_interleaved")
-    if heads_dim == 1:
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-    if axes is None:
-        positions = position_ids[0] if position_ids.dim() == 2 and position_ids.shape[0] == 1 else position_ids
-        q_out, k_out = apply_rotary(q, k, positions, theta.to(q.device), layout=layout, attention_factor=attention)
-    else:
-        positions = position_ids[:, 0] if position_ids.shape[1] == 1 else position_ids
-        q_out, k_out = apply_mrope(q, k, positions, theta.to(q.device), axes, layout=layout,
-                                   attention_factor=attention)
-    return (q_out.transpose(1, 2), k_out.transpose(1, 2)) if heads_dim == 1 else (q_out, k_out)
+def _check_tables(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) -> tuple[int, int]:
+    """Raise unless the inputs and tables fit ``convention`` (README, "Errors"); return
+    ``unsqueeze_dim`` as an int and the number of rotated coordinates."""
+    for name, x in xs.items():
+        checks.float_tensor(name, x)
+    checks.float_tensor("cos", cos)
+    checks.float_tensor("sin", sin)
+    first = next(iter(xs))
+    checks.same_device(first, xs[first], **{name: x for name, x in xs.items() if name != first}, cos=cos, sin=sin)
+    if cos.dim() == 0:
+        raise ValueError("cos must have at least one dimension (the table width), got a 0-D tensor")
+    if sin.shape != cos.shape:
+        raise ValueError(f"sin {tuple(sin.shape)} must have the shape of cos {tuple(cos.shape)}")
+    unsqueeze_dim = checks.integer("unsqueeze_dim", unsqueeze_dim, minimum=-cos.dim() - 1, maximum=cos.dim())
+    form = provenance.recorded_form(cos)
+    if form is not None and form != convention.form:
+        raise ValueError(f"cos holds {_FORM_NAMES[form]}, which rope.hf.{convention.function} does not read: "
+                         f"use {_READERS[form]}")
+    width = convention.rotated_width(cos.shape[-1])
+    table_shape = cos.unsqueeze(unsqueeze_dim).shape[:-1]
+    for name, x in xs.items():
+        head_dim = x.shape[-1] if x.dim() else 0
+        if convention.whole_head and width != head_dim:
+            raise ValueError(f"cos has width {cos.shape[-1]}, expected half the head_dim of {name} "
+                             f"({tuple(x.shape)}): {convention.function} rotates the whole head")
+        if width % 2 or not 0 < width <= head_dim:
+            raise ValueError(f"cos has width {cos.shape[-1]}, expected an even width in [2, head_dim] "
+                             f"(head_dim of {name} {tuple(x.shape)})")
+        if not _broadcasts_to(table_shape, x.shape[:-1]):
+            raise ValueError(f"cos {tuple(cos.shape)} unsqueezed at unsqueeze_dim={unsqueeze_dim} does not broadcast "
+                             f"to {name} {tuple(x.shape)}")
+    return unsqueeze_dim, width
+
+
+def _check_complex(xs: dict, freqs_cis) -> None:
+    """Raise unless xq, xk are ``[batch, seq, heads, head_dim]`` float tensors and ``freqs_cis`` a
+    complex ``[batch, seq, head_dim / 2]`` tensor that broadcasts to them."""
+    checks.head_tensors(**xs)
+    checks.tensor("freqs_cis", freqs_cis)
+    if not freqs_cis.dtype.is_complex:
+        raise TypeError(f"freqs_cis must be a complex tensor (complex64 or complex128), got {freqs_cis.dtype}")
+    checks.same_device("xq", xs["xq"], xk=xs["xk"], freqs_cis=freqs_cis)
+    if freqs_cis.dim() != 3:
+        raise ValueError(f"freqs_cis must have shape [batch, seq, head_dim / 2], got {tuple(freqs_cis.shape)}")
+    for name, x in xs.items():
+        if x.shape[-1] % 2 or freqs_cis.shape[-1] != x.shape[-1] // 2:
+            raise ValueError(f"freqs_cis has {freqs_cis.shape[-1]} entries per token, expected head_dim / 2 of {name} "
+                             f"{tuple(x.shape)} (an even head_dim)")
+        if not _broadcasts_to(freqs_cis.shape[:2], x.shape[:2]):
+            raise ValueError(f"freqs_cis {tuple(freqs_cis.shape)} does not broadcast to the batch and seq of {name} "
+                             f"{tuple(x.shape)}")
+
+
+def _broadcasts_to(shape, target) -> bool:
+    """Whether a tensor of ``shape`` broadcasts to ``target`` without enlarging it."""
+    try:
+        return torch.broadcast_shapes(shape, target) == tuple(target)
+    except RuntimeError:
+        return False
+
+
+def _matches_source(xs, source: TableSource, *, heads_dim: int) -> bool:
+    """Whether every input is ``[batch, heads, seq, dim]`` (``heads_dim`` 1) or ``[batch, seq,
+    heads, dim]`` (2), non-empty, with the seq of the source positions and their batch (or
+    any batch, for one shared row of positions)."""
+    batch, seq = source.position_ids.shape[-2:]
+    return all(x.dim() == 4 and x.numel() and x.shape[3 - heads_dim] == seq and batch in (1, x.shape[0])
+               for x in xs)
+
+
+def _from_source(xs: tuple, source: TableSource, *, heads_dim: int, layout: str) -> tuple:
+    """The inputs rotated from the source positions and frequencies by :func:`rope.apply_rotary`
+    (:func:`rope.mrope.apply_mrope` with M-RoPE axes), on ``[batch, seq, heads, dim]`` views; q
+    and k in one call where they agree in dtype and shape (heads aside), else each on its own."""
+    views = [x.transpose(1, 2) if heads_dim == 1 else x for x in xs]
+    if len(views) == 2 and views[0].dtype == views[1].dtype and (
+            views[0].shape[:2] + views[0].shape[3:] == views[1].shape[:2] + views[1].shape[3:]):
+        outs = _exact(views[0], views[1], source, layout)
+    else:  # each on its own, with one head of itself in k's place
+        outs = tuple(_exact(view, view.narrow(2, 0, 1), source, layout)[0] for view in views)
+    return tuple(out.transpose(1, 2) if heads_dim == 1 else out for out in outs)
+
+
+def _exact(q: torch.Tensor, k: torch.Tensor, source: TableSource, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k ``[batch, seq, heads, dim]`` rotated by the source's positions (one row shared
+    by the batch where the source has one) and frequencies, times its attention factor."""
+    positions = source.position_ids
+    shared = positions.shape[-2] == 1 and q.shape[0] != 1  # one row of positions for the whole batch
+    if source.mrope_axes is None:
+        return apply_rotary(q, k, positions[0] if shared else positions, source.inv_freq,
+                            layout=layout, attention_factor=source.attention_factor)
+    return apply_mrope(q, k, positions[:, 0] if shared else positions, source.inv_freq, source.mrope_axes,
+                       layout=layout, attention_factor=source.attention_factor)
+
+
+def _working_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float32, or float64 where any of ``tensors`` is float64 (or complex128)."""
+    return torch.float64 if any(t.dtype in (torch.float64, torch.complex128) for t in tensors) else torch.float32
+
+
+class _RoundOnce(torch.autograd.Function):
+    """:func:`rope.apply.round_once` (whose bit operations have no gradient) with the gradient of
+    a plain conversion."""
+
+    @staticmethod
+    def forward(ctx, y, dtype):
+        ctx.input_dtype = y.dtype
+        return round_once(y, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.input_dtype), None
+
+
+def _from_tables(x, cos, sin, width: int, formula) -> torch.Tensor:
+    """``formula`` on the first ``width`` coordinates of x and the unsqueezed tables, in
+    :func:`_working_dtype`, rounded once to x's dtype; the other coordinates pass through."""
+    dtype = _working_dtype(x, cos)
+    y = formula(x[..., :width].to(dtype), cos.to(dtype), sin.to(dtype))
+    return torch.cat((_RoundOnce.apply(y, x.dtype), x[..., width:]), dim=-1)
+
+
+def _complex_product(x, freqs_cis) -> torch.Tensor:
+    """Llama 4's product: pairs (2i, 2i + 1) of x as complex numbers times ``freqs_cis[:, :, None]``,
+    in complex64 or complex128 (:func:`_working_dtype`), rounded once to x's dtype."""
+    dtype = _working_dtype(x, freqs_cis)
+    pairs = torch.view_as_complex(x.to(dtype).reshape(*x.shape[:-1], -1, 2).contiguous())
+    product = pairs * freqs_cis[:, :, None, :].to(pairs.dtype)
+    return _RoundOnce.apply(torch.view_as_real(product).flatten(3), x.dtype)

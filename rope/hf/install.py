@@ -87,8 +87,57 @@ def _candidates(config: Any, old: nn.Module, form: str):
                 continue
 
 
+def _frequency_buffers(old: nn.Module) -> dict[str, torch.Tensor]:
+    """The old module's frequency buffers: ``inv_freq``, ``original_inv_freq`` and, per layer
+    type, ``{layer_type}_inv_freq`` (transformers' names)."""
+    return {name: buffer for name, buffer in old.named_buffers(recurse=False) if name.endswith("inv_freq")}
+
+
+_CASTS = {torch.bfloat16: "model.bfloat16()", torch.float16: "model.half()"}
+_HALF_DTYPES = tuple(_CASTS)
+
+
+def _rounded_frequencies(old: nn.Module, config: Any) -> tuple[str, torch.dtype] | None:
+    """``(buffer name, dtype)`` when a frequency buffer of ``old`` holds theta_i rounded to a
+    half-precision dtype: stored in float16 or bfloat16 (the model was cast), or stored wider but
+    equal to rope's float32 frequencies of ``config`` rounded to one (cast and cast back)."""
+    buffers = _frequency_buffers(old)
+    for name, buffer in buffers.items():
+        if buffer.dtype in _HALF_DTYPES:
+            return name, buffer.dtype
+    reference = RotaryEmbedding(config)
+    thetas = [m.inv_freq for m in reference.modules() if isinstance(m, RotaryEmbedding) and m.layer_types is None]
+    for name, buffer in buffers.items():
+        values = buffer.detach().to("cpu", torch.float64)
+        for theta in thetas:
+            if theta.shape != values.shape or torch.equal(values, theta.double()):
+                continue
+            for dtype in _HALF_DTYPES:
+                if torch.equal(values, theta.to(dtype).double()):
+                    return name, dtype
+    return None
+
+
+def _cast_error(name: str, old: nn.Module, buffer: str, dtype: torch.dtype, device) -> ValueError:
+    """The error for a module whose frequencies a cast rounded, with the fixes that restore them."""
+    dtype_name, stored = (str(d).removeprefix("torch.") for d in (dtype, old._buffers[buffer].dtype))
+    how = f"in {dtype_name}" if stored == dtype_name else f"rounded to {dtype_name} (stored in {stored})"
+    fixes = ("call rope.hf.install(model) before casting the model (rope's module keeps its float32 frequencies "
+             "through .half() and .to(dtype))")
+    if getattr(old, "config", None) is not None:
+        module = f"model.{name}"
+        fixes += (f"; or, on a model already cast, first rebuild the module in float32: "
+                  f"{module} = type({module})({module}.config).to({str(device or 'cpu')!r})")
+    return ValueError(
+        f"install: {name} ({type(old).__name__}) holds its frequencies {buffer} {how}: the model was cast "
+        f"({_CASTS[dtype]} or model.to(torch.{dtype_name})), which rounds that buffer (transformers issue #29496), so "
+        f"its tables are off and no rope module reproduces them; nothing was replaced. Fix: {fixes}"
+    )
+
+
 def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbedding:
-    """The :class:`RotaryEmbedding` of ``config`` whose tables reproduce ``old``, or an error."""
+    """The :class:`RotaryEmbedding` of ``config`` whose tables reproduce ``old``, or an error
+    (naming the cast that rounded ``old``'s frequencies, where that is the cause)."""
     found = []
     for form in TABLE_FORMS:
         for new in _candidates(config, old, form):
@@ -99,6 +148,9 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbeddin
             label = form if new.layer_types is not None or new.mrope_axes is None else (
                 f"{form} with {new.rope_config.mrope_style} mrope_section {list(new.rope_config.mrope_section)}")
             found.append(f"{label}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
+    rounded = _rounded_frequencies(old, config)
+    if rounded is not None:
+        raise _cast_error(name, old, *rounded, device)
     raise ValueError(
         f"install: {name} ({type(old).__name__}) is not reproduced by rope.hf.RotaryEmbedding: its (cos, sin) at "
         f"probe positions differ in every table form ({'; '.join(found)}): another scaling or convention; "
@@ -115,18 +167,32 @@ def install(model: nn.Module) -> int:
     config has several), to within :data:`PROBE_TOLERANCE`, in one of the :data:`TABLE_FORMS`,
     which the new module then keeps. A module that reads M-RoPE's three rows of position ids is
     only matched by an M-RoPE module; where the config names no ``mrope_section`` (the model
-    class has a default), the old module's sections are tried in each assignment style. A module no form reproduces (a convention rope does not
-    know) raises ValueError and the model is left untouched, instead of running with wrong
-    positions.
+    class has a default), the old module's sections are tried in each assignment style.
+
+    Raises ``ValueError``, leaving the model untouched, where a module no form reproduces (a
+    convention rope does not know, instead of running with wrong positions; a model cast to
+    float16 or bfloat16, whose module's frequencies the cast rounded, is named as such, with the
+    fix), or where the model has no ``rotary_emb`` submodule at all. A model whose rotary modules
+    are all rope's already is left as it is: install returns 0 (installing twice is harmless).
+    Install before casting a model: rope's module keeps float32 frequencies through casts.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    found = [(owner_name, module, module.rotary_emb) for owner_name, module in model.named_modules()
+             if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+    if not found:
+        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb: nothing to replace "
+                         "(install swaps the rotary_emb modules of transformers models)")
     replacements = []
-    for owner_name, module in model.named_modules():
-        old = getattr(module, "rotary_emb", None)
-        if isinstance(old, nn.Module) and not isinstance(old, RotaryEmbedding):
-            config = getattr(old, "config", None) or model.config
-            device = next((buffer.device for buffer in old.buffers()), None)
-            name = f"{owner_name}.rotary_emb" if owner_name else "rotary_emb"
-            replacements.append((module, _reproduce(name, old, config, device)))
+    for owner_name, module, old in found:
+        if isinstance(old, RotaryEmbedding):
+            continue
+        name = f"{owner_name}.rotary_emb" if owner_name else "rotary_emb"
+        config = getattr(old, "config", None) or getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"install: {name} has no config, and neither has the model; nothing was replaced")
+        device = next((buffer.device for buffer in old.buffers()), None)
+        replacements.append((module, _reproduce(name, old, config, device)))
     for module, new in replacements:
         module.rotary_emb = new
     return len(replacements)
