@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from .checks import choice, integer, tensor
+
 LAYOUTS = ("half", "interleaved")
 
 
 def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+    choice("layout", layout, LAYOUTS)
 
 
 def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +35,9 @@ def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tens
 
 def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
     """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..), tail fixed."""
-    rotary_dim = head_dim if rotary_dim is None else rotary_dim
-    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+    head_dim = integer("head_dim", head_dim, minimum=1)
+    rotary_dim = head_dim if rotary_dim is None else integer("rotary_dim", rotary_dim, minimum=2, even=True)
+    if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
     a, b = pair_indices(rotary_dim, "interleaved")
     return torch.cat([a, b, torch.arange(rotary_dim, head_dim)])
@@ -55,10 +57,14 @@ def permute_qk_weight(
     ``to="half"`` converts an interleaved checkpoint (Meta's Llama, GPT-J) for ``rotate_half`` code
     (this is what transformers' Llama conversion script does); ``to="interleaved"`` goes back.
     """
-    check_layout(to)
-    if weight.shape[0] != num_heads * head_dim:
+    choice("to", to, LAYOUTS)
+    tensor("weight", weight)
+    num_heads = integer("num_heads", num_heads, minimum=1)
+    head_dim = integer("head_dim", head_dim, minimum=1)
+    if weight.dim() not in (1, 2) or weight.shape[0] != num_heads * head_dim:
         raise ValueError(
-            f"weight has {weight.shape[0]} output rows, expected num_heads * head_dim = {num_heads * head_dim}"
+            f"weight must be [num_heads * head_dim, in] or [num_heads * head_dim] = [{num_heads * head_dim}], "
+            f"got {tuple(weight.shape)}"
         )
     perm = interleaved_to_half(head_dim, rotary_dim) if to == "half" else half_to_interleaved(head_dim, rotary_dim)
     rows = weight.reshape(num_heads, head_dim, *weight.shape[1:])

@@ -35,41 +35,35 @@ and the softmax yourself. GQA/MQA: query head h reads key head ``h // (heads_q /
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from .apply import exact_cos_sin, rotate_pairs
-from .checks import head_tensors, integer_tensor, tensor
+from . import checks
 from .layouts import check_layout, pair_indices
 
 
-def _check_window(window, leaky_scale) -> None:
-    if isinstance(window, bool) or not isinstance(window, int):
-        raise TypeError(f"window must be an int, got {type(window).__name__} {window!r}")
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if leaky_scale is None:
-        return
-    if isinstance(leaky_scale, bool) or not isinstance(leaky_scale, (int, float)):
-        raise TypeError(f"leaky_scale must be a number or None, got {type(leaky_scale).__name__} {leaky_scale!r}")
-    if not math.isfinite(leaky_scale) or leaky_scale <= 0:
-        raise ValueError(f"leaky_scale must be a finite number > 0, got {leaky_scale!r}")
+def _check_window(window, leaky_scale) -> tuple[int, float | None]:
+    window = checks.integer("window", window, minimum=1)
+    if leaky_scale is not None:
+        leaky_scale = checks.number("leaky_scale", leaky_scale, positive=True)
+    return window, leaky_scale
 
 
 def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
     """Validate query/key tensors (``[batch, seq, heads, head_dim]``, seq may differ), their 1-D
     integer positions and the frequencies; return the number of query heads per key head."""
-    head_tensors(q=q, k=k)
-    tensor("inv_freq", inv_freq)
+    checks.head_tensors(q=q, k=k)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
-    if q.shape[2] % k.shape[2]:
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q = {q.shape[2]} must be a multiple of heads_k = {k.shape[2]} (GQA)")
-    integer_tensor("q_positions", q_positions, dim=1, length=q.shape[1])
-    integer_tensor("k_positions", k_positions, dim=1, length=k.shape[1])
-    if inv_freq.dim() != 1 or not inv_freq.dtype.is_floating_point or inv_freq.numel() == 0:
-        raise ValueError(f"inv_freq must be a non-empty 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    checks.integer_tensor("q_positions", q_positions, dim=1, length=q.shape[1])
+    checks.integer_tensor("k_positions", k_positions, dim=1, length=k.shape[1])
+    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES)
+    checks.same_device("q", q, k=k, q_positions=q_positions, k_positions=k_positions, inv_freq=inv_freq)
+    if inv_freq.numel() == 0:
+        raise ValueError("inv_freq must hold at least one frequency")
     if 2 * inv_freq.numel() > q.shape[3]:
         raise ValueError(f"inv_freq has {inv_freq.numel()} frequencies: rotary_dim {2 * inv_freq.numel()} "
                          f"exceeds head_dim {q.shape[3]}")
@@ -112,9 +106,9 @@ def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: floa
     (``leaky_scale`` = k) ``r' = r`` for r < w and ``w + (r - w) / k`` beyond. Entries with r < 0
     (keys after the query, removed by the causal mask) keep r' = r.
     """
-    integer_tensor("q_positions", q_positions, dim=1)
-    integer_tensor("k_positions", k_positions, dim=1)
-    _check_window(window, leaky_scale)
+    checks.integer_tensor("q_positions", q_positions, dim=1)
+    checks.integer_tensor("k_positions", k_positions, dim=1)
+    window, leaky_scale = _check_window(window, leaky_scale)
     r = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
     beyond = window + (r - window) / leaky_scale if leaky_scale is not None else torch.full_like(r, float(window))
     return torch.where(r < window, r, beyond)
@@ -160,7 +154,7 @@ def rerope_scores_two_pass(
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)
-    _check_window(window, leaky_scale)
+    window, leaky_scale = _check_window(window, leaky_scale)
     m, n = q_positions.to(q.device), k_positions.to(q.device)
     pass1 = _logits(_rotated(q, m, inv_freq, layout), _rotated(k, n, inv_freq, layout))
     if leaky_scale is None:

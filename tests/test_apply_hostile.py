@@ -162,3 +162,26 @@ def test_positions_at_the_int64_extremes_are_exact():
     extremes = torch.tensor([-(2**63), 2**63 - 1, -(2**31), 2**31 - 1])
     cos, sin = rope.angles.cos_sin(extremes, THETA)
     torch.testing.assert_close(cos * cos + sin * sin, torch.ones_like(cos), rtol=0, atol=4e-16)
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda: rope.rerope.rerope_scores(Q, K, POS, POS, THETA, window="3"), TypeError, "window"),
+    (lambda: rope.rerope.rerope_scores(Q, K, POS, POS, THETA, window=0), ValueError, "window"),
+    (lambda: rope.rerope.rerope_scores_two_pass(Q, K, POS, POS, THETA, window=2, leaky_scale=float("nan")),
+     ValueError, "leaky_scale"),
+    (lambda: rope.rerope.rerope_scores_two_pass(Q, K, POS, POS, THETA, window=2, leaky_scale=True), TypeError,
+     "leaky_scale"),
+    (lambda: rope.rerope.rotary_scores(Q, K, POS, POS, THETA.half()), TypeError, "inv_freq"),
+    (lambda: rope.rerope.rotary_scores(Q, K[:, :, :0], POS, POS, THETA), ValueError, "heads_k"),
+    (lambda: rope.rerope.rerope_positions(POS, POS.float(), window=2), TypeError, "k_positions"),
+    (lambda: rope.permute_qk_weight(torch.randn(16, 4), 2.0, 8, to="half"), TypeError, "num_heads"),
+    (lambda: rope.permute_qk_weight(torch.randn(16, 4), 2, 8, to="neox"), ValueError, "to"),
+    (lambda: rope.permute_qk_weight(torch.randn(16, 4, 1), 2, 8, to="half"), ValueError, "weight"),
+    (lambda: rope.permute_qk_weight([1.0] * 16, 2, 8, to="half"), TypeError, "weight"),
+    (lambda: rope.layouts.interleaved_to_half(8, 3), ValueError, "rotary_dim"),
+    (lambda: rope.layouts.interleaved_to_half(8, 10), ValueError, "rotary_dim"),
+    (lambda: rope.angles.cos_sin(POS.float(), THETA), TypeError, "positions"),
+])
+def test_other_rotation_functions_name_every_bad_argument(call, error, name):
+    with pytest.raises(error, match=name):
+        call()
