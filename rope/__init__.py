@@ -46,7 +46,7 @@ from . import (
     scaling_analysis,
 )
 from .apply import apply_rotary
-from .config import ROPE_TYPES, RopeConfig, parse_config
+from .config import ROPE_TYPES, RopeConfig, RopeConfigWarning, parse_config
 from .frequencies import FREQUENCY_FUNCTIONS, inv_freq
 from .layouts import permute_qk_weight
 
@@ -54,6 +54,7 @@ __all__ = [
     "FREQUENCY_FUNCTIONS",
     "ROPE_TYPES",
     "RopeConfig",
+    "RopeConfigWarning",
     "angles",
     "apply_rotary",
     "axial",

@@ -22,6 +22,10 @@ This is RoPE read as a number system: the position's digits pick up exact phase 
 The Triton kernels compute T_i on the device from float32 theta_i with :data:`INV_TWO_PI_PIECES`
 (see :func:`fixed_point_phases`); this module holds the same arithmetic in torch, the exact
 big-integer version it is tested against, and the float64 reduced angles the book plots.
+
+The torch path goes further (:func:`cos_sin`): T_i to 126 bits, exact to 2^-125 turns, held in
+int64 limbs, so that m T_i is exact for every int64 m and cos and sin come out within 2^-52,
+whatever the position: :func:`turns_per_position`, :func:`turns`, :func:`cos_sin_of_turns`.
 """
 
 from __future__ import annotations

@@ -2,50 +2,183 @@
 
 Hugging Face keeps RoPE settings in a plain dict (``config.rope_parameters``, formerly
 ``config.rope_scaling``). :func:`parse_config` turns such a mapping into a frozen
-:class:`RopeConfig`, checking types and ranges once, so the frequency functions in
+:class:`RopeConfig`, checking every key once, so the frequency functions in
 :mod:`rope.frequencies` can be pure functions of typed values.
 
-Keys read (all others are ignored, as transformers does):
+**The keys.** One table, :data:`ROPE_TYPE_KEYS`, says for each ``rope_type`` which keys it needs
+and which it may read, in the shape of transformers' key sets (``_validate_<type>_rope_parameters``
+in ``modeling_rope_utils.py``); every type also reads the :data:`COMMON_KEYS`:
 
 =================================  ====================================================
 ``rope_type`` (or legacy ``type``) ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
                                    ``longrope``, ``llama3``, ``proportional``; missing means ``default``
-``rope_theta``                     the base b of theta_i = b^(-2i/d); default 10000
-``factor``                         the context-extension factor s (>= 1)
-``max_position_embeddings``        the model's context length (``dynamic``; fallbacks)
-``original_max_position_embeddings``  the pre-training context length L
-``partial_rotary_factor``          fraction of the head dimension that rotates
-yarn: ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_factor``, ``truncate``
-longrope: ``short_factor``, ``long_factor``, ``attention_factor``
-llama3: ``low_freq_factor``, ``high_freq_factor``
+``rope_theta``                     the base b of theta_i = b^(-2i/d), > 1; default 10000
+``partial_rotary_factor``          fraction of the head dimension that rotates, in (0, 1]
+``max_position_embeddings``        the model's context length (``dynamic``'s L; a stand-in below), in [1, 2^63]
+``original_max_position_embeddings``  the pre-training context length L (yarn, longrope, llama3), in [1, 2^63]
+``factor``                         the context-extension factor s >= 1
+yarn: ``beta_fast``, ``beta_slow`` (> 0, beta_fast >= beta_slow; default 32 and 1), ``mscale``,
+      ``mscale_all_dim``, ``attention_factor`` (> 0), ``truncate`` (a bool)
+longrope: ``short_factor``, ``long_factor`` (lists of rotary_dim/2 numbers > 0), ``attention_factor``
+llama3: ``low_freq_factor``, ``high_freq_factor`` (high > low > 0)
 M-RoPE: ``mrope_section``          pairs that follow the t, h, w positions (:mod:`rope.mrope`);
         ``mrope_interleaved``      interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL);
+                                   ``interleaved`` is Qwen3-Omni's name for it;
         ``mrope_style``            (rope's own key) ``chunked``, ``interleaved`` or ``alternating``
 =================================  ====================================================
 
-M-RoPE combines with any ``rope_type``: the frequencies are those of the type, the section only
-says which position each pair reads. ``rope_type`` ``mrope`` (old Qwen2-VL configs) means
-``default`` with a required ``mrope_section``, as transformers reads it.
+A needed key may have stand-ins (:attr:`RopeTypeKeys.stand_ins`): ``original_max_position_embeddings``
+defaults to ``max_position_embeddings`` (transformers' ``standardize_rope_params`` does the same),
+and yarn's and longrope's ``factor`` to max_position_embeddings / original_max_position_embeddings
+when both are given (DeepSeek-V3, Phi-3). M-RoPE combines with any ``rope_type``: the frequencies
+are those of the type, the section only says which position each pair reads. ``rope_type``
+``mrope`` (old Qwen2-VL configs) means ``default`` with a required ``mrope_section``, as
+transformers reads it.
+
+**The key policy** (nothing is silently ignored). A key whose value is ``None`` counts as absent,
+as transformers stores absent keys. For every other key, :func:`parse_config`:
+
+* reads a key of the type or a common key, and checks its value: ``TypeError`` for the wrong type
+  (a flag that is not a bool, an integer given as ``4096.0``, a string for a number), ``ValueError``
+  for the wrong value (NaN, infinity, out of range), the message naming the key; NumPy integers
+  are integers and NumPy floats numbers; a needed key that is missing, with no stand-in, is a
+  ``ValueError`` naming it;
+* **refuses** a key of another ecosystem whose meaning is numeric (:data:`FOREIGN_KEYS`: vLLM's
+  ``attn_factor`` and ``extrapolation_factor``, HunYuan's ``alpha``, ``base``, ``theta``,
+  ``rotary_emb_base``, ``scaling_factor`` ...) with a ``ValueError`` that names the key and says
+  what rope's key is: honouring it under rope's reading could be wrong, and ignoring it would
+  silently change the numbers;
+* refuses ``type`` and ``rope_type`` that disagree, and M-RoPE style keys that disagree;
+* **warns** (:class:`RopeConfigWarning`) about a key rope knows that the given ``rope_type`` does
+  not read (``low_freq_factor`` with yarn, ``short_factor`` with linear), as transformers does
+  ("Unrecognized keys in `rope_parameters`"), and ignores it: published configs carry such
+  leftovers, transformers loads them with a warning and computes the same numbers without them;
+* warns about any other key (a typo such as ``rope_thetaa``, with the closest known key) and
+  ignores it, except the keys of :data:`MODEL_KEYS`, which models read outside the rotary
+  embedding (Ministral 3's ``llama_4_scaling_beta``): those are accepted without a warning, as
+  transformers' ``ignore_keys_at_rope_validation`` accepts them.
+
+Two readings differ from transformers on purpose: a beta_fast or beta_slow of 0 (which
+transformers replaces by its default, ``beta_fast or 32``) is refused, as is beta_fast < beta_slow
+(transformers warns and ramps backwards); ``mscale`` or ``mscale_all_dim`` of 0 keeps its meaning
+in transformers and DeepSeek's code: absent.
+
+Numbers that make the frequencies or the attention factor degenerate (an overflow, a zero
+divisor, a frequency that rounds to 0 in float32) are refused by :func:`rope.inv_freq`, naming
+the keys; see :mod:`rope.frequencies`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Mapping
+import difflib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from . import checks
 from .mrope import MROPE_STYLES, check_section, section_axes
 
-ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional")
-
 DEFAULT_THETA = 10000.0
+MAX_LENGTH = 2**63
+"""The largest context length (``max_position_embeddings``, ``seq_len``): positions are int64."""
+YARN_BETA_FAST = 32.0
+YARN_BETA_SLOW = 1.0
+
+
+class RopeConfigWarning(UserWarning):
+    """A config key that rope does not read for the given ``rope_type`` and ignores."""
 
 
 @dataclass(frozen=True)
+class RopeTypeKeys:
+    """The config keys of one ``rope_type`` besides :data:`COMMON_KEYS`: those it needs and those
+    it may read. ``stand_ins`` maps a needed key to keys that, all given, can take its place."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    stand_ins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self.required + self.optional)
+
+
+_ORIGINAL_FROM_MAX = {"original_max_position_embeddings": ("max_position_embeddings",)}
+_FACTOR_FROM_LENGTHS = {"factor": ("max_position_embeddings", "original_max_position_embeddings")}
+
+ROPE_TYPE_KEYS: dict[str, RopeTypeKeys] = {
+    "default": RopeTypeKeys(),
+    "linear": RopeTypeKeys(required=("factor",)),
+    "ntk": RopeTypeKeys(required=("factor",)),
+    "dynamic": RopeTypeKeys(required=("factor", "max_position_embeddings")),
+    "yarn": RopeTypeKeys(
+        required=("factor", "original_max_position_embeddings"),
+        optional=("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+        stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX},
+    ),
+    "longrope": RopeTypeKeys(
+        required=("factor", "short_factor", "long_factor", "original_max_position_embeddings"),
+        optional=("attention_factor",),
+        stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX},
+    ),
+    "llama3": RopeTypeKeys(
+        required=("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+        stand_ins=_ORIGINAL_FROM_MAX,
+    ),
+    "proportional": RopeTypeKeys(optional=("factor",)),
+}
+"""Per ``rope_type``, the keys it needs and may read (transformers' ``ROPE_INIT_FUNCTIONS`` have
+their key sets in ``_validate_<type>_rope_parameters``; ``ntk`` is rope's fixed NTK-aware type)."""
+
+ROPE_TYPES = tuple(ROPE_TYPE_KEYS)
+"""The rope_types of :data:`ROPE_TYPE_KEYS` (a snapshot; the table is the one source)."""
+
+COMMON_KEYS = frozenset({
+    "rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings",
+    "original_max_position_embeddings", "mrope_section", "mrope_interleaved", "interleaved", "mrope_style",
+})
+"""Keys every ``rope_type`` accepts. The two context lengths are among them because model configs
+carry them at the top level whatever the type (:func:`rope.hf.rope_parameters_from_config` folds
+them in); types that do not read them ignore them without a warning."""
+
+MODEL_KEYS = frozenset({"llama_4_scaling_beta"})
+"""Keys that models keep in ``rope_parameters`` and read outside the rotary embedding (Ministral 3
+and Mistral 4 scale the queries by position with ``llama_4_scaling_beta``): accepted and unused."""
+
+FOREIGN_KEYS: dict[str, str] = {
+    "base": "rope's key for the base b is 'rope_theta'",
+    "theta": "rope's key for the base b is 'rope_theta'",
+    "rotary_emb_base": "rope's key for the base b is 'rope_theta' (GPT-NeoX's rotary_emb_base)",
+    "rotary_base": "rope's key for the base b is 'rope_theta' (Megatron-LM's rotary_base)",
+    "rope_freq_base": "rope's key for the base b is 'rope_theta' (llama.cpp's rope_freq_base)",
+    "rope_ratio": "ChatGLM's rope_ratio multiplies the base: give rope_theta = 10000 * rope_ratio",
+    "scaling_factor": "rope's key for the extension factor s is 'factor' (vLLM's scaling_factor)",
+    "rope_scaling_factor": "rope's key for the extension factor s is 'factor'",
+    "rope_freq_scale": "llama.cpp's rope_freq_scale is 1/s: give rope_type 'linear' with factor = 1 / rope_freq_scale",
+    "attn_factor": ("vLLM's attn_factor multiplies YaRN's mscale; rope's 'attention_factor' replaces the whole "
+                    "factor: give attention_factor = attn_factor * (0.1 ln(factor) + 1)"),
+    "attention_scaling": "rope's key for the factor on cos and sin is 'attention_factor'",
+    "extrapolation_factor": ("vLLM's YaRN extrapolation_factor weights the kept frequencies; rope (as transformers) "
+                             "keeps them with weight 1 and has no key for it"),
+    "alpha": ("HunYuan's NTK alpha raises the base to rope_theta * alpha^(d/(d-2)): give rope_type 'ntk' "
+              "with factor = alpha"),
+    "mixed_b": "vLLM's NTK mixed_b has no rope equivalent",
+    "short_mscale": "PhiMoE's short_mscale and long_mscale: rope's key is 'attention_factor' (one value)",
+    "long_mscale": "PhiMoE's short_mscale and long_mscale: rope's key is 'attention_factor' (one value)",
+    "rotary_pct": "rope's key for the rotated fraction of the head is 'partial_rotary_factor'",
+    "rotary_percentage": "rope's key for the rotated fraction of the head is 'partial_rotary_factor'",
+    "rotary_dim": "rope's key for the rotated width is 'partial_rotary_factor' = rotary_dim / head_dim",
+}
+"""Keys of other ecosystems with a numeric meaning, refused with what rope's key is."""
+
+@dataclass(frozen=True)
 class RopeConfig:
-    """A validated RoPE configuration. ``None`` means "not given"."""
+    """A validated RoPE configuration. ``None`` means "not given". Every value is checked when
+    the config is made (directly or by :func:`parse_config`): a wrong type raises ``TypeError``,
+    a wrong value or a missing needed key ``ValueError``, each naming the key."""
 
     rope_type: str = "default"
     rope_theta: float = DEFAULT_THETA
@@ -71,11 +204,46 @@ class RopeConfig:
     mrope_section: tuple[int, int, int] | None = None
     mrope_style: str = "chunked"
 
+    def __post_init__(self):
+        if not isinstance(self.rope_type, str):
+            raise TypeError(f"config key 'rope_type' must be a str, got {type(self.rope_type).__name__} "
+                            f"{self.rope_type!r}")
+        if self.rope_type not in ROPE_TYPE_KEYS:
+            raise ValueError(f"unknown rope_type {self.rope_type!r}; expected one of "
+                             f"{', '.join(ROPE_TYPE_KEYS)} (or 'mrope')")
+        for key, check in _FIELD_CHECKS.items():
+            value = getattr(self, key)
+            if value is not None:
+                object.__setattr__(self, key, check(f"config key {key!r}", value))
+        self._check_required()
+        self._check_pairs()
+
+    def _check_required(self) -> None:
+        spec = ROPE_TYPE_KEYS[self.rope_type]
+        for key in spec.required:
+            stand_in = spec.stand_ins.get(key, ())
+            if getattr(self, key) is None and not (stand_in and all(getattr(self, k) is not None for k in stand_in)):
+                alternative = f" (or {' and '.join(map(repr, stand_in))})" if stand_in else ""
+                raise ValueError(f"rope_type {self.rope_type!r} needs the config key {key!r}{alternative}")
+
+    def _check_pairs(self) -> None:
+        """Keys that bound each other: beta_fast >= beta_slow, high_freq_factor > low_freq_factor."""
+        fast = YARN_BETA_FAST if self.beta_fast is None else self.beta_fast
+        slow = YARN_BETA_SLOW if self.beta_slow is None else self.beta_slow
+        if fast < slow:
+            raise ValueError(
+                f"config keys 'beta_fast' ({fast}) and 'beta_slow' ({slow}) must satisfy beta_fast >= beta_slow "
+                "(pairs turning more than beta_fast times over L keep their frequency, those turning fewer "
+                "than beta_slow times are interpolated; defaults 32 and 1)")
+        low, high = self.low_freq_factor, self.high_freq_factor
+        if low is not None and high is not None and not high > low:
+            raise ValueError(f"config keys 'high_freq_factor' ({high}) and 'low_freq_factor' ({low}) must satisfy "
+                             "high_freq_factor > low_freq_factor")
+
     def rotary_dim(self, head_dim: int) -> int:
         """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it;
         the whole head for ``proportional``, whose unrotated pairs get the frequency 0 instead."""
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
-            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        head_dim = checks.integer("head_dim", head_dim, minimum=1)
         if self.rope_type == "proportional":
             if head_dim % 2:
                 raise ValueError(f"rope_type 'proportional' rotates the whole head: head_dim must be even, got {head_dim}")
@@ -94,13 +262,6 @@ class RopeConfig:
         if self.mrope_section is None:
             return None
         return section_axes(self.mrope_section, self.rotary_dim(head_dim) // 2, style=self.mrope_style)
-
-    def require(self, key: str) -> Any:
-        """The value of ``key``, or a ValueError saying that this rope_type needs it."""
-        value = getattr(self, key)
-        if value is None:
-            raise ValueError(f"rope_type {self.rope_type!r} needs the config key {key!r}")
-        return value
 
     def original_length(self) -> int:
         """L, the pre-training context: ``original_max_position_embeddings``, else
@@ -126,93 +287,145 @@ class RopeConfig:
         )
 
 
-def _number(key: str, value: Any, *, positive: bool = False, at_least: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"config key {key!r} must be a number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"config key {key!r} must be finite, got {value}")
-    if positive and value <= 0:
-        raise ValueError(f"config key {key!r} must be > 0, got {value}")
-    if at_least is not None and value < at_least:
-        raise ValueError(f"config key {key!r} must be >= {at_least}, got {value}")
-    return value
+def _base(name: str, value) -> float:
+    base = checks.number(name, value)
+    if not base > 1:
+        raise ValueError(f"{name} must be > 1 (theta_i = b^(-2i/d) falls with i), got {base}")
+    return base
 
 
-def _length(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"config key {key!r} must be a positive int, got {value!r}")
-    return value
+def _length(name: str, value) -> int:
+    return checks.integer(name, value, minimum=1, maximum=MAX_LENGTH)
 
 
-def _factors(key: str, value: Any) -> tuple[float, ...]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"config key {key!r} must be a list of numbers, got {value!r}")
-    return tuple(_number(key, v, positive=True) for v in value)
+def _fraction(name: str, value) -> float:
+    fraction = checks.number(name, value)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"{name} must be in (0, 1], got {fraction}")
+    return fraction
+
+
+def _factor_list(name: str, value) -> tuple[float, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of numbers, got {type(value).__name__} {value!r}")
+    return tuple(checks.number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))
+
+
+def _positive(name: str, value) -> float:
+    return checks.number(name, value, positive=True)
+
+
+def _style(name: str, value) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+    return checks.choice(name, value, MROPE_STYLES)
+
+
+_FIELD_CHECKS = {
+    "rope_theta": _base,
+    "factor": lambda name, value: checks.number(name, value, minimum=1.0),
+    "max_position_embeddings": _length,
+    "original_max_position_embeddings": _length,
+    "partial_rotary_factor": _fraction,
+    "beta_fast": _positive,
+    "beta_slow": _positive,
+    "mscale": checks.number,
+    "mscale_all_dim": checks.number,
+    "truncate": checks.flag,
+    "attention_factor": _positive,
+    "short_factor": _factor_list,
+    "long_factor": _factor_list,
+    "low_freq_factor": _positive,
+    "high_freq_factor": _positive,
+    "mrope_section": lambda name, value: check_section(value, name),
+    "mrope_style": _style,
+}
+"""Per field, its check: the value as stored, or TypeError/ValueError naming the key."""
 
 
 def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
-    """Validate a ``rope_parameters`` mapping and return a :class:`RopeConfig`."""
+    """Validate a ``rope_parameters`` mapping and return a :class:`RopeConfig`, following the key
+    policy of the module docstring (refusals raise, ignored keys warn with :class:`RopeConfigWarning`)."""
     if isinstance(config, RopeConfig):
         return config
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping such as rope_parameters, got {type(config).__name__}")
-    nested = sorted(key for key, value in config.items() if isinstance(value, Mapping))
+    given = _given(config)
+    rope_type = _rope_type(given)
+    spec = ROPE_TYPE_KEYS[rope_type]
+    fields: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in _FIELD_CHECKS and (key in spec.keys or key in COMMON_KEYS):
+            fields[key] = value
+        elif key not in COMMON_KEYS and key not in MODEL_KEYS:
+            _warn_ignored(key, rope_type)
+    style = _mrope_style(given)
+    if style is not None:
+        fields["mrope_style"] = style
+    return RopeConfig(rope_type=rope_type, **fields)
+
+
+def _given(config: Mapping) -> dict[str, Any]:
+    """The keys of ``config`` whose value is not None, after the checks that need the whole
+    mapping: string keys, no nesting by layer type, no foreign keys."""
+    nested = sorted(str(key) for key, value in config.items() if isinstance(value, Mapping))
     if nested:
         raise ValueError(
             f"config is nested by layer type (keys {', '.join(map(repr, nested))}), as in Gemma 3: pass the "
             "mapping of one layer type, or give the model config to rope.hf.RotaryEmbedding, which keeps one per type"
         )
-    get = {k: v for k, v in config.items() if v is not None}.get
+    given = {}
+    for key, value in config.items():
+        if not isinstance(key, str):
+            raise TypeError(f"config keys must be str, got {type(key).__name__} {key!r}")
+        if value is None:
+            continue
+        if key in FOREIGN_KEYS:
+            raise ValueError(f"config key {key!r} is not rope's: {FOREIGN_KEYS[key]}")
+        given[key] = value
+    return given
 
-    rope_type = get("rope_type", get("type", "default"))
-    if rope_type == "mrope":
-        if get("mrope_section") is None:
-            raise ValueError("rope_type 'mrope' needs the config key 'mrope_section'")
-        rope_type = "default"
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {', '.join(ROPE_TYPES)} (or 'mrope')")
 
-    fields: dict[str, Any] = {"rope_type": rope_type}
-    if get("rope_theta") is not None:
-        fields["rope_theta"] = _number("rope_theta", get("rope_theta"), positive=True)
-        if fields["rope_theta"] <= 1:
-            raise ValueError(f"config key 'rope_theta' must be > 1, got {fields['rope_theta']}")
-    if get("factor") is not None:
-        fields["factor"] = _number("factor", get("factor"), at_least=1.0)
-    for key in ("max_position_embeddings", "original_max_position_embeddings"):
-        if get(key) is not None:
-            fields[key] = _length(key, get(key))
-    if get("partial_rotary_factor") is not None:
-        prf = _number("partial_rotary_factor", get("partial_rotary_factor"), positive=True)
-        if prf > 1:
-            raise ValueError(f"config key 'partial_rotary_factor' must be in (0, 1], got {prf}")
-        fields["partial_rotary_factor"] = prf
-    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
-        if get(key) is not None:
-            fields[key] = _number(key, get(key))
-    if get("attention_factor") is not None:
-        fields["attention_factor"] = _number("attention_factor", get("attention_factor"), positive=True)
-    if get("truncate") is not None:
-        if not isinstance(get("truncate"), bool):
-            raise TypeError(f"config key 'truncate' must be a bool, got {get('truncate')!r}")
-        fields["truncate"] = get("truncate")
-    for key in ("short_factor", "long_factor"):
-        if get(key) is not None:
-            fields[key] = _factors(key, get(key))
-    if get("mrope_section") is not None:
-        fields["mrope_section"] = check_section(get("mrope_section"), "config key 'mrope_section'")
-    if get("mrope_interleaved") is not None:
-        if not isinstance(get("mrope_interleaved"), bool):
-            raise TypeError(f"config key 'mrope_interleaved' must be a bool, got {get('mrope_interleaved')!r}")
-        fields["mrope_style"] = "interleaved" if get("mrope_interleaved") else "chunked"
-    if get("mrope_style") is not None:
-        style = get("mrope_style")
-        if style not in MROPE_STYLES:
-            raise ValueError(f"config key 'mrope_style' must be one of {', '.join(map(repr, MROPE_STYLES))}, "
-                             f"got {style!r}")
-        if fields.get("mrope_style", style) != style:
-            raise ValueError(f"config keys 'mrope_style' ({style!r}) and 'mrope_interleaved' "
-                             f"({get('mrope_interleaved')!r}) disagree")
-        fields["mrope_style"] = style
-    return RopeConfig(**fields)
+def _rope_type(given: Mapping[str, Any]) -> str:
+    """The ``rope_type`` (legacy ``type``; ``mrope`` is ``default`` with a needed section, as
+    transformers reads Qwen2-VL's configs, which say ``type: mrope`` and ``rope_type: default``)."""
+    said = {}
+    for key in ("rope_type", "type"):
+        if key in given:
+            if not isinstance(given[key], str):
+                raise TypeError(f"config key {key!r} must be a str, got {type(given[key]).__name__} {given[key]!r}")
+            said[key] = given[key]
+    if "mrope" in said.values() and "mrope_section" not in given:
+        raise ValueError("rope_type 'mrope' needs the config key 'mrope_section'")
+    types = {"default" if value == "mrope" else value for value in said.values()}
+    if len(types) > 1:
+        raise ValueError(f"config keys 'rope_type' ({said['rope_type']!r}) and 'type' ({said['type']!r}) disagree")
+    rope_type = types.pop() if types else "default"
+    if rope_type not in ROPE_TYPE_KEYS:
+        raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {', '.join(ROPE_TYPE_KEYS)} (or 'mrope')")
+    return rope_type
+
+
+def _mrope_style(given: Mapping[str, Any]) -> str | None:
+    """The M-RoPE style the keys ``mrope_style``, ``mrope_interleaved`` and ``interleaved`` say,
+    or None if none is given; they must agree."""
+    said = {}
+    for key in ("mrope_interleaved", "interleaved"):
+        if key in given:
+            said[key] = "interleaved" if checks.flag(f"config key {key!r}", given[key]) else "chunked"
+    if "mrope_style" in given:
+        said["mrope_style"] = _style("config key 'mrope_style'", given["mrope_style"])
+    if len(set(said.values())) > 1:
+        raise ValueError("config keys " + " and ".join(f"{k!r} ({given[k]!r})" for k in said) + " disagree")
+    return next(iter(said.values()), None)
+
+
+def _warn_ignored(key: str, rope_type: str) -> None:
+    readers = [name for name, spec in ROPE_TYPE_KEYS.items() if key in spec.keys]
+    if readers:
+        reason = f"rope_type {rope_type!r} does not read it (only {', '.join(map(repr, readers))} do)"
+    else:
+        known = COMMON_KEYS.union(*(spec.keys for spec in ROPE_TYPE_KEYS.values()))
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        reason = "rope does not know it" + (f"; did you mean {close[0]!r}?" if close else "")
+    warnings.warn(f"config key {key!r} is ignored: {reason}", RopeConfigWarning, stacklevel=3)

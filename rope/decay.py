@@ -27,10 +27,10 @@ of admissible bases is not an interval: a larger base can fail where a smaller o
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import torch
 
+from .checks import choice, float_tensor, integer, number, same_device
 from .frequencies import default_theta
 
 # The scan evaluates C(s) in blocks of _BLOCK consecutive distances, starting with one block and
@@ -39,38 +39,45 @@ _BLOCK = 1024
 _MAX_BLOCKS = 1024
 
 
-def _as_distances(distance) -> torch.Tensor:
+def _as_distances(distance, theta: torch.Tensor) -> torch.Tensor:
+    """``distance`` (a real number, sequence or tensor) as float64 on the device of ``theta``;
+    a tensor must already be there. NaN and infinite distances are refused."""
     if isinstance(distance, torch.Tensor):
+        same_device("inv_freq", theta, distance=distance)
         if distance.dtype == torch.bool or distance.dtype.is_complex:
             raise TypeError(f"distance must hold real numbers, got a {distance.dtype} tensor")
-        return distance.to(torch.float64)
-    try:
-        tensor = torch.as_tensor(distance)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"distance must be a real number, sequence or tensor, got {distance!r}") from error
-    if tensor.dtype == torch.bool or tensor.dtype.is_complex:
-        raise TypeError(f"distance must hold real numbers, got {distance!r}")
-    return torch.as_tensor(distance, dtype=torch.float64)  # Python floats would otherwise become float32
+        s = distance.to(torch.float64)
+    else:
+        try:
+            probe = torch.as_tensor(distance)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"distance must be a real number, sequence or tensor, got {distance!r}") from error
+        if probe.dtype == torch.bool or probe.dtype.is_complex:
+            raise TypeError(f"distance must hold real numbers, got {distance!r}")
+        # from the original values: Python floats would otherwise pass through float32
+        s = torch.as_tensor(distance, dtype=torch.float64, device=theta.device)
+    if not bool(torch.isfinite(s).all()):
+        raise ValueError("distance must be finite")
+    return s
 
 
 def _as_frequencies(inv_freq) -> torch.Tensor:
-    if not isinstance(inv_freq, torch.Tensor):
-        raise TypeError(f"inv_freq must be a torch.Tensor, got {type(inv_freq).__name__}")
-    if inv_freq.dim() != 1 or inv_freq.numel() == 0 or not inv_freq.dtype.is_floating_point:
-        raise ValueError(f"inv_freq must be a non-empty 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
-    return inv_freq.to(torch.float64)
+    """``inv_freq`` as float64: a non-empty 1-D float tensor of finite values (any float dtype:
+    these are analyses, often of float64 frequencies)."""
+    float_tensor("inv_freq", inv_freq, dim=1)
+    if inv_freq.numel() == 0:
+        raise ValueError("inv_freq must hold at least one frequency")
+    theta = inv_freq.to(torch.float64)
+    if not bool(torch.isfinite(theta).all()):
+        raise ValueError("inv_freq must hold finite frequencies")
+    return theta
 
 
-def _check_positive_int(name: str, value, *, even: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0 or (even and value % 2):
-        raise ValueError(f"{name} must be a positive {'even ' if even else ''}int, got {value!r}")
-    return int(value)
-
-
-def _check_base(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 1:
+def _base(name: str, value) -> float:
+    base = number(name, value)
+    if not base > 1:
         raise ValueError(f"{name} must be a finite real number > 1, got {value!r}")
-    return float(value)
+    return base
 
 
 def partial_sums(distance, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -79,10 +86,10 @@ def partial_sums(distance, inv_freq: torch.Tensor) -> torch.Tensor:
     Returns shape ``distance.shape + (d/2 + 1,)``; entry ``[..., j]`` is S_j, so ``[..., 0]`` is
     S_0 = 0. ``distance`` may be any real numbers (PI evaluates non-integer s).
     """
-    s = _as_distances(distance)
     theta = _as_frequencies(inv_freq)
+    s = _as_distances(distance, theta)
     terms = torch.exp(1j * (s[..., None] * theta))
-    zero = torch.zeros(*s.shape, 1, dtype=terms.dtype)
+    zero = torch.zeros(*s.shape, 1, dtype=terms.dtype, device=terms.device)
     return torch.cat([zero, torch.cumsum(terms, dim=-1)], dim=-1)
 
 
@@ -97,8 +104,8 @@ def relative_upper_bound(distance, inv_freq: torch.Tensor) -> torch.Tensor:
 
 def cosine_sum(distance, inv_freq: torch.Tensor) -> torch.Tensor:
     """C(s) = sum_i cos(s theta_i) = tr(R_s) / 2, the expected score E[q^T R_s q] / (2 sigma^2), float64."""
-    s = _as_distances(distance)
     theta = _as_frequencies(inv_freq)
+    s = _as_distances(distance, theta)
     return torch.cos(s[..., None] * theta).sum(dim=-1)
 
 
@@ -112,9 +119,9 @@ def first_negative_distance(base: float, dim: int, *, limit: int) -> int | None:
     The scan is many small tensor operations: on a busy machine, ``torch.set_num_threads(1)``
     can make it many times faster.
     """
-    base = _check_base("base", base)
-    dim = _check_positive_int("dim", dim, even=True)
-    limit = _check_positive_int("limit", limit)
+    base = _base("base", base)
+    dim = integer("dim", dim, minimum=2, even=True)
+    limit = integer("limit", limit, minimum=1)
     theta = default_theta(base, dim)
     offsets = torch.arange(_BLOCK, dtype=torch.float64)[:, None] * theta
     within_block = torch.cat([offsets.cos(), -offsets.sin()], dim=1)  # [_BLOCK, d]
@@ -133,14 +140,14 @@ def first_negative_distance(base: float, dim: int, *, limit: int) -> int | None:
 
 def base_is_admissible(base: float, length: int, dim: int) -> bool:
     """True if C(s) = sum_i cos(s base^(-2i/d)) >= 0 for every integer 0 <= s < length (Men et al. 2024)."""
-    length = _check_positive_int("length", length)
+    length = integer("length", length, minimum=1)
     return first_negative_distance(base, dim, limit=length) is None
 
 
 def base_grid(lower: float, upper: float, points_per_decade: int) -> torch.Tensor:
     """The log grid 10^(k / points_per_decade), integer k, of the bases in [lower, upper], float64."""
-    lower, upper = _check_base("lower", lower), _check_base("upper", upper)
-    points_per_decade = _check_positive_int("points_per_decade", points_per_decade)
+    lower, upper = _base("lower", lower), _base("upper", upper)
+    points_per_decade = integer("points_per_decade", points_per_decade, minimum=1)
     if upper < lower:
         raise ValueError(f"upper must be >= lower, got lower={lower!r}, upper={upper!r}")
     first = math.ceil(math.log10(lower) * points_per_decade - 1e-9)
@@ -178,12 +185,11 @@ def min_bases_for_lengths(
     is ``lower`` itself, it only says that ``lower`` passes. Raises ValueError if no grid point up
     to ``upper`` is admissible for some L ("first"), or if the top grid point fails ("stable").
     """
-    if rule not in RULES:
-        raise ValueError(f"rule must be 'first' or 'stable', got {rule!r}")
+    choice("rule", rule, RULES)
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
         raise TypeError(f"lengths must be a sequence of positive ints, got {lengths!r}")
-    lengths = [_check_positive_int("each length", length) for length in lengths]
-    dim = _check_positive_int("dim", dim, even=True)
+    lengths = [integer(f"lengths[{i}]", length, minimum=1) for i, length in enumerate(lengths)]
+    dim = integer("dim", dim, minimum=2, even=True)
     grid = base_grid(lower, upper, points_per_decade).tolist()
     answers: dict[int, float] = {}
     waiting = sorted(set(lengths))
@@ -218,5 +224,5 @@ def min_bases_for_lengths(
 def min_base_for_length(length: int, dim: int, **grid_options) -> float:
     """The smallest admissible base for one length; see :func:`min_bases_for_lengths` for the
     keyword arguments (``rule``, ``points_per_decade``, ``lower``, ``upper``)."""
-    length = _check_positive_int("length", length)
+    length = integer("length", length, minimum=1)
     return min_bases_for_lengths([length], dim, **grid_options)[0]

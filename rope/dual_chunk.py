@@ -44,8 +44,8 @@ def dual_chunk_relative_positions(q_len: int, k_len: int, *, chunk_size: int, lo
         chunk_size: s, the tokens per chunk (>= 1).
         local_window: w, the successive-chunk window, 0 <= w <= s (the paper sets w = c - s).
     """
-    integer("q_len", q_len, minimum=1)
-    integer("k_len", k_len, minimum=1)
+    q_len = integer("q_len", q_len, minimum=1)
+    k_len = integer("k_len", k_len, minimum=1)
     if q_len > k_len:
         raise ValueError(f"q_len must be <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
     s = integer("chunk_size", chunk_size, minimum=1)

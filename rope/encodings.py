@@ -17,22 +17,7 @@ import math
 
 import torch
 
-from .checks import FLOAT_DTYPES, integer_tensor
-
-
-
-def _positive_int(name: str, value, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
-
-
-def _float_dtype(dtype) -> torch.dtype:
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(f"dtype must be one of float16, bfloat16, float32, float64, got {dtype!r}")
-    return dtype
+from .checks import FLOAT_DTYPES, dtype_choice, flag, float_tensor, integer, integer_tensor, number, same_device, tensor
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -43,14 +28,11 @@ def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
     numbers are RoPE's default theta_i (RoFormer eq. 15 writes them with i = 1 .. d/2 as
     base^(-2(i-1)/d)).
     """
-    _positive_int("dim", dim, minimum=2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (sin/cos pairs), got {dim}")
-    if isinstance(base, bool) or not isinstance(base, (int, float)):
-        raise TypeError(f"base must be a number, got {type(base).__name__} {base!r}")
-    if not math.isfinite(base) or base <= 1:
+    dim = integer("dim", dim, minimum=2, even=True)
+    base = number("base", base)
+    if base <= 1:
         raise ValueError(f"base must be a finite number > 1, got {base!r}")
-    return float(base) ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    return base ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
 def sinusoidal(
@@ -67,11 +49,10 @@ def sinusoidal(
     ``positions`` may be integer or float (fractional positions arise under interpolation).
     The angles, sines and cosines are float64; the result is rounded once to ``dtype``.
     """
-    if not isinstance(positions, torch.Tensor):
-        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+    tensor("positions", positions)
     if positions.dtype.is_complex or positions.dtype == torch.bool:
         raise TypeError(f"positions must be an integer or float tensor, got {positions.dtype}")
-    _float_dtype(dtype)
+    dtype_choice("dtype", dtype, FLOAT_DTYPES)
     omega = sinusoidal_frequencies(dim, base).to(positions.device)
     angles = positions.to(torch.float64)[..., None] * omega
     if not torch.isfinite(angles).all():
@@ -82,8 +63,8 @@ def sinusoidal(
 
 def _relative_distances(q_len: int, k_len: int) -> torch.Tensor:
     """key position - query position, ``[q_len, k_len]``, queries right-aligned to the keys."""
-    _positive_int("q_len", q_len)
-    _positive_int("k_len", k_len)
+    q_len = integer("q_len", q_len, minimum=1)
+    k_len = integer("k_len", k_len, minimum=1)
     if q_len > k_len:
         raise ValueError(f"q_len must be <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
     query_positions = torch.arange(k_len - q_len, k_len)
@@ -97,7 +78,7 @@ def shaw_relative_indices(q_len: int, k_len: int, max_relative_position: int) ->
     (Shaw et al. 2018, section 3) with ``k = max_relative_position``; the 2k + 1 vectors are stored as rows
     0 .. 2k of a table, so the returned matrix indexes it directly (row k is offset 0).
     """
-    k = _positive_int("max_relative_position", max_relative_position)
+    k = integer("max_relative_position", max_relative_position, minimum=1)
     return _relative_distances(q_len, k_len).clamp(-k, k) + k
 
 
@@ -112,7 +93,7 @@ def deberta_relative_indices(q_len: int, k_len: int, span: int) -> torch.Tensor:
     The content-to-position term reads row delta(i, j) of the position table; the
     position-to-content term reads row delta(j, i), which for q_len == k_len is the transpose.
     """
-    k = _positive_int("span", span)
+    k = integer("span", span, minimum=1)
     return (-_relative_distances(q_len, k_len) + k).clamp(0, 2 * k - 1)
 
 
@@ -163,12 +144,11 @@ def t5_relative_bucket(
     Returns an int64 tensor of the shape of ``relative_position``, values in [0, num_buckets).
     """
     integer_tensor("relative_position", relative_position)
-    if not isinstance(bidirectional, bool):
-        raise TypeError(f"bidirectional must be a bool, got {bidirectional!r}")
-    _positive_int("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
+    flag("bidirectional", bidirectional)
+    num_buckets = integer("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
     half = num_buckets // 2 if bidirectional else num_buckets
     max_exact = half // 2
-    _positive_int("max_distance", max_distance, minimum=max_exact + 1)
+    max_distance = integer("max_distance", max_distance, minimum=max_exact + 1, maximum=2**62)
 
     relative_position = relative_position.to(torch.int64)
     if bidirectional:
@@ -193,7 +173,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     2^(-8h/(2n)), h = 1, 3, 5, .., of the 2n recipe, which lie between the first ones (the order
     of the paper's reference code, which appends them).
     """
-    _positive_int("num_heads", num_heads)
+    num_heads = integer("num_heads", num_heads, minimum=1)
     n = 2 ** (num_heads.bit_length() - 1)
     exponents = list(range(1, n + 1)) + [h / 2 for h in range(1, 2 * (num_heads - n), 2)]
     return torch.tensor([2.0 ** (-8.0 * h / n) for h in exponents], dtype=torch.float64)
@@ -207,14 +187,9 @@ def alibi_bias(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: tor
     In causal attention (keys at or before the query) this is the paper's -m * (i - j); keys after
     the query, which a causal mask removes, get the mirror image. Computed in float64 and rounded once.
     """
-    for name, value in (("q_positions", q_positions), ("k_positions", k_positions)):
-        if integer_tensor(name, value).dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
-    if not isinstance(slopes, torch.Tensor):
-        raise TypeError(f"slopes must be a torch.Tensor, got {type(slopes).__name__}")
-    if slopes.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"slopes must be a float tensor, got {slopes.dtype}")
-    if slopes.dim() != 1:
-        raise ValueError(f"slopes must be 1-D [heads], got shape {tuple(slopes.shape)}")
+    integer_tensor("q_positions", q_positions, dim=1)
+    integer_tensor("k_positions", k_positions, dim=1)
+    float_tensor("slopes", slopes, dim=1)
+    same_device("slopes", slopes, q_positions=q_positions, k_positions=k_positions)
     distance = (k_positions.to(torch.float64)[None, :] - q_positions.to(torch.float64)[:, None]).abs()
-    return (-slopes.to(torch.float64)[:, None, None] * distance.to(slopes.device)).to(slopes.dtype)
+    return (-slopes.to(torch.float64)[:, None, None] * distance).to(slopes.dtype)

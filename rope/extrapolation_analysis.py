@@ -31,24 +31,28 @@ an inequality used in the wrong direction; it is smaller than the true sum, and
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import torch
 
+from .checks import float_tensor, integer, number, same_device
+
 
 def _frequencies(inv_freq) -> torch.Tensor:
-    if not isinstance(inv_freq, torch.Tensor):
-        raise TypeError(f"inv_freq must be a torch.Tensor, got {type(inv_freq).__name__}")
-    if inv_freq.dim() != 1 or inv_freq.numel() == 0 or not inv_freq.dtype.is_floating_point:
-        raise ValueError(f"inv_freq must be a non-empty 1-D float tensor, got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    float_tensor("inv_freq", inv_freq, dim=1)
+    if inv_freq.numel() == 0:
+        raise ValueError("inv_freq must hold at least one frequency")
     theta = inv_freq.to(torch.float64)
     if not bool(torch.all(theta > 0)) or not bool(torch.all(theta.isfinite())):
         raise ValueError("inv_freq must hold finite frequencies > 0")
     return theta
 
 
-def _distances(name: str, value) -> torch.Tensor:
+def _distances(name: str, value, theta: torch.Tensor | None = None) -> torch.Tensor:
+    """``value`` (real numbers, a sequence or a tensor) as finite float64, on ``theta``'s device
+    when given (a tensor must be there already)."""
     if isinstance(value, torch.Tensor):
+        if theta is not None:
+            same_device("inv_freq", theta, **{name: value})
         dtype = value.dtype
     else:
         try:
@@ -58,7 +62,10 @@ def _distances(name: str, value) -> torch.Tensor:
     if dtype == torch.bool or dtype.is_complex:
         raise TypeError(f"{name} must hold real numbers, got {dtype}")
     # from the original values: Python floats would otherwise pass through float32
-    tensor = value.to(torch.float64) if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
+    if isinstance(value, torch.Tensor):
+        tensor = value.to(torch.float64)
+    else:
+        tensor = torch.as_tensor(value, dtype=torch.float64, device=None if theta is None else theta.device)
     if not bool(torch.all(tensor.isfinite())):
         raise ValueError(f"{name} must be finite")
     return tensor
@@ -67,21 +74,18 @@ def _distances(name: str, value) -> torch.Tensor:
 def _coefficients(h, theta: torch.Tensor) -> torch.Tensor:
     if not isinstance(h, torch.Tensor) or not h.dtype.is_complex:
         raise TypeError(f"h must be a complex torch.Tensor, got {type(h).__name__} {getattr(h, 'dtype', '')}")
+    same_device("inv_freq", theta, h=h)
     if h.dim() == 0 or h.shape[-1] != theta.numel():
         raise ValueError(f"h must have last dimension d/2 = {theta.numel()} (one per frequency), got {tuple(h.shape)}")
     return h.to(torch.complex128)
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    return integer(name, value, minimum=1)
 
 
 def _nonnegative_real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite real number >= 0, got {value!r}")
-    return float(value)
+    return number(name, value, minimum=0.0)
 
 
 def _grid_factor(s: torch.Tensor) -> torch.Tensor:
@@ -100,7 +104,7 @@ def largest_unseen_arc(inv_freq: torch.Tensor, training_length: int) -> torch.Te
     """
     theta = _frequencies(inv_freq)
     length = _positive_int("training_length", training_length)
-    s = torch.arange(length, dtype=torch.float64)
+    s = torch.arange(length, dtype=torch.float64, device=theta.device)
     arcs = []
     for t in theta:  # one pair at a time: memory O(L)
         angles = torch.sort(torch.remainder(s * t, 2 * math.pi)).values
@@ -127,7 +131,7 @@ def series_score(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Te
     """
     theta = _frequencies(inv_freq)
     h = _coefficients(h, theta)
-    s = _distances("distances", distances)
+    s = _distances("distances", distances, theta)
     phases = torch.exp(1j * (s.reshape(-1, 1) * theta))  # [S, d/2]
     values = (h.reshape(-1, theta.numel()) @ phases.T).real
     return values.reshape(h.shape[:-1] + s.shape)
@@ -142,8 +146,8 @@ def fit_series_coefficients(distances, targets, inv_freq: torch.Tensor, *, ridge
     answer well defined and reproducible.
     """
     theta = _frequencies(inv_freq)
-    s = _distances("distances", distances)
-    y = _distances("targets", targets)
+    s = _distances("distances", distances, theta)
+    y = _distances("targets", targets, theta)
     if s.dim() != 1 or y.shape != s.shape:
         raise ValueError(
             f"distances and targets must be 1-D of the same length, got {tuple(s.shape)} and {tuple(y.shape)}"
@@ -152,8 +156,8 @@ def fit_series_coefficients(distances, targets, inv_freq: torch.Tensor, *, ridge
     angles = s[:, None] * theta
     design = torch.cat([angles.cos(), -angles.sin()], dim=1)  # Re((u + iv) e^{i phi}) = u cos - v sin
     n = 2 * theta.numel()
-    system = torch.cat([design, math.sqrt(ridge) * torch.eye(n, dtype=torch.float64)])
-    rhs = torch.cat([y, torch.zeros(n, dtype=torch.float64)])
+    system = torch.cat([design, math.sqrt(ridge) * torch.eye(n, dtype=torch.float64, device=theta.device)])
+    rhs = torch.cat([y, torch.zeros(n, dtype=torch.float64, device=theta.device)])
     solution = torch.linalg.lstsq(system, rhs[:, None], driver="gelsd").solution[:, 0]
     half = theta.numel()
     return torch.complex(solution[:half], solution[half:])
@@ -161,7 +165,7 @@ def fit_series_coefficients(distances, targets, inv_freq: torch.Tensor, *, ridge
 
 def linear_interpolation_error(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Tensor:
     """a(s) - a_lin(s), a_lin interpolating a linearly between s_1 = floor(s) and s_1 + 1, float64."""
-    s = _distances("distances", distances)
+    s = _distances("distances", distances, _frequencies(inv_freq))
     s1 = torch.floor(s)
     lam = s - s1
     return series_score(h, s, inv_freq) - (
@@ -185,17 +189,14 @@ def worst_interpolation_error(distances, inv_freq: torch.Tensor) -> torch.Tensor
     midpoint of two integers, |g_j| = 1 - cos(theta_j / 2).
     """
     theta = _frequencies(inv_freq)
-    return _interpolation_gaps(_distances("distances", distances), theta).abs().sum(dim=-1)
+    return _interpolation_gaps(_distances("distances", distances, theta), theta).abs().sum(dim=-1)
 
 
 def worst_interpolation_coefficients(distance: float, inv_freq: torch.Tensor) -> torch.Tensor:
     """The h (|h_j| = 1) with a(s) - a_lin(s) = :func:`worst_interpolation_error` at s = ``distance``."""
-    if isinstance(distance, bool) or not isinstance(distance, Real):
-        raise TypeError(f"distance must be a real number, got {type(distance).__name__} {distance!r}")
-    if not math.isfinite(distance):
-        raise ValueError(f"distance must be finite, got {distance!r}")
+    distance = number("distance", distance)
     theta = _frequencies(inv_freq)
-    gaps = _interpolation_gaps(torch.tensor(float(distance), dtype=torch.float64), theta)
+    gaps = _interpolation_gaps(torch.tensor(distance, dtype=torch.float64, device=theta.device), theta)
     unit = torch.ones_like(gaps)
     return torch.where(gaps.abs() > 0, gaps.conj() / gaps.abs().clamp_min(1e-300), unit)
 
@@ -206,17 +207,16 @@ def interpolation_bound(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> t
     theta = _frequencies(inv_freq)
     h = _coefficients(h, theta)
     curvature = (h.abs() * theta**2).sum(dim=-1)
-    s = _distances("distances", distances)
+    s = _distances("distances", distances, theta)
     return curvature.reshape(curvature.shape + (1,) * s.dim()) * _grid_factor(s) / 2
 
 
 def _check_dim_base(dim, base) -> tuple[int, float]:
-    dim = _positive_int("dim", dim)
-    if dim % 2:
-        raise ValueError(f"dim must be even, got {dim}")
-    if isinstance(base, bool) or not isinstance(base, Real) or not math.isfinite(base) or base <= 1:
+    dim = integer("dim", dim, minimum=2, even=True)
+    base = number("base", base)
+    if not base > 1:
         raise ValueError(f"base must be a finite real number > 1, got {base!r}")
-    return dim, float(base)
+    return dim, base
 
 
 def geometric_interpolation_bound(max_abs_h: float, distances, dim: int, base: float) -> torch.Tensor:

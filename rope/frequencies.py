@@ -7,19 +7,36 @@ method changes the theta_i (and sometimes scales cos/sin by an attention factor)
 the rotary width d and the current sequence length. The formulas follow transformers'
 ``modeling_rope_utils.py`` (v5) so that the numbers agree with it; the arithmetic is done in
 float64 and rounded once to float32.
+
+**Degenerate numbers are refused**, with a ``ValueError`` naming the config keys (and
+``head_dim`` or ``seq_len``) that produce them, instead of a ZeroDivisionError, a math domain
+error, an OverflowError or a silently wrong tensor:
+
+* every frequency of a rotated pair must round to a finite float32 number > 0: a base or a
+  factor so large that theta_i underflows to 0 in float32 is refused (the pair would stop
+  rotating); the only zeros are those proportional RoPE means (its unrotated pairs);
+* the NTK base b s^(d/(d-2)) of ``ntk`` and ``dynamic`` needs d >= 4 (d = 2 divides by 0) and
+  must not overflow float64;
+* the attention factor must be finite and > 0: yarn's mscale(s, m) = 0.1 m ln s + 1 must be > 0
+  for ``mscale`` and ``mscale_all_dim`` (a zero denominator is refused), and longrope's
+  sqrt(1 + ln s / ln L) needs L >= 2 when s > 1 (ln 1 = 0 divides);
+* ``seq_len`` is an int in [1, 2^63] (any length of int64 positions).
 """
 
 from __future__ import annotations
 
 import math
-from numbers import Real
+import sys
 from typing import Any, Callable, Mapping
 
 import torch
 
-from .config import RopeConfig, parse_config
+from . import checks
+from .config import MAX_LENGTH, YARN_BETA_FAST, YARN_BETA_SLOW, RopeConfig, parse_config
 
 Frequencies = tuple[torch.Tensor, float]
+
+_LOG_FLOAT64_MAX = math.log(sys.float_info.max)
 
 
 def _exponents(dim: int) -> torch.Tensor:
@@ -32,14 +49,54 @@ def default_theta(base: float, dim: int) -> torch.Tensor:
     return base ** -_exponents(dim)
 
 
+def _named(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key!r} = {value}" for key, value in values.items())
+
+
+def _float32(theta: torch.Tensor, rope_type: str, **sources: Any) -> torch.Tensor:
+    """``theta`` (float64) rounded once to float32, or a ValueError naming ``sources`` (the keys
+    and arguments it was computed from) where an entry is not a finite float32 number > 0."""
+    rounded = theta.to(torch.float32)
+    bad = ~(torch.isfinite(rounded) & (rounded > 0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"rope_type {rope_type!r}: theta_{i} = {theta[i].item():.6g} is {rounded[i].item()} in float32, not a "
+            f"finite frequency > 0 (float32 numbers lie between 2^-149 and 2^128); it comes from {_named(sources)}"
+        )
+    return rounded
+
+
+def _attention(value: float, rope_type: str, **sources: Any) -> float:
+    """The attention factor, or a ValueError naming ``sources`` if it is not finite and > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"rope_type {rope_type!r}: the attention factor {value} is not finite and > 0; "
+                         f"it comes from {_named(sources)}")
+    return float(value)
+
+
 def _default(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """theta_i = b^(-2i/d) (RoFormer eq. 15)."""
-    return default_theta(cfg.rope_theta, dim), 1.0
+    theta = default_theta(cfg.rope_theta, dim)
+    return _float32(theta, cfg.rope_type, rope_theta=cfg.rope_theta), 1.0
 
 
 def _linear(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """Position interpolation (Chen et al. 2023): positions divided by s, i.e. theta_i / s."""
-    return default_theta(cfg.rope_theta, dim) / cfg.require("factor"), 1.0
+    theta = default_theta(cfg.rope_theta, dim) / cfg.factor
+    return _float32(theta, cfg.rope_type, rope_theta=cfg.rope_theta, factor=cfg.factor), 1.0
+
+
+def _ntk_base(cfg: RopeConfig, dim: int, growth: float, **sources: Any) -> float:
+    """b' = b * growth^(d/(d-2)), the NTK-aware base; d >= 4 and b' finite, or a ValueError."""
+    if dim < 4:
+        raise ValueError(f"rope_type {cfg.rope_type!r} needs a rotary dimension d >= 4 (its base b s^(d/(d-2)) "
+                         f"divides by d - 2), got d = {dim}: raise head_dim or partial_rotary_factor")
+    exponent = dim / (dim - 2)
+    if not math.log(cfg.rope_theta) + exponent * math.log(growth) < _LOG_FLOAT64_MAX:
+        raise ValueError(f"rope_type {cfg.rope_type!r}: the base b s^(d/(d-2)) = {cfg.rope_theta} * "
+                         f"{growth}^{exponent:.6g} overflows float64; it comes from {_named(sources)}")
+    return cfg.rope_theta * growth**exponent
 
 
 def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -48,29 +105,31 @@ def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     The exponent makes the lowest frequency theta_{d/2-1} = b'^(-(d-2)/d) = theta_{d/2-1}/s
     (interpolated by s) while theta_0 = 1 is unchanged (extrapolated).
     """
-    s = cfg.require("factor")
-    return default_theta(cfg.rope_theta * s ** (dim / (dim - 2)), dim), 1.0
+    sources = {"rope_theta": cfg.rope_theta, "factor": cfg.factor}
+    theta = default_theta(_ntk_base(cfg, dim, cfg.factor, **sources), dim)
+    return _float32(theta, cfg.rope_type, **sources), 1.0
 
 
 def _dynamic(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """Dynamic NTK (emozilla, 2023): the NTK base change with the factor grown with the length,
     b' = b * (s * l / L - (s - 1))^(d/(d-2)), l = max(seq_len, L), L = max_position_embeddings.
     At l <= L nothing changes; transformers uses max_position_embeddings here, not the original length.
+    The growth is computed as 1 + s (l - L) / L, the same number without transformers' cancellation
+    (s l / L and s - 1 are both near s: at s = 2^70 their float64 difference is 0, not 1).
     """
-    s = cfg.require("factor")
-    length = cfg.require("max_position_embeddings")
+    s, length = cfg.factor, cfg.max_position_embeddings
     current = length if seq_len is None else max(seq_len, length)
-    base = cfg.rope_theta * (s * current / length - (s - 1)) ** (dim / (dim - 2))
-    return default_theta(base, dim), 1.0
+    sources = {"rope_theta": cfg.rope_theta, "factor": s, "max_position_embeddings": length, "seq_len": seq_len}
+    base = _ntk_base(cfg, dim, 1 + s * (current - length) / length, **sources)
+    return _float32(default_theta(base, dim), cfg.rope_type, **sources), 1.0
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature (Peng et al. 2023, eq. 22 with mscale = 1): the factor on cos
     and sin, sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (transformers' ``get_mscale``,
-    DeepSeek's ``yarn_get_mscale``)."""
-    for name, value in (("scale", scale), ("mscale", mscale)):
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-            raise TypeError(f"{name} must be a finite real number, got {value!r}")
+    DeepSeek's ``yarn_get_mscale``). ``scale`` must be > 0."""
+    scale = checks.number("scale", scale, positive=True)
+    mscale = checks.number("mscale", mscale)
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -106,6 +165,26 @@ def yarn_kept_weights(
     return 1 - ((index - low) / (high - low)).clamp(0, 1)
 
 
+def _mscale(scale: float, mscale: float, key: str) -> float:
+    """mscale(s, m) = 0.1 m ln s + 1 for the config key ``key``, or a ValueError if it is not > 0."""
+    value = yarn_mscale(scale, mscale)
+    if not value > 0:
+        raise ValueError(f"config key {key!r} = {mscale} makes YaRN's mscale 0.1 * {mscale} * ln({scale}) + 1 = "
+                         f"{value} <= 0; it must be > -10 / ln(factor) = {-10 / math.log(scale)}")
+    return value
+
+
+def _yarn_attention(cfg: RopeConfig, s: float) -> float:
+    """attention_factor if given; else mscale(s, mscale) / mscale(s, mscale_all_dim) if both are
+    non-zero (0 counts as absent, as in transformers and DeepSeek's code); else mscale(s, 1)."""
+    if cfg.attention_factor is not None:
+        return cfg.attention_factor
+    if cfg.mscale and cfg.mscale_all_dim:
+        ratio = _mscale(s, cfg.mscale, "mscale") / _mscale(s, cfg.mscale_all_dim, "mscale_all_dim")
+        return _attention(ratio, cfg.rope_type, factor=s, mscale=cfg.mscale, mscale_all_dim=cfg.mscale_all_dim)
+    return yarn_mscale(s)
+
+
 def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """YaRN (Peng et al. 2023): NTK-by-parts frequencies plus an attention temperature.
 
@@ -116,16 +195,12 @@ def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """
     s = cfg.extension_factor()
     length = cfg.original_length()
-    base = cfg.rope_theta
-    if cfg.attention_factor is not None:
-        attention = cfg.attention_factor
-    elif cfg.mscale and cfg.mscale_all_dim:  # truthiness, as transformers: 0 counts as absent
-        attention = yarn_mscale(s, cfg.mscale) / yarn_mscale(s, cfg.mscale_all_dim)
-    else:
-        attention = yarn_mscale(s)
-    kept = yarn_kept_weights(dim, base, length, cfg.beta_fast or 32.0, cfg.beta_slow or 1.0, cfg.truncate)
-    theta = default_theta(base, dim)
-    return kept * theta + (1 - kept) * theta / s, float(attention)
+    fast = YARN_BETA_FAST if cfg.beta_fast is None else cfg.beta_fast
+    slow = YARN_BETA_SLOW if cfg.beta_slow is None else cfg.beta_slow
+    kept = yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, cfg.truncate)
+    theta = default_theta(cfg.rope_theta, dim)
+    blended = kept * theta + (1 - kept) * theta / s
+    return _float32(blended, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s), _yarn_attention(cfg, s)
 
 
 def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -134,16 +209,24 @@ def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     sqrt(1 + ln s / ln L) unless given."""
     length = cfg.original_length()
     s = cfg.extension_factor()
-    factors = cfg.require("long_factor" if seq_len is not None and seq_len > length else "short_factor")
-    if len(factors) != dim // 2:
-        raise ValueError(
-            f"longrope short_factor/long_factor must have rotary_dim/2 = {dim // 2} entries, got {len(factors)}"
-        )
+    for key in ("short_factor", "long_factor"):
+        if len(getattr(cfg, key)) != dim // 2:
+            raise ValueError(f"config key {key!r} must have rotary_dim/2 = {dim // 2} entries (rotary_dim = "
+                             f"int(head_dim * partial_rotary_factor) = {dim}), got {len(getattr(cfg, key))}")
+    key = "long_factor" if seq_len is not None and seq_len > length else "short_factor"
     if cfg.attention_factor is not None:
         attention = cfg.attention_factor
+    elif s <= 1:
+        attention = 1.0
+    elif length < 2:
+        raise ValueError("rope_type 'longrope' computes its attention factor sqrt(1 + ln s / ln L), which needs "
+                         "L = original_max_position_embeddings >= 2 (ln 1 = 0), got 1: give attention_factor")
     else:
-        attention = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(length))
-    return default_theta(cfg.rope_theta, dim) / torch.tensor(factors, dtype=torch.float64), float(attention)
+        attention = math.sqrt(1 + math.log(s) / math.log(length))
+    factors = getattr(cfg, key)
+    theta = default_theta(cfg.rope_theta, dim) / torch.tensor(factors, dtype=torch.float64)
+    extremes = f"[{min(factors)} .. {max(factors)}]"
+    return _float32(theta, cfg.rope_type, rope_theta=cfg.rope_theta, **{key: extremes}), attention
 
 
 def _llama3(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -151,15 +234,13 @@ def _llama3(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     pairs with w_i > L / low_freq_factor are interpolated (theta_i / s), pairs with
     w_i < L / high_freq_factor are kept, and between them
     theta_i' = (1 - a) theta_i / s + a theta_i with a = (L / w_i - low) / (high - low)."""
-    s = cfg.require("factor")
-    low, high = cfg.require("low_freq_factor"), cfg.require("high_freq_factor")
-    if not high > low > 0:
-        raise ValueError(f"llama3 needs high_freq_factor > low_freq_factor > 0, got {high} and {low}")
-    length = cfg.original_length()
+    s, low, high = cfg.factor, cfg.low_freq_factor, cfg.high_freq_factor
+    length = float(cfg.original_length())
     theta = default_theta(cfg.rope_theta, dim)
     wavelength = 2 * math.pi / theta
     smooth = ((length / wavelength - low) / (high - low)).clamp(0, 1)
-    return (1 - smooth) * theta / s + smooth * theta, 1.0
+    scaled = (1 - smooth) * theta / s + smooth * theta
+    return _float32(scaled, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s), 1.0
 
 
 def _proportional(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -169,9 +250,10 @@ def _proportional(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies
     ``factor`` (default 1). Unlike partial rotary, the exponent counts the whole head, so the
     rotated pairs are exactly the fastest ones of ordinary RoPE on that head."""
     rotated = int(cfg.partial_rotary_factor * dim // 2)
-    theta = default_theta(cfg.rope_theta, dim)
-    theta[rotated:] = 0.0
-    return theta / (cfg.factor or 1.0), 1.0
+    factor = cfg.factor or 1.0
+    theta = default_theta(cfg.rope_theta, dim)[:rotated] / factor
+    kept = _float32(theta, cfg.rope_type, rope_theta=cfg.rope_theta, factor=factor)
+    return torch.cat([kept, torch.zeros(dim // 2 - rotated, dtype=torch.float32)]), 1.0
 
 
 FREQUENCY_FUNCTIONS: dict[str, Callable[[RopeConfig, int, int | None], Frequencies]] = {
@@ -184,6 +266,7 @@ FREQUENCY_FUNCTIONS: dict[str, Callable[[RopeConfig, int, int | None], Frequenci
     "llama3": _llama3,
     "proportional": _proportional,
 }
+"""rope_type -> f(config, rotary width d, seq_len) -> (float32 theta_i, attention factor)."""
 
 
 def inv_freq(
@@ -192,19 +275,24 @@ def inv_freq(
     """The rotation frequencies of a RoPE configuration.
 
     Args:
-        config: a Hugging Face style ``rope_parameters`` mapping (see :mod:`rope.config`) or a
-            :class:`RopeConfig`.
+        config: a Hugging Face style ``rope_parameters`` mapping (see :mod:`rope.config` for the
+            keys and how unknown ones are treated) or a :class:`RopeConfig`.
         head_dim: the attention head dimension; the rotary width is
             ``int(head_dim * partial_rotary_factor)``.
-        seq_len: the current sequence length, read by ``dynamic`` and ``longrope``.
+        seq_len: the current sequence length, read by ``dynamic`` and ``longrope``; an int in
+            [1, 2^63].
 
     Returns:
-        ``(inv_freq, attention_factor)``: a float32 tensor of rotary_dim/2 frequencies theta_i and
-        the factor by which cos and sin are multiplied.
+        ``(inv_freq, attention_factor)``: a float32 tensor of rotary_dim/2 frequencies theta_i,
+        finite and > 0 (0 only for proportional RoPE's unrotated pairs), and the finite positive
+        factor by which cos and sin are multiplied.
     """
     cfg = parse_config(config)
     dim = cfg.rotary_dim(head_dim)
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0):
-        raise ValueError(f"seq_len must be a positive int or None, got {seq_len!r}")
+    seq_len = checks.optional_integer("seq_len", seq_len, minimum=1, maximum=MAX_LENGTH)
     theta, attention = FREQUENCY_FUNCTIONS[cfg.rope_type](cfg, dim, seq_len)
-    return theta.to(torch.float32), attention
+    checks.finite_frequencies("inv_freq", theta)
+    if theta.shape != (dim // 2,) or bool((theta < 0).any()):
+        raise ValueError(f"rope_type {cfg.rope_type!r} gave {tuple(theta.shape)} frequencies, some < 0; "
+                         f"expected {dim // 2} frequencies >= 0")
+    return theta, _attention(attention, cfg.rope_type, attention_factor=cfg.attention_factor)

@@ -16,17 +16,20 @@ All results are float64.
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 
+from .checks import integer, number, tensor
 from .reference import rotation_matrix
 
+_INT64_MIN, _INT64_MAX = -(2**63) + 1, 2**63 - 1
 SKEW_TOLERANCE = 1e-10
 ORTHOGONAL_TOLERANCE = 1e-10
 
 
 def _square_float64(matrix, name: str) -> torch.Tensor:
-    if not isinstance(matrix, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(matrix).__name__}")
+    tensor(name, matrix)
     if matrix.dtype.is_complex or matrix.dtype == torch.bool:
         raise TypeError(f"{name} must be a real tensor (float or integer), got {matrix.dtype}")
     if matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] == 0:
@@ -35,6 +38,13 @@ def _square_float64(matrix, name: str) -> torch.Tensor:
     if not torch.isfinite(matrix).all():
         raise ValueError(f"{name} must have finite entries")
     return matrix
+
+
+def _exponent(n) -> int | float:
+    """n as an int (NumPy integers included; an int64 value, kept exact) or a finite float."""
+    if isinstance(n, Integral) and not isinstance(n, bool):
+        return integer("n", n, minimum=_INT64_MIN, maximum=_INT64_MAX)
+    return number("n", n)
 
 
 def _check_skew(B) -> torch.Tensor:
@@ -46,13 +56,6 @@ def _check_skew(B) -> torch.Tensor:
     if asymmetry > SKEW_TOLERANCE * max(1.0, B.abs().max().item()):
         raise ValueError(f"B must be skew-symmetric (B^T = -B); max |B + B^T| = {asymmetry:.3g}")
     return (B - B.T) / 2
-
-
-def _check_exponent(n, integer: bool) -> None:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(n, bool) or not isinstance(n, kinds):
-        expected = "an int" if integer else "an int or a float"
-        raise TypeError(f"n must be {expected}, got {type(n).__name__}")
 
 
 def skew_block_diagonalize(B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +103,7 @@ def rotation_from_generator(B: torch.Tensor, n: int | float) -> torch.Tensor:
     the block diagonal RoPE matrix of frequencies t_j (interleaved pairs); the angles n t_j are
     formed in float64, so R_n stays orthogonal to rounding for every n.
     """
-    _check_exponent(n, integer=False)
+    n = _exponent(n)
     P, thetas = skew_block_diagonalize(B)
     blocks = rotation_matrix(n, thetas, head_dim=P.shape[0], layout="interleaved")
     return P @ blocks @ P.T
@@ -113,7 +116,7 @@ def power_rotation(O: torch.Tensor, n: int) -> torch.Tensor:
     orthogonal O, including det O = -1 (reflections), where det R_n = (-1)^n.
     Negative n use the transpose, never a matrix inverse.
     """
-    _check_exponent(n, integer=True)
+    n = integer("n", n, minimum=_INT64_MIN, maximum=_INT64_MAX)
     O = _square_float64(O, "O")
     error = (O.T @ O - torch.eye(O.shape[0], dtype=torch.float64)).abs().max().item()
     if error > ORTHOGONAL_TOLERANCE:

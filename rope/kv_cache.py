@@ -30,18 +30,16 @@ from .apply import apply_rotary
 from .config import RopeConfig, parse_config
 from .frequencies import inv_freq
 from .layouts import check_layout
-from .checks import integer_tensor
+from .checks import choice, integer, integer_tensor
 from .rerope import check_qk, rotary_scores
 
 STORES = ("unrotated", "rotated")
 
 
 def _dynamic_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
-    cfg = parse_config(config)
+    cfg = parse_config(config)  # a dynamic config needs factor and max_position_embeddings
     if cfg.rope_type != "dynamic":
         raise ValueError(f"config must have rope_type 'dynamic', got {cfg.rope_type!r}")
-    cfg.require("factor")
-    cfg.require("max_position_embeddings")
     return cfg
 
 
@@ -76,13 +74,12 @@ class DynamicNTKKeyCache:
     def __init__(self, config: Mapping[str, Any] | RopeConfig, head_dim: int, *, store: str = "unrotated",
                  layout: str = "half"):
         self.config = _dynamic_config(config)
-        self.head_dim = head_dim
-        self.config.rotary_dim(head_dim)  # validates head_dim
-        if store not in STORES:
-            raise ValueError(f"store must be 'unrotated' or 'rotated', got {store!r}")
+        self.head_dim = integer("head_dim", head_dim, minimum=1)
+        choice("store", store, STORES)
         check_layout(layout)
         self.store = store
         self.layout = layout
+        self.frequencies(self.config.max_position_embeddings)  # refuses a head_dim or config it cannot serve
         self.keys: torch.Tensor | None = None  # float64 [batch, cached, heads_k, head_dim]
         self.positions = torch.zeros(0, dtype=torch.int64)
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .apply import check_inputs, apply_rotary
+from .checks import flag, same_device, tensor
 from .layouts import check_layout
 from .reference import rotate_by_matrix
 
@@ -47,14 +48,13 @@ def _check_attention_inputs(q, k, v, positions, inv_freq, causal, feature_map, l
     check_layout(layout)
     if not callable(feature_map):
         raise TypeError(f"feature_map must be callable, got {type(feature_map).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    flag("causal", causal)
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"heads of q ({q.shape[2]}) must be a multiple of heads of k ({k.shape[2]})")
     if v is None:
         return
-    if not isinstance(v, torch.Tensor):
-        raise TypeError(f"v must be a torch.Tensor, got {type(v).__name__}")
+    tensor("v", v)
+    same_device("q", q, v=v)
     if v.dim() != 4:
         raise ValueError(f"v must have shape [batch, seq, heads_k, v_dim], got {tuple(v.shape)}")
     if v.dtype != q.dtype:
@@ -65,9 +65,10 @@ def _check_attention_inputs(q, k, v, positions, inv_freq, causal, feature_map, l
 
 def _features(x: torch.Tensor, feature_map: FeatureMap, name: str) -> torch.Tensor:
     out = feature_map(x)
-    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"feature_map must keep the shape of {name} {tuple(x.shape)}, got {shape}")
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"feature_map must return a torch.Tensor for {name}, got {type(out).__name__}")
+    if out.shape != x.shape:
+        raise ValueError(f"feature_map must keep the shape of {name} {tuple(x.shape)}, got {tuple(out.shape)}")
     return out.to(x.dtype)
 
 

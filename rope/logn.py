@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .checks import integer, integer_tensor
+from .checks import float_tensor, integer, integer_tensor
 
 
 def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
@@ -30,7 +30,7 @@ def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
     ``training_length`` L is the pre-training context length (>= 2).
     """
     integer_tensor("positions", positions)
-    integer("training_length", training_length, minimum=2)  # ln L must be positive
+    training_length = integer("training_length", training_length, minimum=2)  # ln L must be positive
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0 (counted from 0), got minimum {int(positions.min())}")
     visible = positions.to(torch.float64) + 1
@@ -42,8 +42,7 @@ def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
 
     ``H = logsumexp(x) - sum_j p_j x_j``; -inf logits (masked keys) contribute nothing.
     """
-    if not isinstance(logits, torch.Tensor) or not logits.dtype.is_floating_point:
-        raise TypeError(f"logits must be a float torch.Tensor, got {getattr(logits, 'dtype', type(logits).__name__)}")
+    float_tensor("logits", logits)
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last dimension, got shape {tuple(logits.shape)}")
     x = logits.to(torch.float64)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import integer_tensor
+from .checks import flag, integer, integer_tensor, same_device
 
 
 def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,9 +31,10 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
     starts = cu_seqlens[:-1].to(torch.int64)
     if offsets is not None:
         integer_tensor("offsets", offsets, dim=1)
+        same_device("cu_seqlens", cu_seqlens, offsets=offsets)
         if offsets.numel() != lengths.numel():
             raise ValueError(f"offsets must have one entry per sequence ({lengths.numel()}), got {offsets.numel()}")
-        starts = starts - offsets.to(device=cu_seqlens.device, dtype=torch.int64)
+        starts = starts - offsets.to(torch.int64)
     total = int(cu_seqlens[-1])
     token = torch.arange(total, device=cu_seqlens.device)
     return token - torch.repeat_interleave(starts, lengths.to(torch.int64), output_size=total)
@@ -43,12 +44,12 @@ def context_parallel_positions(seq_len: int, world_size: int, rank: int, *, zigz
     """The positions of the tokens rank ``rank`` holds when a sequence of ``seq_len`` tokens is
     split over ``world_size`` ranks: one contiguous chunk each, or (``zigzag``) chunks ``rank`` and
     ``2 world_size - 1 - rank`` of ``2 world_size``. ``seq_len`` must divide evenly."""
-    for name, value in (("seq_len", seq_len), ("world_size", world_size), ("rank", rank)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need world_size >= 1 and 0 <= rank < world_size, got {world_size} and {rank}")
-    chunks = 2 * world_size if zigzag else world_size
+    seq_len = integer("seq_len", seq_len)
+    world_size = integer("world_size", world_size, minimum=1)
+    rank = integer("rank", rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must satisfy 0 <= rank < world_size = {world_size}, got {rank}")
+    chunks = 2 * world_size if flag("zigzag", zigzag) else world_size
     if seq_len <= 0 or seq_len % chunks:
         raise ValueError(f"seq_len {seq_len} must be a positive multiple of {chunks} (the number of chunks)")
     size = seq_len // chunks

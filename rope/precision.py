@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .angles import PHASE_BITS, TWO_PI, fixed_point_phases
-from .checks import FLOAT_DTYPES, integer_tensor
+from .checks import FLOAT_DTYPES, dtype_choice, finite_frequencies, float_tensor, integer, integer_tensor, same_device
 from .layouts import pair_indices
 
 _COLLISION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,26 +44,19 @@ _REFERENCE_CHUNKS = 2  # |m| < 2^62
 
 
 def _check_inv_freq(inv_freq) -> None:
-    if not isinstance(inv_freq, torch.Tensor):
-        raise TypeError(f"inv_freq must be a torch.Tensor, got {type(inv_freq).__name__}")
-    if not inv_freq.dtype.is_floating_point:
-        raise TypeError(f"inv_freq must be a float tensor, got {inv_freq.dtype}")
-    if inv_freq.dim() != 1 or inv_freq.numel() == 0:
-        raise ValueError(f"inv_freq must be a non-empty 1-D tensor, got shape {tuple(inv_freq.shape)}")
+    """The theta_i are float32 numbers (:func:`rope.checks.finite_frequencies`), at least one."""
+    finite_frequencies("inv_freq", inv_freq)
+    if inv_freq.numel() == 0:
+        raise ValueError("inv_freq must hold at least one frequency")
 
 
-def _check_dtype(name: str, dtype, allowed: tuple[torch.dtype, ...]) -> None:
-    if dtype not in allowed:
-        names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
-        raise ValueError(f"{name} must be one of {names}, got {dtype!r}")
-
-
-def _check_base(beta, digits) -> None:
-    for name, value, smallest in (("beta", beta, 2), ("digits", digits, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-            raise ValueError(f"{name} must be an int >= {smallest}, got {value!r}")
+def _check_base(beta, digits) -> tuple[int, int]:
+    """(beta, digits) as ints: beta >= 2, digits >= 1, beta**digits <= 2^62."""
+    beta = integer("beta", beta, minimum=2)
+    digits = integer("digits", digits, minimum=1)
     if beta**digits > 2**62:
         raise ValueError(f"beta**digits must be at most 2^62, got {beta}**{digits}")
+    return beta, digits
 
 
 def recipe_angles(positions: torch.Tensor, inv_freq: torch.Tensor, *, dtype=torch.float32) -> torch.Tensor:
@@ -75,7 +68,7 @@ def recipe_angles(positions: torch.Tensor, inv_freq: torch.Tensor, *, dtype=torc
     """
     integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
-    _check_dtype("dtype", dtype, FLOAT_DTYPES)
+    dtype_choice("dtype", dtype, FLOAT_DTYPES)
     return positions.to(dtype)[..., None] * inv_freq.to(dtype)
 
 
@@ -84,7 +77,8 @@ def table_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables as stacks store them: angles by :func:`recipe_angles` in ``angle_dtype``,
     cos and sin in float32 (float64 for float64 angles), rounded to ``dtype``."""
-    _check_dtype("dtype", dtype, FLOAT_DTYPES)
+    dtype_choice("dtype", dtype, FLOAT_DTYPES)
+    dtype_choice("angle_dtype", angle_dtype, FLOAT_DTYPES)
     angles = recipe_angles(positions, inv_freq, dtype=angle_dtype)
     angles = angles.to(torch.float64 if angle_dtype == torch.float64 else torch.float32)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -165,7 +159,7 @@ def position_digits(positions: torch.Tensor, *, beta: int = 256, digits: int = 4
     """Digits of |m| in base beta, least significant first: d_k = floor(|m| / beta^k) mod beta,
     so that |m| = sum_k d_k beta^k. Shape ``positions.shape + (digits,)``, int64."""
     integer_tensor("positions", positions)
-    _check_base(beta, digits)
+    beta, digits = _check_base(beta, digits)
     magnitude = positions.to(torch.int64).abs()
     if positions.numel() and int(magnitude.max()) >= beta**digits:
         raise ValueError(
@@ -181,8 +175,8 @@ def digit_tables(inv_freq: torch.Tensor, *, beta: int = 256, digits: int = 4, dt
     Built once from :func:`reference_angles` in float64 and rounded once to ``dtype``.
     """
     _check_inv_freq(inv_freq)
-    _check_base(beta, digits)
-    _check_dtype("dtype", dtype, FLOAT_DTYPES)
+    beta, digits = _check_base(beta, digits)
+    dtype_choice("dtype", dtype, FLOAT_DTYPES)
     entries = torch.arange(beta, dtype=torch.int64)[None, :] * beta ** torch.arange(digits, dtype=torch.int64)[:, None]
     cos, sin = reference_cos_sin(entries, inv_freq)
     return cos.to(dtype), sin.to(dtype)
@@ -220,9 +214,10 @@ def cos_sin_error(
     _check_inv_freq(inv_freq)
     expected = tuple(positions.shape) + tuple(inv_freq.shape)
     for name, t in (("cos", cos), ("sin", sin)):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must have shape positions.shape + inv_freq.shape = {expected}, got {shape}")
+        float_tensor(name, t)
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape positions.shape + inv_freq.shape = {expected}, "
+                             f"got {tuple(t.shape)}")
     cos_ref, sin_ref = reference_cos_sin(positions, inv_freq)
     cos_error = (cos.to("cpu", torch.float64) - cos_ref).abs()
     error = torch.maximum(cos_error, (sin.to("cpu", torch.float64) - sin_ref).abs())
@@ -237,7 +232,7 @@ def first_colliding_integer(dtype) -> int:
     significand bits the answer is 2^p: every integer up to 2^p is exact, 2^p + 1 is a tie
     between 2^p and 2^p + 2 and rounds to the even significand, 2^p.
     """
-    _check_dtype("dtype", dtype, _COLLISION_DTYPES)
+    dtype_choice("dtype", dtype, _COLLISION_DTYPES)
     start = 0
     while True:
         values = torch.arange(start, start + _COLLISION_BLOCK + 1, dtype=torch.int64).to(dtype)
@@ -250,20 +245,20 @@ def first_colliding_integer(dtype) -> int:
 def rotate_with_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half") -> torch.Tensor:
     """y_a = x_a c - x_b s, y_b = x_b c + x_a s on each pair (a, b) of ``layout`` (RoFormer eq. 34),
     in float64, with given tables ``cos``, ``sin`` (broadcastable to ``x.shape[:-1] + (d/2,)``)."""
-    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-        raise TypeError(f"x must be a float tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    float_tensor("x", x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"x must have an even last dimension, got shape {tuple(x.shape)}")
     half = x.shape[-1] // 2
     for name, t in (("cos", cos), ("sin", sin)):
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] != half:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must have last dimension x.shape[-1] / 2 = {half}, got {shape}")
+        float_tensor(name, t)
+        same_device("x", x, **{name: t})
+        if t.dim() == 0 or t.shape[-1] != half:
+            raise ValueError(f"{name} must have last dimension x.shape[-1] / 2 = {half}, got {tuple(t.shape)}")
     a, b = pair_indices(x.shape[-1], layout)
     x = x.to(torch.float64)
     c, s = cos.to(torch.float64), sin.to(torch.float64)
     xa, xb = x[..., a], x[..., b]
     ya, yb = xa * c - xb * s, xb * c + xa * s
-    y = torch.empty(ya.shape[:-1] + (2 * half,), dtype=torch.float64)
+    y = torch.empty(ya.shape[:-1] + (2 * half,), dtype=torch.float64, device=x.device)
     y[..., a], y[..., b] = ya, yb
     return y

@@ -46,45 +46,34 @@ theta_i = b^(-2i/d), pre-training context L, extension factor s, current length 
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+import sys
 
 import torch
 
 from . import frequencies
+from .checks import flag, float_tensor, integer, number, same_device
 from .frequencies import yarn_mscale
 
 
 def _real(name: str, value, *, minimum: float | None = None, above: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite real number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    value = number(name, value, minimum=minimum)
     if above is not None and value <= above:
         raise ValueError(f"{name} must be > {above}, got {value!r}")
-    return float(value)
+    return value
 
 
 def _length(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
+    return integer(name, value, minimum=1, maximum=2**63)
 
 
 def _dim(value, *, minimum: int = 2) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"dim must be an even int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum or value % 2:
-        raise ValueError(f"dim must be an even int >= {minimum}, got {value!r}")
-    return int(value)
+    return integer("dim", value, minimum=minimum, even=True)
 
 
 def _frequencies(name: str, value) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dim() != 1 or value.numel() == 0 or not value.dtype.is_floating_point:
-        raise ValueError(f"{name} must be a non-empty 1-D float tensor, got {value.dtype} {tuple(value.shape)}")
+    float_tensor(name, value, dim=1)
+    if value.numel() == 0:
+        raise ValueError(f"{name} must hold at least one frequency")
     if not bool(torch.all(value > 0)) or not bool(torch.all(value.isfinite())):
         raise ValueError(f"{name} must hold finite positive frequencies")
     return value.to(torch.float64)
@@ -95,6 +84,8 @@ def ntk_aware_base(base: float, factor: float, dim: int) -> float:
     base = _real("base", base, above=1.0)
     factor = _real("factor", factor, minimum=1.0)
     dim = _dim(dim, minimum=4)
+    if not math.log(base) + dim / (dim - 2) * math.log(factor) < math.log(sys.float_info.max):
+        raise ValueError(f"factor {factor} is too large: base * factor^(d/(d-2)) overflows float64")
     return base * factor ** (dim / (dim - 2))
 
 
@@ -110,7 +101,8 @@ def ntk_factor_for_base(base: float, new_base: float, dim: int) -> float:
 
 
 def dynamic_ntk_factor(factor: float, seq_len: int, max_position_embeddings: int) -> float:
-    """transformers' dynamic NTK factor s(l) = s l / L - (s - 1) with l = max(seq_len, L).
+    """transformers' dynamic NTK factor s(l) = s l / L - (s - 1) with l = max(seq_len, L),
+    computed as 1 + s (l - L) / L (no cancellation: exactly 1 for l <= L, whatever s).
 
     It is 1 up to l = L and grows with slope s / L: it reaches s at l = L (2 - 1/s), and at
     l = s L it is s^2 - s + 1. The YaRN paper's Dynamic Scaling would use max(1, l / L).
@@ -118,7 +110,7 @@ def dynamic_ntk_factor(factor: float, seq_len: int, max_position_embeddings: int
     factor = _real("factor", factor, minimum=1.0)
     seq_len = _length("seq_len", seq_len)
     length = _length("max_position_embeddings", max_position_embeddings)
-    return factor * max(seq_len, length) / length - (factor - 1)
+    return 1 + factor * (max(seq_len, length) - length) / length
 
 
 def base_beta(base: float, dim: int) -> float:
@@ -139,9 +131,12 @@ def beta_digits(positions, beta: float, num_digits: int) -> torch.Tensor:
             raise TypeError(f"positions must hold real numbers, got a {positions.dtype} tensor")
         m = positions.to(torch.float64)
     else:
-        m = torch.as_tensor(positions, dtype=torch.float64)
-    if bool(torch.any(m < 0)):
-        raise ValueError("positions must be >= 0")
+        try:
+            m = torch.as_tensor(positions, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"positions must be real numbers, a sequence or a tensor, got {positions!r}") from error
+    if not bool(torch.all(m.isfinite() & (m >= 0))):
+        raise ValueError("positions must be finite and >= 0")
     powers = beta ** torch.arange(num_digits, dtype=torch.float64)
     return torch.remainder(torch.floor(m[..., None] / powers), beta)
 
@@ -166,6 +161,8 @@ def unseen_angle_pairs(
     ``length`` = l with theta'_i iff l theta'_i > L theta_i (1 + rtol); rtol absorbs rounding when
     the two spans are equal in exact arithmetic (position interpolation).
     """
+    same_device("trained_inv_freq", float_tensor("trained_inv_freq", trained_inv_freq),
+                inv_freq=float_tensor("inv_freq", inv_freq))
     trained = angle_spans(trained_inv_freq, trained_length)
     new = angle_spans(inv_freq, length)
     if trained.shape != new.shape:
@@ -205,7 +202,7 @@ def yarn_ramp_paper(
     beta = _real("beta", beta)
     if beta <= alpha:
         raise ValueError(f"beta must be > alpha, got alpha={alpha} and beta={beta}")
-    r = rotations_over_context(inv_freq, original_length)
+    r = rotations_over_context(inv_freq, _length("original_length", original_length))
     return ((r - alpha) / (beta - alpha)).clamp(0, 1)
 
 
@@ -216,8 +213,8 @@ def yarn_correction_range(
     if ``truncate``, clamped to [0, d - 1], as transformers' ``find_correction_range`` (the upper
     clamp is d - 1 although pair indices end at d/2 - 1: it only matters when i(beta_slow) > d/2 - 1).
     The arguments are checked, then :func:`rope.frequencies.yarn_correction_range` computes it."""
-    _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate)
-    return frequencies.yarn_correction_range(dim, base, original_length, beta_fast, beta_slow, truncate)
+    return frequencies.yarn_correction_range(*_check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow,
+                                                                    truncate))
 
 
 def yarn_ramp_code(
@@ -229,30 +226,30 @@ def yarn_ramp_code(
     :func:`yarn_correction_range` (high = low + 0.001 if they coincide): linear in the pair index.
     The same function :func:`rope.inv_freq` uses for ``yarn`` (:func:`rope.frequencies.yarn_kept_weights`).
     """
-    _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate)
-    return frequencies.yarn_kept_weights(dim, base, original_length, beta_fast, beta_slow, truncate)
+    return frequencies.yarn_kept_weights(*_check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow,
+                                                                truncate))
 
 
-def _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate) -> None:
-    _dim(dim)
-    _real("base", base, above=1.0)
-    _length("original_length", original_length)
-    if not isinstance(truncate, bool):
-        raise TypeError(f"truncate must be a bool, got {truncate!r}")
-    beta_fast = _real("beta_fast", beta_fast, above=0.0)
-    beta_slow = _real("beta_slow", beta_slow, above=0.0)
-    if beta_fast <= beta_slow:
-        raise ValueError(f"beta_fast must be > beta_slow, got beta_fast={beta_fast} and beta_slow={beta_slow}")
+def _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, truncate) -> tuple:
+    """The arguments of the YaRN code ramp, checked, as (int, float, int, float, float, bool)."""
+    checked = (_dim(dim), _real("base", base, above=1.0), _length("original_length", original_length),
+               _real("beta_fast", beta_fast, above=0.0), _real("beta_slow", beta_slow, above=0.0),
+               flag("truncate", truncate))
+    if checked[3] <= checked[4]:
+        raise ValueError(f"beta_fast must be > beta_slow, got beta_fast={checked[3]} and beta_slow={checked[4]}")
+    return checked
 
 
 def blend_frequencies(inv_freq: torch.Tensor, factor: float, gamma: torch.Tensor) -> torch.Tensor:
     """h(theta_i) = gamma_i theta_i + (1 - gamma_i) theta_i / s, float64."""
     theta = _frequencies("inv_freq", inv_freq)
     factor = _real("factor", factor, minimum=1.0)
-    if not isinstance(gamma, torch.Tensor) or gamma.shape != theta.shape:
-        raise ValueError(f"gamma must be a tensor of shape {tuple(theta.shape)}, got {gamma!r}")
+    float_tensor("gamma", gamma)
+    same_device("inv_freq", inv_freq, gamma=gamma)
+    if gamma.shape != theta.shape:
+        raise ValueError(f"gamma must have the shape of inv_freq {tuple(theta.shape)}, got {tuple(gamma.shape)}")
     gamma = gamma.to(torch.float64)
-    if bool(torch.any((gamma < 0) | (gamma > 1))):
+    if not bool(torch.all((gamma >= 0) & (gamma <= 1))):
         raise ValueError("gamma must lie in [0, 1]")
     return gamma * theta + (1 - gamma) * theta / factor
 
@@ -266,6 +263,7 @@ def kept_fraction(scaled: torch.Tensor, original: torch.Tensor, factor: float) -
     interpolated). Any other schedule is still placed between the two; dividing a frequency by
     more than s (some LongRoPE factors) gives a value below 0.
     """
+    same_device("scaled", float_tensor("scaled", scaled), original=float_tensor("original", original))
     scaled, original = _frequencies("scaled", scaled), _frequencies("original", original)
     if scaled.shape != original.shape:
         raise ValueError(f"scaled {tuple(scaled.shape)} and original {tuple(original.shape)} must have the same shape")
@@ -289,8 +287,17 @@ def deepseek_yarn_scales(factor: float, mscale: float, mscale_all_dim: float) ->
     mscale = _real("mscale", mscale)
     mscale_all_dim = _real("mscale_all_dim", mscale_all_dim)
     if mscale and mscale_all_dim:
-        cos_sin = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        numerator = _positive_mscale(factor, mscale, "mscale")
+        cos_sin = numerator / _positive_mscale(factor, mscale_all_dim, "mscale_all_dim")
     else:
         cos_sin = yarn_mscale(factor)
-    softmax = yarn_mscale(factor, mscale_all_dim) ** 2 if mscale_all_dim else 1.0
+    softmax = _positive_mscale(factor, mscale_all_dim, "mscale_all_dim") ** 2 if mscale_all_dim else 1.0
     return cos_sin, softmax
+
+
+def _positive_mscale(factor: float, value: float, name: str) -> float:
+    """mscale(s, value) = 0.1 value ln s + 1, or a ValueError naming ``name`` if it is not > 0."""
+    scale = yarn_mscale(factor, value)
+    if not scale > 0:
+        raise ValueError(f"{name} = {value} makes mscale(s, {name}) = 0.1 * {value} * ln({factor}) + 1 = {scale} <= 0")
+    return scale

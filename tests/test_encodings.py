@@ -109,7 +109,8 @@ def test_dot_products_depend_on_the_offset_only(seed, dim, base):
         (dict(positions=torch.tensor([True, False])), TypeError),
         (dict(positions=torch.tensor([1j])), TypeError),
         (dict(positions=torch.tensor([0.0, float("inf")])), ValueError),
-        (dict(dtype=torch.int64), TypeError),
+        (dict(dtype=torch.int64), ValueError),
+        (dict(dtype="float64"), TypeError),
     ],
 )
 def test_sinusoidal_rejects_bad_input(kwargs, error):

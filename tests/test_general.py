@@ -168,8 +168,10 @@ def test_bad_input_is_named():
         rotation_from_generator(skew.to(torch.complex64), 1)
     with pytest.raises(ValueError, match="B must have finite entries"):
         rotation_from_generator(torch.tensor([[0.0, -float("inf")], [float("inf"), 0.0]]), 1)
-    with pytest.raises(TypeError, match="n must be an int or a float"):
+    with pytest.raises(TypeError, match="n must be a real number"):
         rotation_from_generator(skew, True)
+    with pytest.raises(ValueError, match="n must be finite"):
+        rotation_from_generator(skew, float("nan"))
     with pytest.raises(TypeError, match="n must be an int"):
         power_rotation(torch.eye(2), 1.5)
     with pytest.raises(ValueError, match="O must be orthogonal"):

@@ -171,7 +171,9 @@ def _good():
         (dict(layout="neox"), ValueError, "layout must be"),
         (dict(feature_map="elu"), TypeError, "feature_map must be callable"),
         (dict(feature_map=lambda x: x.sum(-1)), ValueError, "feature_map must keep the shape"),
-        (dict(causal=1), TypeError, "causal must be True or False"),
+        (dict(causal=1), TypeError, "causal must be a bool"),
+        (dict(causal="False"), TypeError, "causal must be a bool"),
+        (dict(feature_map=lambda x: x.tolist()), TypeError, "feature_map must return a torch.Tensor"),
     ],
 )
 @pytest.mark.parametrize("function", [rotary_linear_attention, rotary_linear_attention_quadratic])

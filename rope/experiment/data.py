@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..checks import integer
+from ..checks import integer, number
 
 MARKOV, ANCHOR, RECALL = 0, 1, 2
 KIND_NAMES = {MARKOV: "markov", ANCHOR: "anchor", RECALL: "recall"}
@@ -47,17 +47,13 @@ class TaskSpec:
     seed: int = 0
 
     def __post_init__(self):
-        integer("markov_vocab", self.markov_vocab, minimum=2)
-        integer("successors", self.successors, minimum=1)
+        """Checks every field and stores NumPy integers as ints (the spec is written to JSON)."""
+        for name, minimum in (("markov_vocab", 2), ("successors", 1), ("anchors", 1), ("span", 1), ("seed", 0)):
+            object.__setattr__(self, name, integer(name, getattr(self, name), minimum=minimum))
+        for name in ("event_rate", "recall_share"):
+            object.__setattr__(self, name, number(name, getattr(self, name), minimum=0.0, maximum=1.0))
         if self.successors > self.markov_vocab:
             raise ValueError(f"successors must be <= markov_vocab = {self.markov_vocab}, got {self.successors}")
-        integer("anchors", self.anchors, minimum=1)
-        integer("span", self.span, minimum=1)
-        integer("seed", self.seed, minimum=0)
-        for name in ("event_rate", "recall_share"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
 
     @property
     def vocab_size(self) -> int:
@@ -123,9 +119,9 @@ class RecallTask:
 
         Deterministic in ``seed``; all sequences are generated together, one position at a time.
         """
-        integer("batch", batch, minimum=1)
-        integer("length", length, minimum=1)
-        integer("seed", seed, minimum=0)
+        batch = integer("batch", batch, minimum=1)
+        length = integer("length", length, minimum=1)
+        seed = integer("seed", seed, minimum=0)
         spec = self.spec
         rng = np.random.default_rng([spec.seed, seed])
         rows = np.arange(batch)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from ..checks import integer, tensor
 from .methods import PositionScheme
 
 
@@ -35,9 +36,7 @@ class ModelSpec:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_heads", "num_layers", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            object.__setattr__(self, name, integer(name, getattr(self, name), minimum=1))
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise ValueError(
                 f"d_model / num_heads must be an even integer (the rotary head dimension), "
@@ -101,8 +100,11 @@ class TinyTransformer(nn.Module):
         nn.init.normal_(self.embed.weight, std=1 / math.sqrt(spec.d_model))
 
     def forward(self, tokens: torch.Tensor, scheme: PositionScheme) -> torch.Tensor:
-        if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.int64 or tokens.dim() != 2:
-            raise TypeError("tokens must be an int64 tensor [batch, seq]")
+        tensor("tokens", tokens)
+        if tokens.dtype != torch.int64:
+            raise TypeError(f"tokens must be an int64 tensor [batch, seq], got {tokens.dtype}")
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must have shape [batch, seq], got {tuple(tokens.shape)}")
         if not isinstance(scheme, PositionScheme):
             raise TypeError(f"scheme must be a PositionScheme, got {type(scheme).__name__}")
         positions = torch.arange(tokens.shape[1], device=tokens.device)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..checks import integer
+from ..checks import integer, number, optional_integer
 from .data import TaskSpec
 
 
@@ -39,19 +39,32 @@ class ExperimentConfig:
     threads: int | None = None
 
     def __post_init__(self):
-        for key in ("d_model", "num_heads", "num_layers", "mlp_ratio", "training_length", "steps", "batch_size",
-                    "finetune_factor", "finetune_steps", "eval_tokens", "eval_batch_tokens"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be a positive int, got {value!r}")
-        if self.training_length < 4:
-            raise ValueError(f"training_length must be >= 4 (ReRoPE's window is half of it), got {self.training_length}")
-        if not self.eval_multiples or any(isinstance(m, bool) or not isinstance(m, int) or m < 1
-                                          for m in self.eval_multiples):
-            raise ValueError(f"eval_multiples must be a non-empty tuple of positive ints, got {self.eval_multiples!r}")
-        integer("seed", self.seed, minimum=0)
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"threads must be None or a positive int, got {self.threads!r}")
+        """Checks every field and stores NumPy numbers as ints and floats (the config is written to JSON)."""
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
+        if not isinstance(self.task, TaskSpec):
+            raise TypeError(f"task must be a TaskSpec, got {type(self.task).__name__}")
+        for key, minimum in (("d_model", 1), ("num_heads", 1), ("num_layers", 1), ("mlp_ratio", 1),
+                             ("training_length", 4),  # ReRoPE's window is half of it
+                             ("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("finetune_factor", 1),
+                             ("finetune_steps", 1), ("eval_tokens", 1), ("eval_batch_tokens", 1), ("seed", 0)):
+            self._store(key, integer(key, getattr(self, key), minimum=minimum))
+        self._store("threads", optional_integer("threads", self.threads, minimum=1))
+        for key, bounds in (("learning_rate", {"positive": True}), ("finetune_learning_rate", {"positive": True}),
+                            ("weight_decay", {"minimum": 0.0})):
+            self._store(key, number(key, getattr(self, key), **bounds))
+        self._store("rope_theta", number("rope_theta", self.rope_theta))
+        if not self.rope_theta > 1:
+            raise ValueError(f"rope_theta must be > 1, got {self.rope_theta}")
+        if not isinstance(self.eval_multiples, tuple):
+            raise TypeError(f"eval_multiples must be a tuple of positive ints, got {self.eval_multiples!r}")
+        if not self.eval_multiples:
+            raise ValueError("eval_multiples must hold at least one multiple of training_length")
+        self._store("eval_multiples", tuple(integer(f"eval_multiples[{i}]", m, minimum=1)
+                                            for i, m in enumerate(self.eval_multiples)))
+
+    def _store(self, key: str, value) -> None:
+        object.__setattr__(self, key, value)  # frozen: the checked value replaces the given one
 
     @property
     def eval_lengths(self) -> list[int]:

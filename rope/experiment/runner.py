@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import flag
 from .data import RecallTask, describe
 from .methods import METHODS, Context
 from .model import ModelSpec, TinyTransformer
@@ -73,6 +74,9 @@ def run(
         config = PRESETS[config]
     if not isinstance(config, ExperimentConfig):
         raise TypeError(f"config must be an ExperimentConfig or a preset name, got {type(config).__name__}")
+    flag("progress", progress)
+    if isinstance(methods, str):
+        raise TypeError(f"methods must be a list of method names, got str {methods!r}")
     names = list(METHODS) if methods is None else list(methods)
     unknown = [n for n in names if n not in METHODS]
     if unknown:

@@ -20,6 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..checks import flag, integer, number
 from .data import MARKOV, RECALL, RecallTask
 from .methods import Context, Method, PositionScheme
 from .model import TinyTransformer
@@ -59,6 +60,12 @@ def train(
 ) -> list[float]:
     """Train ``model`` in place on fresh batches (batch i drawn with seed ``data_seed + i``);
     return the training loss of every step."""
+    steps, batch_size = integer("steps", steps, minimum=1), integer("batch_size", batch_size, minimum=1)
+    length, warmup_steps = integer("length", length, minimum=1), integer("warmup_steps", warmup_steps, minimum=0)
+    data_seed = integer("data_seed", data_seed, minimum=0)
+    learning_rate = number("learning_rate", learning_rate, positive=True)
+    weight_decay = number("weight_decay", weight_decay, minimum=0.0)
+    flag("progress", progress)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=weight_decay)
     losses = []
     model.train()
@@ -106,6 +113,7 @@ def evaluate(
     batch_size: int,
 ) -> dict[str, float]:
     """The metrics of the module docstring on ``tokens`` ``[n, length]`` with kinds ``kinds``."""
+    batch_size = integer("batch_size", batch_size, minimum=1)
     model.eval()
     totals = {"all": 0.0, "markov": 0.0, "recall": 0.0, "correct": 0}
     counts = {"all": 0, "markov": 0, "recall": 0}
