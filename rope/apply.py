@@ -37,6 +37,7 @@ from .angles import cos_sin
 from .layouts import LAYOUTS
 
 KERNEL_MAX_HEAD_DIM = 1024
+KERNEL_SCALE_RANGE = (2.0**-64, 2.0**64)  # the attention factors the kernel takes (rope.triton_rotary)
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 DEVICES_WITHOUT_FLOAT64 = ("mps",)
@@ -82,16 +83,20 @@ def check_options(layout, attention_factor, conjugate, backend, grad_in_place) -
     return checks.number("attention_factor", attention_factor, positive=True)
 
 
-def use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor | None = None) -> bool:
+def use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor | None = None,
+               attention_factor: float = 1.0) -> bool:
     """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel on q's device;
     raises if "triton" was asked for and cannot run. The kernel takes float32 frequencies only
-    (:func:`rope.checks.finite_frequencies`): "auto" leaves float64 ones to the torch path."""
+    (:func:`rope.checks.finite_frequencies`) and attention factors in :data:`KERNEL_SCALE_RANGE`:
+    "auto" leaves the others to the torch path."""
     checks.choice("backend", backend, BACKENDS)
     float64_frequencies = inv_freq is not None and inv_freq.dtype == torch.float64
     if backend == "torch":
         return False
     if backend == "auto":
-        return q.is_cuda and q.shape[-1] <= KERNEL_MAX_HEAD_DIM and HAS_TRITON and not float64_frequencies
+        low, high = KERNEL_SCALE_RANGE
+        return (q.is_cuda and q.shape[-1] <= KERNEL_MAX_HEAD_DIM and HAS_TRITON and not float64_frequencies
+                and low <= attention_factor <= high)
     if float64_frequencies:
         raise TypeError("backend='triton' takes float32 inv_freq (theta_i as float32 numbers); float64 "
                         "frequencies are honoured exactly by backend='torch' (or pass inv_freq.float() if their "
@@ -273,7 +278,7 @@ def apply_rotary(
     """
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim)
     attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
-    if use_kernel(q, backend, inv_freq):
+    if use_kernel(q, backend, inv_freq, attention_factor):
         from .fused import rotary
 
         return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, attention_factor,

@@ -14,13 +14,228 @@ row ``axes[i]`` of ``[3, ...]`` positions.
 
 ``rotary_`` rotates q and k in place (no autograd: use it for inference, e.g. on a KV cache).
 Importing this module imports Triton; :func:`rope.apply_rotary` does so only when it needs it.
+
+Checks. Users call these operators directly, and the kernel trusts its arguments (a wrong width
+or a short ``positions`` reads and writes out of bounds), so both operators check everything
+first, with the errors of the package's policy (:mod:`rope.checks`, README "Errors"):
+
+* PyTorch's dispatcher converts the arguments to the schema's types before any of this code
+  runs, and refuses what it cannot convert (a list for a tensor, a ``str`` or ``None`` for a
+  number or flag, a ``float`` for ``rotary_dim``) with a ``RuntimeError`` naming the argument.
+  It converts as Python does: ``rotary_dim=True`` arrives as 1 (then refused as odd) and
+  ``scale=True`` as 1.0. The flags are therefore declared ``Scalar``, not ``bool`` (which would
+  turn 0, 2 or ``None`` into a bool silently), and checked to be real bools here;
+* metadata (dtypes, shapes, devices, widths, the attention factor; for ``rotary_`` the memory
+  layout, :func:`_check_in_place`) is checked by :func:`_check_arguments` in the real *and* the
+  fake implementation, so that ``torch.compile`` and ``opcheck`` refuse a bad call while
+  tracing, with the same message;
+* values (finite ``inv_freq``, below :data:`MAX_FREQUENCY` with float32 math; axes in
+  {0, 1, 2}) only exist in the real implementation: an eager ``ValueError``, or on CUDA an
+  asynchronous device assertion (:func:`rope.checks.assert_values`), also when the operator runs
+  inside a compiled graph;
+* ``rotary_`` writes what it reads, so it refuses q and k that share an element, a q or k
+  holding an element twice (a stride-0, expanded dimension), and a q or k sharing memory with
+  the read-only inputs. Views of one buffer that do not overlap, like q and k sliced from a
+  packed qkv projection, are fine: the test is exact (:func:`_sum_reaches`), not a comparison
+  of address ranges.
+
+Empty q and k (batch, seq or heads 0) launch nothing.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.types import Number
 
-from . import triton_rotary
+try:
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as _example_value
+except ImportError:  # older torch (2.4, the oldest supported) calls it hint_int
+    from torch.fx.experimental.symbolic_shapes import hint_int as _example_value
+
+from . import checks, triton_rotary
+from .apply import KERNEL_MAX_HEAD_DIM
+from .mrope import AXES
+
+POSITION_AXES = len(AXES)
+"""M-RoPE position rows: t, h, w."""
+
+MAX_FREQUENCY = 2.0**16
+"""With float32 math (q and k other than float64) the kernel reduces the angles exactly only for
+|theta_i| below 2^16 (:func:`rope.triton_rotary.launch`); larger frequencies give wrong angles."""
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
+    """q ``[batch, seq, heads_q, head_dim]`` and k ``[batch, seq, heads_k, head_dim]`` of one
+    floating dtype, head_dim at most the kernel's limit."""
+    checks.head_tensors(q=q, k=k)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+    if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
+        raise ValueError(f"k must agree with q in batch, seq and head_dim (heads may differ): "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.shape[3] > KERNEL_MAX_HEAD_DIM:
+        raise ValueError(f"q and k: the kernel takes head_dim up to {KERNEL_MAX_HEAD_DIM}, got {q.shape[3]}")
+
+
+def _check_positions(positions: torch.Tensor, q: torch.Tensor, axes: torch.Tensor | None) -> None:
+    """Integer positions ``[seq]`` or ``[batch, seq]``, with ``axes`` ``[3, seq]`` or ``[3, batch, seq]``."""
+    checks.integer_tensor("positions", positions)
+    batch, seq = q.shape[0], q.shape[1]
+    shapes = ((seq,), (batch, seq))
+    names = ("[seq]", "[batch, seq]")
+    if axes is not None:
+        shapes = tuple((POSITION_AXES, *shape) for shape in shapes)
+        names = tuple(f"[{POSITION_AXES}, {name[1:]}" for name in names)
+    if tuple(positions.shape) not in shapes:
+        raise ValueError(f"positions must have shape {names[0]} = {list(shapes[0])} or {names[1]} = "
+                         f"{list(shapes[1])}{' (axes given: M-RoPE rows t, h, w)' if axes is not None else ''}, "
+                         f"got {list(positions.shape)}")
+
+
+def _check_width(inv_freq: torch.Tensor, rotary_dim, head_dim) -> None:
+    """rotary_dim even in [2, head_dim] and inv_freq float32 ``[rotary_dim / 2]``. rotary_dim is
+    an int (a SymInt when traced with dynamic shapes): the schema converted it."""
+    if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be even, >= 2 and <= head_dim = {head_dim}, got {rotary_dim}")
+    checks.float_tensor("inv_freq", inv_freq, dtypes=(torch.float32,), dim=1)
+    if inv_freq.shape[0] != rotary_dim // 2:
+        raise ValueError(f"inv_freq must have rotary_dim / 2 = {rotary_dim // 2} entries, got {inv_freq.shape[0]}")
+
+
+def _check_axes(axes: torch.Tensor | None, rotary_dim) -> None:
+    """None, or an integer ``[rotary_dim / 2]`` tensor (its values: :func:`_check_values`)."""
+    if axes is None:
+        return
+    checks.integer_tensor("axes", axes, dim=1)
+    if axes.shape[0] != rotary_dim // 2:
+        raise ValueError(f"axes must have rotary_dim / 2 = {rotary_dim // 2} entries (one per pair), "
+                         f"got {axes.shape[0]}")
+
+
+def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags) -> None:
+    """Everything but tensor values, in the real and the fake implementations alike."""
+    for name, value in flags.items():
+        checks.flag(name, value)
+    _check_heads(q, k)
+    read_only = dict(positions=positions, inv_freq=inv_freq, **({} if axes is None else {"axes": axes}))
+    checks.same_device("q", q, k=k, **read_only)
+    _check_positions(positions, q, axes)
+    _check_width(inv_freq, rotary_dim, q.shape[3])
+    _check_axes(axes, rotary_dim)
+    checks.number("scale", scale, positive=True, minimum=triton_rotary.SCALE_RANGE[0],
+                  maximum=triton_rotary.SCALE_RANGE[1])
+
+
+def _check_values(q: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor | None) -> None:
+    """Finite frequencies (below :data:`MAX_FREQUENCY` with float32 math) and axes in {0, 1, 2}:
+    eager off CUDA, device assertions on it."""
+    checks.finite_frequencies("inv_freq", inv_freq)
+    if q.dtype != torch.float64 and inv_freq.numel():
+        checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
+                             f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)")
+    if axes is not None:
+        in_range = ((axes >= 0) & (axes < POSITION_AXES)).all()
+        checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")
+
+
+def _sum_reaches(lo: int, hi: int, terms: list[tuple[int, int, int]]) -> bool:
+    """Whether integers v_t in [low_t, high_t] exist with lo <= sum_t c_t v_t <= hi, for
+    ``terms`` (c_t, low_t, high_t) with c_t > 0 in decreasing order.
+
+    Depth first from the largest c_t, trying only the v_t from which the remaining terms (whose
+    sum lies in [sum c low, sum c high]) can still land in [lo, hi]: exact. For the strides of
+    real layouts, where each stride exceeds the span of the smaller ones, that is a few values per
+    term; contrived strides (as_strided) may take more, never a wrong answer."""
+    if not terms:
+        return lo <= 0 <= hi
+    (c, low, high), rest = terms[0], terms[1:]
+    rest_min = sum(c_r * low_r for c_r, low_r, _ in rest)
+    rest_max = sum(c_r * high_r for c_r, _, high_r in rest)
+    first = max(low, -((rest_max - lo) // c))  # ceil((lo - rest_max) / c)
+    last = min(high, (hi - rest_min) // c)
+    return any(_sum_reaches(lo - c * v, hi - c * v, rest) for v in range(first, last + 1))
+
+
+def _terms(*terms: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+    """Terms (c, low, high) for :func:`_sum_reaches`: c v with c < 0 as (-c)(-v), equal c merged
+    (v + w over two intervals is exactly the interval of the sums), c = 0 dropped, largest c first."""
+    merged: dict[int, tuple[int, int]] = {}
+    for c, low, high in terms:
+        if c < 0:
+            c, low, high = -c, -high, -low
+        if c:
+            low_0, high_0 = merged.get(c, (0, 0))
+            merged[c] = (low_0 + low, high_0 + high)
+    return [(c, low, high) for c, (low, high) in sorted(merged.items(), reverse=True)]
+
+
+def _concrete(n) -> int:
+    """n, or for a symbolic int (traced with dynamic shapes) the value it has in the example
+    inputs, without a guard: the real implementation repeats the overlap checks on every call."""
+    return n if isinstance(n, int) else _example_value(n)
+
+
+def _rows(x: torch.Tensor) -> list[tuple[int, int]]:
+    """(stride, size) of x's dimensions but the last, for sizes above 1: x is the rows
+    ``[storage_offset + sum_d i_d stride_d, ... + head_dim)`` of its storage (in elements)."""
+    dims = ((_concrete(stride), _concrete(size)) for stride, size in zip(x.stride()[:-1], x.shape[:-1]))
+    return [(stride, size) for stride, size in dims if size > 1]
+
+
+def _repeats_an_element(x: torch.Tensor) -> bool:
+    """Whether two index tuples i != j of x (last dimension contiguous) address one element.
+
+    With c = i - j, that is |sum_d c_d stride_d| < head_dim (two rows of head_dim elements meet)
+    for some c != 0, |c_d| < size_d; by the symmetry c -> -c the first non-zero c_d is positive."""
+    if x.is_contiguous():
+        return False
+    rows, width = _rows(x), _concrete(x.shape[-1])
+    return any(
+        _sum_reaches(1 - width, width - 1,
+                     _terms((stride, 1, size - 1), *((s, 1 - n, n - 1) for s, n in rows[d + 1:])))
+        for d, (stride, size) in enumerate(rows)
+    )
+
+
+def _share_an_element(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether q and k (one dtype, last dimensions contiguous, of one length w) share an element:
+    a row of q at o_q + sum i_d a_d and one of k at o_k + sum j_e b_e (elements of the
+    storage) meet when their starts differ by less than w, i.e. sum i a - sum j b lies in
+    [o_k - o_q - w + 1, o_k - o_q + w - 1]."""
+    if _concrete(q.numel()) == 0 or _concrete(k.numel()) == 0 or not torch._C._is_alias_of(q, k):
+        return False
+    width, shift = _concrete(q.shape[-1]), _concrete(k.storage_offset()) - _concrete(q.storage_offset())
+    terms = _terms(*((a, 0, n - 1) for a, n in _rows(q)), *((-b, 0, n - 1) for b, n in _rows(k)))
+    return _sum_reaches(shift - width + 1, shift + width - 1, terms)
+
+
+def _check_in_place(q, k, positions, inv_freq, axes) -> None:
+    """What rotating q and k in place needs: contiguous last dimensions, no element written twice
+    or by both, nothing written that is read as positions, frequencies or axes."""
+    for name, x in (("q", q), ("k", k)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"in-place rotation needs {name} with a contiguous last dimension (stride 1), "
+                             f"got strides {tuple(x.stride())}")
+        if _repeats_an_element(x):
+            raise ValueError(f"{name} holds some elements more than once (a stride-0 or expanded dimension, "
+                             f"strides {tuple(x.stride())}): it cannot be rotated in place")
+    if _share_an_element(q, k):
+        raise ValueError("q and k overlap in memory (one buffer passed as both, or overlapping views): "
+                         "they cannot be rotated in place")
+    read_only = dict(positions=positions, inv_freq=inv_freq, **({} if axes is None else {"axes": axes}))
+    for name, x in (("q", q), ("k", k)):
+        for other, t in read_only.items():
+            if x.numel() and t.numel() and torch._C._is_alias_of(x, t):
+                raise ValueError(f"{name} shares memory with {other}: rotating it in place would change {other}")
+
+
+def _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes) -> None:
+    """The kernel, where there is something to rotate."""
+    if q.numel() or k.numel():
+        triton_rotary.launch(
+            q, k, q_out, k_out, positions, inv_freq,
+            interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=conjugate, axes=axes,
+        )
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -33,27 +248,33 @@ def rotary(
     k: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
-    interleaved: bool,
+    interleaved: Number,
     rotary_dim: int,
     scale: float,
-    conjugate: bool,
-    grad_in_place: bool = False,
+    conjugate: Number,
+    grad_in_place: Number = False,
     axes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors. ``grad_in_place``
     only changes the backward (see the module docstring); ``axes`` makes it M-RoPE (positions
-    ``[3, ...]``, see :func:`rope.triton_rotary.launch`)."""
+    ``[3, ...]``, see :func:`rope.triton_rotary.launch`). q and k may overlap (they are only read).
+
+    Raises:
+        TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
+    """
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+                     interleaved=interleaved, conjugate=conjugate, grad_in_place=grad_in_place)
+    _check_values(q, inv_freq, axes)
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
-    triton_rotary.launch(
-        q, k, q_out, k_out, positions, inv_freq,
-        interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=conjugate, axes=axes,
-    )
+    _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes)
     return q_out, k_out
 
 
 @rotary.register_fake
 def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad_in_place=False, axes=None):
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+                     interleaved=interleaved, conjugate=conjugate, grad_in_place=grad_in_place)
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
@@ -89,22 +310,28 @@ def rotary_(
     k: torch.Tensor,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
-    interleaved: bool,
+    interleaved: Number,
     rotary_dim: int,
     scale: float,
-    conjugate: bool,
+    conjugate: Number,
     axes: torch.Tensor | None = None,
 ) -> None:
-    """q <- s R q and k <- s R k in place; the last dimension of q and k must be contiguous.
-    ``axes`` as in :func:`rotary` (M-RoPE)."""
-    if q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError("in-place rotation needs q and k with a contiguous last dimension")
-    triton_rotary.launch(
-        q, k, q, k, positions, inv_freq,
-        interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=conjugate, axes=axes,
-    )
+    """q <- s R q and k <- s R k in place; the last dimension of q and k must be contiguous, and
+    q and k must not overlap (separate views of one buffer, e.g. of a packed qkv, are fine).
+    ``axes`` as in :func:`rotary` (M-RoPE).
+
+    Raises:
+        TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
+    """
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+                     interleaved=interleaved, conjugate=conjugate)
+    _check_in_place(q, k, positions, inv_freq, axes)
+    _check_values(q, inv_freq, axes)
+    _launch(q, k, q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes)
 
 
 @rotary_.register_fake
 def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes=None):
-    return None
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+                     interleaved=interleaved, conjugate=conjugate)
+    _check_in_place(q, k, positions, inv_freq, axes)

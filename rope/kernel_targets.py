@@ -39,27 +39,33 @@ STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sq
 
 
 def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int,
-                    mrope: bool = False):
+                    mrope: bool = False, scale_after: bool = False, float64_math: bool = False):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
-    unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not."""
+    unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not,
+    an attention factor above 1 (``scale_after``) or not, float64 math (a cos/sin table: always
+    for "fp64", on request for the others) or float32 math; compiled as ``launch`` compiles it,
+    with no contraction of multiplies and adds into fused multiply-adds."""
     block_s, block_h, group, warps = sizes
+    table = float64_math or dtype == "fp64"
     signature = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
-    signature.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32", seq_len="i32", heads_q="i32",
-                     heads_k="i32", scale_hi="fp32", scale_lo="fp32", tokens_bucket="i32")
-    signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
-    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, fp64=dtype == "fp64",
-                                 copy_tail=True, mrope=mrope)
+    signature.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32", CS="*fp64" if table else "*fp32",
+                     seq_len="i32", heads_q="i32", heads_k="i32", scale="fp32", power="fp32", scale64="fp64",
+                     power64="fp64", tokens_bucket="i32")
+    signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a", "sc_b", "sc_s"]})
+    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, table=table,
+                                 copy_tail=True, mrope=mrope, scale_after=scale_after)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
-    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES"] + STRIDES
+    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "CS"] + STRIDES
     source = ASTSource(
         fn=_rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned},
     )
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": warps, "enable_fp_fusion": False})
 
 
 def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16") -> dict:
@@ -94,13 +100,19 @@ def print_machine_code(arch: int) -> None:
 def main(arches: list[int]) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     failures = 0
-    variants = list(itertools.product(("bf16", "fp16", "fp32", "fp64"), (_CANDIDATES[0], _CANDIDATES[-1]),
-                                      (False, True), (0, 64), (False,)))
-    variants += [(dtype, _CANDIDATES[-1], False, 0, True) for dtype in ("bf16", "fp16", "fp32", "fp64")]
-    for arch, (dtype, sizes, interleaved, tail, mrope) in itertools.product(arches, variants):
-        label = f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
+    # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): the float32-math variants
+    # with a tail also take an attention factor above 1; the last one is bfloat16 in float64 math.
+    variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype != "fp64", False)
+                for dtype, sizes, interleaved, tail in itertools.product(
+                    ("bf16", "fp16", "fp32", "fp64"), (_CANDIDATES[0], _CANDIDATES[-1]), (False, True), (0, 64))]
+    variants += [(dtype, _CANDIDATES[-1], False, 0, True, False, False) for dtype in ("bf16", "fp16", "fp32")]
+    variants += [("bf16", _CANDIDATES[-1], False, 0, False, False, True)]
+    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math) in itertools.product(arches,
+                                                                                                        variants):
+        label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
+                 + " scale_after=True" * scale_after + " float64_math=True" * float64_math)
         try:
-            kernel = compile_variant(arch, dtype, sizes, interleaved, tail, mrope)
+            kernel = compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after, float64_math)
             assert kernel.asm["cubin"], "empty cubin"
             print(f"ok {label}")
         except Exception as err:  # report every failing variant, then fail

@@ -176,7 +176,7 @@ def apply_mrope(
     rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
     attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
     _check_axes(axes, inv_freq.shape[0])
-    if use_kernel(q, backend, inv_freq):
+    if use_kernel(q, backend, inv_freq, attention_factor):
         from .fused import rotary
 
         return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, attention_factor,

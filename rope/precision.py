@@ -140,7 +140,8 @@ def reference_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[
 
 
 def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos/sin as the Triton kernel computes them, in torch.
+    """float32 cos/sin from the 64-bit fixed-point turns, in torch (the Triton kernel reduces the
+    same turns, then takes the quarter turn from the integer and evaluates polynomials instead).
 
     With T_i the 64-bit fixed-point turns of theta_i (:func:`rope.angles.fixed_point_phases`),
     the wrapped product (m T_i) mod 2^64 read as a signed int64 is the angle in units of

@@ -1,46 +1,115 @@
-"""The fused Triton RoPE kernel: q and k rotated in one launch, angles computed in the kernel.
+"""The fused Triton RoPE kernel: q and k rotated in one launch.
 
 For pair i = (x_a, x_b) of a head of the token at integer position m (RoFormer eq. 34),
 
     y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i)),   y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i)),
 
 with s the attention factor and the sign of the sines flipped for the conjugate (transpose)
-rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied. The math
-is float32 for float16, bfloat16 and float32 inputs and float64 for float64 inputs, with one
-rounding to the input dtype at the end.
+rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied.
 
-The angle is reduced exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the
-64-bit fixed-point turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and
-evaluates cos/sin of the angle, already in [-pi, pi), from its quarter turn and Taylor
-polynomials (:func:`_cos_sin_of_turns`; float32 math) or with float64 library functions (float64
-inputs). No cos/sin table is read.
+Two compile-time variants of the arithmetic:
+
+* **float32 math** (float16, bfloat16 and float32 inputs). The angle is reduced exactly (see
+  :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point turns T_i,
+  multiplies by the int64 position (wrapping modulo 2^64), and evaluates cos/sin of the angle,
+  already in [-pi, pi), from its quarter turn and Taylor polynomials (:func:`_cos_sin_of_turns`).
+  No table is read.
+* **float64 math** (float64 inputs, or ``launch(..., float64_math=True)`` for any dtype): the
+  launcher computes float64 cos/sin of the exactly reduced angles with :func:`rope.angles.cos_sin`
+  (each within 2^-52) and the kernel reads them; the attention factor and the products are
+  applied without rounding error (Dekker's products by fused multiply-adds, a TwoSum), so the
+  only errors are the table's and one rounding.
+
+Every multiply-add is an explicit ``tl.fma`` and the kernel is compiled with
+``enable_fp_fusion=False``, so the compiler contracts nothing else: Triton's CPU interpreter,
+which the test suite runs, performs the GPU's float arithmetic operation for operation. The
+exceptions are the bfloat16 conversions, which the interpreter gets wrong (it truncates float32
+to bfloat16 and loses bfloat16 subnormals on the way back): under the interpreter the kernel
+converts by bit arithmetic instead (``BF16_BY_BITS``), the same functions as the GPU's.
+
+Accuracy. Let y be the exact value of an output (exact angle m theta_i for the float32 value
+theta_i, exact cos/sin, exact products), |pair| = s sqrt(x_a^2 + x_b^2), and u = 2^-24. For
+|m| < 2^31 and attention factors s in :data:`SCALE_RANGE`, every output is RN(v), the output
+dtype's rounding to nearest even of a number v with |v - y| <= Delta:
+
+    float32 math:  Delta = c u |pair| + 2^-148 max(1, s),  c = 5 (float32), 6 (float16, bfloat16);
+    float64 math:  Delta = 2^-51 |pair| + 2^-1070 s.
+
+Hence |out - y| <= ulp(y)/2 + 2 Delta (float64 math: half an ulp plus 2^-50 |pair|, the torch
+path's promise, away from float64's subnormal range), an output is +-inf only where |y| is beyond
+the dtype's range or within Delta of its edge, and a finite input never gives NaN. float32 math
+is not correctly rounded: a float16/bfloat16 output may be the other neighbour of y when y lies
+within Delta of a tie between two of them (``float64_math=True`` is, up to 2^-51 |pair|). Why:
+
+* cos/sin. T_i is within 8 units of 2^-64 turns (theta_i < 2^16) and the top 32 bits of
+  (m T_i) mod 2^64 are kept, so the angle is off by less than 2 pi (2^-30 + 2^-32) = 0.123 u;
+  the float32 evaluation is within 1.22 u of cos and sin of that angle (a sweep over all 2^30
+  remainders, tests/test_triton_rotary.py): E = 1.35 u bounds both errors.
+* products. c = RN(sigma cos), s' = RN(sigma sin) with sigma = RN(s) for s <= 1, or for s > 1
+  sigma = RN(s 2^-k) in [1/2, 1] and the result times 2^k (``SCALE_AFTER``; exact), so that
+  |c|, |s'| <= 1 and no intermediate overflows; then y_a = fma(x_a, c, -RN(x_b s')) and
+  y_b = fma(x_b, c, RN(x_a s')). Each coefficient is within s (2u + E) of s cos, s sin, and
+  |x_a cos| + |x_b sin| <= |pair| / s, |x_a| + |x_b| <= sqrt 2 |pair| / s, so the value the fma
+  rounds is within (3u + sqrt 2 E) |pair| = 4.91 u |pair| of y, plus 2^-150 2^k where RN(x_b s')
+  or, before the scaling by 2^k, the result underflows. A float16/bfloat16 output is rounded from
+  the float32 result: one more u |pair| (and 2^-150 2^k).
+* float64 math. The table is within 2^-52, so (|x_a| + |x_b|) s 2^-52 <= 2^-51.5 |pair|; the
+  attention factor enters as s = sigma 2^k with sigma in [1/4, 1/2) (exact) and the products are
+  exact (Dekker's product by an fma, TwoSum), which keeps every intermediate finite; the scaling
+  by 2^k adds at most one float64 rounding, 2^-53 |pair|, where the result is subnormal. Underflow
+  in the error-free products adds a few 2^-1075 (times 2^k).
 
 M-RoPE (:mod:`rope.mrope`) is the same kernel with a position per pair: pair i of a token reads
-row ``axes[i]`` (t, h or w) of ``[3, ...]`` position ids.
+row ``axes[i]`` (t, h or w) of ``[3, ...]`` position ids (float64 math: the table holds each
+pair's own angle).
 
 Grid: (token blocks, head blocks of q then of k, batch). Each program computes its
 ``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. At
 decode (one token per sequence) the batch is read as the token axis, so that a program still
-holds BLOCK_S tokens. q and
-k may be strided views (e.g. slices of a packed qkv projection); only the last dimension must
-be contiguous.
+holds BLOCK_S tokens. q and k may be strided views (e.g. slices of a packed qkv projection);
+only the last dimension must be contiguous.
+
+No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernel_targets``
+that it compiles for sm_75/80/90; speed (the float32 path's instruction count is that of the
+previous version, plus three instructions per angle and, for s > 1, one multiply per output)
+is untimed.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import struct
+from fractions import Fraction
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from .angles import INV_TWO_PI_PIECES
+from . import checks
+from .angles import INV_TWO_PI_PIECES, TWO_PI, cos_sin
+from .apply import KERNEL_SCALE_RANGE
+
+SCALE_RANGE = KERNEL_SCALE_RANGE
+"""The attention factors the kernel takes: float32 math represents s, or s 2^-k, as a normal
+float32 number with room to spare (smaller or larger factors belong to the torch path)."""
+
+
+def _float32(value) -> float:
+    """``value`` rounded to the nearest float32 number."""
+    return float(np.float32(value))
 
 
 # The four pieces of 1/(2 pi), compiled in as float64 immediates (no load on the angle's path).
 _PIECE_0, _PIECE_1, _PIECE_2, _PIECE_3 = (tl.constexpr(piece) for piece in INV_TWO_PI_PIECES)
+
+# 2 pi / 2^32 as a float32 sum hi + lo (relative error 1e-15), the radians of one unit of t.
+_UNIT_HI = tl.constexpr(_float32(TWO_PI / 2**32))
+_UNIT_LO = tl.constexpr(_float32(TWO_PI / 2**32 - Fraction(_UNIT_HI.value)))
+
+# Taylor coefficients of _cos_sin_of_turns, +-1/n! rounded to float32.
+_S3, _S5, _S7, _S9 = (tl.constexpr(_float32((-1) ** (n // 2) / math.factorial(n))) for n in (3, 5, 7, 9))
+_C2, _C4, _C6, _C8, _C10 = (tl.constexpr(_float32((-1) ** (n // 2) / math.factorial(n))) for n in (2, 4, 6, 8, 10))
 
 
 @triton.jit
@@ -53,30 +122,34 @@ def _phase_part(theta, piece):
 
 @triton.jit
 def _fixed_point_phase(theta):
-    """T = frac(theta / 2 pi) * 2^64 mod 2^64 as int64; theta float64 holding a float32 value."""
+    """T = frac(theta / 2 pi) * 2^64 mod 2^64 as int64, within 8 units (two per truncated piece);
+    theta float64 holding a float32 value below 2^16."""
     return (_phase_part(theta, _PIECE_0) + _phase_part(theta, _PIECE_1) + _phase_part(theta, _PIECE_2)
             + _phase_part(theta, _PIECE_3))
-
-
-# 1/n!, the Taylor coefficients of _cos_sin_of_turns (rounded to float32 in the kernel).
-_F2, _F3, _F4, _F5, _F6, _F7, _F8, _F9, _F10 = (tl.constexpr(1.0 / math.factorial(n)) for n in range(2, 11))
 
 
 @triton.jit
 def _cos_sin_of_turns(turns):
     """float32 cos and sin of 2 pi turns / 2^32, for int64 ``turns`` in [-2^31, 2^31).
 
-    The quadrant q = round(turns / 2^30) comes from the integer, exactly; the rest is an angle
-    x in [-pi/4, pi/4], where Taylor polynomials through x^9 (sine) and x^10 (cosine) are
-    within 2e-9 of the functions (the next terms, (pi/4)^11/11! and (pi/4)^12/12!), below the
-    float32 rounding of the result. Then cos(x + q pi/2) and sin(x + q pi/2) are cos x and sin x
-    swapped and negated by q mod 4. No range reduction, no branch: the accurate library sine
-    would reduce an angle that is already reduced."""
+    The quadrant q = round(turns / 2^30) comes from the integer, exactly; the rest r, |r| <= 2^29,
+    is split into a multiple of 256 and the low byte (both exact in float32) so that the angle
+    x = r 2 pi / 2^32 in [-pi/4, pi/4] is formed with one rounding. There Taylor polynomials
+    through x^9 (sine) and x^10 (cosine) are within 2e-9 of the functions (the next terms,
+    (pi/4)^11/11! and (pi/4)^12/12!), evaluated by Horner's rule in fused multiply-adds. Then
+    cos(x + q pi/2) and sin(x + q pi/2) are cos x and sin x swapped and negated by q mod 4. No
+    range reduction, no branch: the accurate library sine would reduce an angle that is already
+    reduced. Within 1.22 2^-24 of cos and sin of 2 pi turns / 2^32 for every ``turns``."""
     quadrant = (turns + (1 << 29)) >> 30  # in {-2, ..., 2}
-    x = (turns - (quadrant << 30)).to(tl.float32) * 1.4629180792671596e-09  # 2 pi / 2^32
+    rest = (turns - (quadrant << 30)).to(tl.int32)  # in [-2^29, 2^29]
+    low = rest & 255
+    high = (rest - low).to(tl.float32)  # at most 22 significant bits: exact
+    x = tl.fma(high, _UNIT_HI, tl.fma(low.to(tl.float32), _UNIT_HI, high * _UNIT_LO))
     x2 = x * x
-    sin = x - x * x2 * (_F3 - x2 * (_F5 - x2 * (_F7 - x2 * _F9)))
-    cos = 1.0 - x2 * (_F2 - x2 * (_F4 - x2 * (_F6 - x2 * (_F8 - x2 * _F10))))
+    p = tl.fma(tl.fma(tl.fma(x2, _S9, _S7), x2, _S5), x2, _S3)
+    sin = tl.fma(x * x2, p, x)
+    q = tl.fma(tl.fma(tl.fma(tl.fma(x2, _C10, _C8), x2, _C6), x2, _C4), x2, _C2)
+    cos = tl.fma(x2, q, 1.0)
     q = quadrant & 3
     odd = (q & 1) == 1
     cos_q = tl.where(odd, sin, cos)
@@ -85,28 +158,96 @@ def _cos_sin_of_turns(turns):
 
 
 @triton.jit
-def _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-             CONJUGATE: tl.constexpr, FP64: tl.constexpr):
-    """s cos(m theta_i) and +-s sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced angles;
-    ``pos`` is the int64 [BLOCK_S, HALF_PAD] position of each pair (:func:`_positions`)."""
+def _computed_cos_sin(pos, FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """float32 cos(m theta_i) and sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced
+    angles; ``pos`` is the int64 [BLOCK_S, HALF_PAD] position of each pair (:func:`_positions`)."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
     turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
-    if FP64:
-        angle = turns.to(tl.float64) * 3.4061215800865545e-19  # 2 pi / 2^64
-        cos = tl.cos(angle)
-        sin = tl.sin(angle)
-    else:  # the top 32 bits suffice for float32
-        cos, sin = _cos_sin_of_turns(turns >> 32)
-    if FP64:  # the attention factor arrives as two float32 numbers (Triton passes floats as float32)
-        cos = cos * scale_hi + cos * scale_lo
-        sin = sin * scale_hi + sin * scale_lo
+    return _cos_sin_of_turns(turns >> 32)  # the top 32 bits suffice for float32
+
+
+@triton.jit
+def _table_cos_sin(CS, batch, s, s_mask, sc_b, sc_s, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+    """float64 cos and sin, [BLOCK_S, HALF_PAD], read from the table ``[..., 2, HALF]`` (cos, then sin)."""
+    j = tl.arange(0, HALF_PAD)
+    row = CS + batch * sc_b + s[:, None] * sc_s + j[None, :]
+    mask = s_mask[:, None] & (j < HALF)[None, :]
+    return tl.load(row, mask=mask, other=0.0), tl.load(row + HALF, mask=mask, other=0.0)
+
+
+@triton.jit
+def _product(a, b):
+    """(p, e) with p = RN(a b) and p + e = a b exactly (unless a b underflows)."""
+    p = a * b
+    return p, tl.fma(a, b, -p)
+
+
+@triton.jit
+def _difference_of_products(a, c_hi, c_lo, b, s_hi, s_lo):
+    """a (c_hi + c_lo) - b (s_hi + s_lo) in float64, rounded once up to a few 2^-106 (|a c| + |b s|):
+    the products a c_hi, b s_hi and their difference are error-free transformations (Dekker's
+    product by an fma, Knuth's TwoSum), the remaining terms are below 2^-52 of the result's scale."""
+    p, p_err = _product(a, c_hi)
+    q, q_err = _product(b, s_hi)
+    d = p - q
+    z = d - p
+    d_err = (p - (d - z)) - (q + z)
+    return d + (d_err + ((p_err - q_err) + (a * c_lo - b * s_lo)))
+
+
+@triton.jit
+def _round_to_odd_float32(y, BFLOAT16: tl.constexpr):
+    """float64 ``y`` rounded to float32 *to odd* (toward zero, the last bit set if anything was
+    dropped), so that rounding the result to float16 or bfloat16 is rounding ``y`` once (Boldo
+    and Melquiond, "When double rounding is odd", 2005). On the bit pattern: clear the 29
+    significand bits float32 lacks and set the lowest kept one if any was set (NaN stays NaN).
+    Below 2^-126 float32 is subnormal; only bfloat16 reaches there, and gets the same on the
+    float32 subnormal grid (multiples of 2^-149)."""
+    bits = y.to(tl.int64, bitcast=True)
+    dropped = bits & 0x1FFFFFFF
+    sticky = (dropped + 0x1FFFFFFF) & 0x20000000  # bit 29 set iff a dropped bit was
+    odd = ((bits - dropped) | sticky).to(tl.float64, bitcast=True).to(tl.float32)
+    if BFLOAT16:
+        small = tl.abs(y) < 1.1754943508222875e-38  # 2^-126
+        magnitude = tl.where(small, tl.abs(y), 0.0) * 7.1362384635297994e44  # in units of 2^-149: below 2^23
+        units = magnitude.to(tl.int64)
+        units = units | (units.to(tl.float64) != magnitude).to(tl.int64)
+        tiny = (units.to(tl.float64) * 7.888609052210118e-31 * 1.7763568394002505e-15).to(tl.float32)  # 2^-149
+        odd = tl.where(small, tl.where(y < 0, -tiny, tiny), odd)
+    return odd
+
+
+@triton.jit
+def _bfloat16_by_bits(y):
+    """float32 ``y`` rounded to bfloat16, to nearest even, by integer arithmetic on its bits
+    (overflow gives inf, NaN stays NaN): what a GPU's conversion does, for Triton's interpreter."""
+    bits = y.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(y != y, 0x7FC0, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _widened(x, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """``x`` converted (exactly) to float32 or float64; bfloat16 with ``BF16_BY_BITS`` as the upper
+    half of a float32 bit pattern (Triton's interpreter loses bfloat16 subnormals)."""
+    if x.dtype == tl.bfloat16 and BF16_BY_BITS:
+        x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _rounded(y, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """float32 or float64 ``y`` rounded once to ``dtype``, to nearest even."""
+    if y.dtype == tl.float64:
+        if dtype == tl.float16 or dtype == tl.bfloat16:
+            y = _round_to_odd_float32(y, dtype == tl.bfloat16)
+    if dtype == tl.bfloat16 and BF16_BY_BITS:
+        out = _bfloat16_by_bits(y)
     else:
-        cos = cos * scale_hi
-        sin = sin * scale_hi
-    if CONJUGATE:
-        sin = -sin
-    return cos, sin
+        out = y.to(dtype)
+    return out
 
 
 @triton.jit
@@ -142,18 +283,35 @@ def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.co
 
 
 @triton.jit
-def _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-                      TAIL: tl.constexpr, TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      COPY_TAIL: tl.constexpr):
-    """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail."""
+def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64,
+                      HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, TABLE: tl.constexpr,
+                      SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail.
+
+    float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
+    SCALE_AFTER. float64 math (TABLE): :func:`_difference_of_products` with the coefficients
+    c_hi + c_lo, s_hi + s_lo, times 2^k."""
     a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     mask = row_mask & j_mask
-    c = cos[:, None, :]
-    s = sin[:, None, :]
-    ya = xa.to(c.dtype) * c - xb.to(c.dtype) * s
-    yb = xb.to(c.dtype) * c + xa.to(c.dtype) * s
-    tl.store(o_row + a, ya.to(xa.dtype), mask=mask)
-    tl.store(o_row + b, yb.to(xb.dtype), mask=mask)
+    if TABLE:
+        ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
+        xa64 = _widened(xa, tl.float64, BF16_BY_BITS)
+        xb64 = _widened(xb, tl.float64, BF16_BY_BITS)
+        ya = _difference_of_products(xa64, ca, cb, xb64, sa, sb) * power64
+        yb = _difference_of_products(xb64, ca, cb, -xa64, sa, sb) * power64
+    else:
+        c = c_hi[:, None, :]
+        s = s_hi[:, None, :]
+        xa32 = _widened(xa, tl.float32, BF16_BY_BITS)
+        xb32 = _widened(xb, tl.float32, BF16_BY_BITS)
+        ya = tl.fma(xa32, c, -(xb32 * s))
+        yb = tl.fma(xb32, c, xa32 * s)
+        if SCALE_AFTER:
+            ya = ya * power
+            yb = yb * power
+    tl.store(o_row + a, _rounded(ya, xa.dtype, BF16_BY_BITS), mask=mask)
+    tl.store(o_row + b, _rounded(yb, xb.dtype, BF16_BY_BITS), mask=mask)
     if COPY_TAIL:
         t = 2 * HALF + tl.arange(0, TAIL_PAD)
         tail_mask = row_mask & (t < 2 * HALF + TAIL)[None, None, :]
@@ -185,20 +343,47 @@ def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr
 
 
 @triton.jit
+def _coefficients(POS, FREQ, AXES, CS, batch, s, s_mask, sp_b, sp_s, sp_a, sc_b, sc_s, scale, scale64,
+                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, TABLE: tl.constexpr,
+                  MROPE: tl.constexpr):
+    """(c_hi, c_lo, s_hi, s_lo), [BLOCK_S, HALF_PAD]: the attention factor's sigma times cos and
+    (negated for the conjugate) sin. float32 math: RN(sigma cos) and RN(sigma sin), the low parts
+    unused; float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
+    if TABLE:
+        cos, sin = _table_cos_sin(CS, batch, s, s_mask, sc_b, sc_s, HALF, HALF_PAD)
+        c_hi, c_lo = _product(cos, scale64)
+        s_hi, s_lo = _product(sin, scale64)
+    else:
+        pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
+        cos, sin = _computed_cos_sin(pos, FREQ, HALF, HALF_PAD)
+        c_hi = cos * scale
+        s_hi = sin * scale
+        c_lo = c_hi
+        s_lo = s_hi
+    if CONJUGATE:
+        s_hi = -s_hi
+        s_lo = -s_lo
+    return c_hi, c_lo, s_hi, s_lo
+
+
+@triton.jit
 def _rotary_kernel(
-    Q, K, QO, KO, POS, FREQ, AXES,
-    seq_len, heads_q, heads_k, scale_hi, scale_lo, tokens_bucket,
+    Q, K, QO, KO, POS, FREQ, AXES, CS,
+    seq_len, heads_q, heads_k, scale, power, scale64: tl.float64, power64: tl.float64, tokens_bucket,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
     sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
-    sp_b, sp_s, sp_a,
+    sp_b, sp_s, sp_a, sc_b, sc_s,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FP64: tl.constexpr,
-    MROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, TABLE: tl.constexpr,
+    SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
     [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
     issued before the angle arithmetic, so that memory latency and the math overlap.
-    ``tokens_bucket`` only keys the autotuning cache; AXES and sp_a are read only with MROPE."""
+    ``tokens_bucket`` only keys the autotuning cache. float32 math reads POS, FREQ (and AXES with
+    MROPE) and the float32 ``scale`` and ``power``; float64 math (TABLE) reads the cos/sin table
+    CS and the float64 ``scale64`` and ``power64``."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s < seq_len
@@ -211,18 +396,19 @@ def _rotary_kernel(
                                          sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
-    pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
-    cos, sin = _cos_sin(pos, FREQ, scale_hi, scale_lo, HALF, HALF_PAD, CONJUGATE, FP64)
-    _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED,
-                      COPY_TAIL)
+    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, CS, batch, s, s_mask, sp_b, sp_s, sp_a, sc_b, sc_s,
+                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, TABLE, MROPE)
+    _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF, HALF_PAD,
+                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, TABLE, SCALE_AFTER, BF16_BY_BITS)
     for i in tl.static_range(1, GROUP):
         if first + i < blocks:
             x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
                                                  heads_k, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                                  sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
             xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
-            _rotate_and_store(x_row, o_row, row_mask, xa, xb, cos, sin, HALF, HALF_PAD, TAIL, TAIL_PAD,
-                              INTERLEAVED, COPY_TAIL)
+            _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF,
+                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, TABLE, SCALE_AFTER,
+                              BF16_BY_BITS)
 
 
 # (BLOCK_S, BLOCK_H, GROUP, num_warps) tried on first use of a shape on a GPU: the leaders of a
@@ -238,7 +424,7 @@ def _small_problems_take_the_first(configs, named_args, **kwargs):
 
 _tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w) for s, h, g, w in _CANDIDATES],
-    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FP64", "MROPE"],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "TABLE", "MROPE"],
     prune_configs_by={"early_config_prune": _small_problems_take_the_first},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(_rotary_kernel)
@@ -250,27 +436,74 @@ def _launch_sizes(batch: int, seq_len: int, heads: int) -> tuple[int, int, int]:
     return (2 if batch * seq_len >= 2048 else 1), block_h, 1
 
 
-def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, fp64: bool,
-                     copy_tail: bool, mrope: bool = False) -> dict:
-    """The ``tl.constexpr`` arguments of :func:`_rotary_kernel` other than the launch sizes."""
+def _interpreted() -> bool:
+    """Whether Triton's CPU interpreter runs the kernel (its bfloat16 conversions are not the GPU's)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, table: bool,
+                     copy_tail: bool, mrope: bool = False, scale_after: bool = False,
+                     bf16_by_bits: bool = False) -> dict:
+    """The ``tl.constexpr`` arguments of :func:`_rotary_kernel` other than the launch sizes.
+    ``table``: float64 math from a cos/sin table (M-RoPE is then in the table, not the kernel)."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
-        INTERLEAVED=interleaved, CONJUGATE=conjugate, FP64=fp64, COPY_TAIL=copy_tail and tail > 0, MROPE=mrope,
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, TABLE=table,
+        SCALE_AFTER=scale_after and not table, MROPE=mrope and not table, BF16_BY_BITS=bf16_by_bits,
     )
 
 
+def scale_arguments(scale: float, *, table: bool) -> tuple[float, float, float, float, bool]:
+    """(scale, power, scale64, power64, scale_after): the attention factor s as the kernel takes it.
+
+    float32 math: s <= 1 is the float32 ``scale`` RN(s), folded into cos and sin; s > 1 is
+    RN(s 2^-k) in [1/2, 1] and ``power`` = 2^k applied to the result (``scale_after``), so that
+    no intermediate overflows. float64 math: s = ``scale64`` * ``power64`` exactly, with
+    ``scale64`` in [1/4, 1/2) (the exact products then stay finite too).
+    """
+    scale = checks.number("scale (the attention factor)", scale, minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1])
+    fraction, exponent = math.frexp(scale)  # scale = fraction 2^exponent, fraction in [1/2, 1)
+    if table:
+        return 1.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
+    if scale <= 1.0:
+        return _float32(scale), 1.0, 1.0, 1.0, False
+    return _float32(fraction), 2.0**exponent, 1.0, 1.0, True
+
+
+def _cos_sin_table(positions: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor | None) -> torch.Tensor:
+    """float64 ``[..., 2, pairs]``: cos and sin of every pair's exactly reduced angle
+    (:func:`rope.angles.cos_sin`) for positions ``[...]``, or with M-RoPE ``axes`` for row
+    ``axes[i]`` of positions ``[3, ...]``."""
+    if axes is None:
+        cos, sin = cos_sin(positions, inv_freq)
+    else:
+        cos, sin = cos_sin(positions[axes.to(positions.device)].movedim(0, -1), inv_freq, per_pair=True)
+    return torch.stack((cos, sin), dim=-2)
+
+
+def _row_strides(t: torch.Tensor, dims: int) -> tuple[int, int]:
+    """(batch, token) strides of a ``[seq, ...]`` or ``[batch, seq, ...]`` tensor with ``dims``
+    trailing dimensions past those (0 for a shared batch)."""
+    return (0, t.stride(0)) if t.dim() == 1 + dims else (t.stride(0), t.stride(1))
+
+
 def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate, axes=None,
-           block_s=None, block_h=None, group=None, num_warps=4):
+           block_s=None, block_h=None, group=None, num_warps=4, float64_math=False):
     """Rotate q into q_out and k into k_out (the outputs may alias the inputs: in place).
 
     q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
-    contiguous; positions integer ``[seq]`` or ``[batch, seq]``; inv_freq ``[rotary_dim/2]``.
-    M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives each pair's row of the
-    positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
+    contiguous; positions integer ``[seq]`` or ``[batch, seq]``; inv_freq float32
+    ``[rotary_dim/2]``, every theta_i below 2^16 (float32 math); ``scale`` the attention factor,
+    in :data:`SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
+    each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
+    float64 inputs, or ``float64_math=True`` for any dtype, take the float64 path (a cos/sin table,
+    each output rounded once from exact products: see the module docstring).
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
+    table = float64_math or q.dtype == torch.float64
+    scale, power, scale64, power64, scale_after = scale_arguments(scale, table=table)
     batch, seq_len, heads_q, head_dim = q.shape
     if seq_len == 1 and batch > 1:
         # Decode, one token per sequence: read the batch as the token axis (views, no copies), so
@@ -285,23 +518,26 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
         return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
-    scale_hi = struct.unpack("f", struct.pack("f", scale))[0]  # scale rounded to float32
     token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
-    pos_strides = (0, token_positions.stride(0)) if token_positions.dim() == 1 else tuple(token_positions.stride())
+    cos_sin_table = _cos_sin_table(positions, inv_freq, axes) if table else inv_freq
+    table_strides = _row_strides(cos_sin_table, 2) if table else (0, 0)
     axis_stride = 0 if axes is None else positions.stride(0)
     args = (
         q, k, q_out, k_out, positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
-        seq_len, heads_q, heads_k, scale_hi, scale - scale_hi, triton.next_power_of_2(batch * seq_len),
-        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3], *pos_strides, axis_stride,
+        cos_sin_table, seq_len, heads_q, heads_k, scale, power, scale64, power64,
+        triton.next_power_of_2(batch * seq_len),
+        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
+        *_row_strides(token_positions, 0), axis_stride, *table_strides,
     )
     options = kernel_constants(
-        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, fp64=q.dtype == torch.float64,
+        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, table=table,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
+        scale_after=scale_after, bf16_by_bits=_interpreted(),
     )
     fixed = block_s or block_h or group
-    if q.is_cuda and not fixed and not os.environ.get("TRITON_INTERPRET"):
-        _tuned_kernel[grid](*args, **options)
+    if q.is_cuda and not fixed and not _interpreted():
+        _tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
         return
     default = _launch_sizes(batch, seq_len, max(heads_q, heads_k))
     sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
-    _rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps)
+    _rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)

@@ -1,0 +1,397 @@
+"""The fused kernel's accuracy promises (module docstring of rope/triton_rotary.py) against mpmath.
+
+Every output is RN(v), the output dtype's rounding to nearest even of a number v within Delta of
+the exact value y, with |pair| = s |(x_a, x_b)|:
+
+    float32 math (float16, bfloat16, float32 inputs): Delta = c 2^-24 |pair| + 2^-148 max(1, s),
+        c = 5 for float32 outputs and 6 for float16 and bfloat16 outputs;
+    float64 math (float64 inputs, or ``float64_math=True``): Delta = 2^-51 |pair| + 2^-1070 s.
+
+Rounding is monotone, so that is RN(y - Delta) <= out <= RN(y + Delta), checked entry by entry
+with y written here from the formula: the angle m theta_i for the float32 value theta_i, its cos
+and sin in mpmath at 200 bits, the products exact. It implies |out - y| <= ulp(y)/2 + 2 Delta, so
+float64 outputs are within half an ulp plus 2^-50 |pair|, and +-inf only where |y| is beyond the
+range (or within Delta of its edge); a finite input never gives NaN.
+
+Without a GPU the kernel runs in Triton's interpreter, which performs the same float operations
+(every multiply-add is an explicit fma and nothing else is contracted); shapes stay small.
+"""
+
+import math
+from fractions import Fraction
+
+import mpmath
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+import rope  # noqa: E402
+from helpers import round_exact, ulp  # noqa: E402
+from rope import triton_rotary  # noqa: E402
+from rope.mrope import apply_mrope, section_axes  # noqa: E402
+
+mpmath.mp.prec = 200
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+U = Fraction(1, 2**24)
+EDGE_POSITIONS = [0, 1, -1, 2**31 - 1, -(2**31 - 1), 10**6, 2**30 + 1]
+
+
+def to_fraction(value) -> Fraction:
+    """An mpmath number as the exact fraction it is."""
+    sign, mantissa, exponent, _ = mpmath.mpf(value)._mpf_
+    return (-1) ** sign * Fraction(mantissa) * Fraction(2) ** exponent
+
+
+def float32_math_delta(dtype: torch.dtype, scale: float):
+    """Delta of float32 math as a function of |pair| (a Fraction)."""
+    c = 5 if dtype == torch.float32 else 6
+    underflow = Fraction(1, 2**148) * max(1, Fraction(scale))
+    return lambda pair: c * U * pair + underflow
+
+
+def float64_math_delta(scale: float):
+    """Delta of float64 math as a function of |pair| (a Fraction)."""
+    return lambda pair: pair / 2**51 + Fraction(scale) / 2**1070
+
+
+def pair_indices(rotary_dim: int, layout: str) -> list[tuple[int, int]]:
+    half = rotary_dim // 2
+    return [(i, i + half) for i in range(half)] if layout == "half" else [(2 * i, 2 * i + 1) for i in range(half)]
+
+
+def token_angles(positions: torch.Tensor, theta: torch.Tensor, batch: int):
+    """angle(b, t, i) = m theta_i exactly (mpmath), m the position of token t of batch row b."""
+    rows = positions.cpu().expand(batch, -1).tolist() if positions.dim() == 1 else positions.cpu().tolist()
+    thetas = [mpmath.mpf(float(t)) for t in theta.cpu()]
+    return lambda b, t, i: mpmath.mpf(rows[b][t]) * thetas[i]
+
+
+def exact_rotation(x, angle_of, *, layout, rotary_dim, scale, conjugate):
+    """[(y, |pair|)] for every entry of x in flat order: y = s R x exactly (mpmath numbers),
+    |pair| = s |(x_a, x_b)| as a Fraction; past ``rotary_dim`` (y, None): copied."""
+    values = x.cpu().to(torch.float64).tolist()
+    s = mpmath.mpf(scale)
+    out = []
+    for b, row in enumerate(values):
+        for t, token in enumerate(row):
+            cos_sin = []
+            for i in range(rotary_dim // 2):
+                angle = angle_of(b, t, i)
+                cos_sin.append((mpmath.cos(angle), mpmath.sin(angle) * (-1 if conjugate else 1)))
+            for head in token:
+                entries = [(mpmath.mpf(v), None) for v in head]
+                for (ia, ib), (c, sn) in zip(pair_indices(rotary_dim, layout), cos_sin):
+                    xa, xb = mpmath.mpf(head[ia]), mpmath.mpf(head[ib])
+                    pair = to_fraction(s) * to_fraction(mpmath.sqrt(xa**2 + xb**2)) * (1 + Fraction(1, 2**190))
+                    entries[ia] = (s * (xa * c - xb * sn), pair)
+                    entries[ib] = (s * (xb * c + xa * sn), pair)
+                out.extend(entries)
+    return out
+
+
+def assert_rounded_from_within(out: torch.Tensor, exact, delta_of, *, slack=None) -> None:
+    """Every entry is the rounding of a number within Delta = delta_of(|pair|) of the exact value:
+    RN(y - Delta) <= out <= RN(y + Delta); copied entries are equal. ``slack``: also
+    |out - y| <= ulp(y)/2 + slack |pair| for finite outputs (the form of float64's promise)."""
+    got = out.cpu().to(torch.float64).flatten().tolist()
+    assert len(got) == len(exact)
+    for value, (y, pair) in zip(got, exact):
+        assert not math.isnan(value), "a finite input gave NaN"
+        y = to_fraction(y)
+        if pair is None:
+            assert value == y, f"a copied coordinate changed: {value} != {float(y)}"
+            continue
+        delta = delta_of(pair)
+        low, high = round_exact(y - delta, out.dtype), round_exact(y + delta, out.dtype)
+        assert low <= value <= high, (f"{out.dtype}: {value!r} is not the rounding of a number within "
+                                      f"{float(delta):.3g} of the exact {float(y)!r} (allowed [{low}, {high}])")
+        if slack is not None and math.isfinite(value):
+            half_ulp = Fraction(float(ulp(torch.tensor([float(y)]), out.dtype))) / 2
+            assert abs(Fraction(value) - y) <= half_ulp + slack * pair, f"{value!r} vs exact {float(y)!r}"
+
+
+def rotate(x, positions, theta, *, layout="half", scale=1.0, conjugate=False, float64_math=False):
+    """x rotated by the kernel (``launch`` with q = k = x, out of place)."""
+    out, out_k = torch.empty_like(x), torch.empty_like(x)
+    triton_rotary.launch(x, x, out, out_k, positions, theta, interleaved=layout == "interleaved",
+                         rotary_dim=2 * theta.numel(), scale=scale, conjugate=conjugate, float64_math=float64_math)
+    assert torch.equal(out, out_k)
+    return out
+
+
+def check(x, positions, theta, delta_of, *, layout="half", scale=1.0, conjugate=False, float64_math=False,
+          slack=None):
+    """Rotate x with the kernel and hold every output to :func:`assert_rounded_from_within`."""
+    out = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), layout=layout, scale=scale,
+                 conjugate=conjugate, float64_math=float64_math)
+    exact = exact_rotation(x, token_angles(positions, theta, x.shape[0]), layout=layout,
+                           rotary_dim=2 * theta.numel(), scale=scale, conjugate=conjugate)
+    assert_rounded_from_within(out, exact, delta_of, slack=slack)
+
+
+def heads(gen, shape, dtype, spread=0):
+    """Normal numbers times 2^u, u uniform in [-spread, spread], rounded to ``dtype``."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return (x * torch.exp2(spread * (2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1))).to(dtype)
+
+
+def positions_with_edges(gen, batch, seq):
+    """[batch, seq] positions: the edges of |m| < 2^31 first, then random ones."""
+    edges = torch.tensor(EDGE_POSITIONS[:batch * seq])
+    rest = torch.randint(-(2**31) + 1, 2**31, (batch * seq - edges.numel(),), generator=gen)
+    return torch.cat([edges, rest]).reshape(batch, seq)
+
+
+THETA, _ = rope.inv_freq({"rope_theta": 1e4}, 8)
+
+
+# ----- float32 math: float16, bfloat16, float32 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale, conjugate, layout", [(0.8125, True, "interleaved"), (1.37, False, "half")])
+def test_float32_math_is_within_its_bound(dtype, scale, conjugate, layout):
+    """Random heads (float32: magnitudes over 2^+-8) at the edges of the positions and random
+    ones, attention factors below and above 1 (folded into cos/sin, or applied after)."""
+    gen = torch.Generator().manual_seed(int(scale * 1000) + torch.finfo(dtype).bits)
+    x = heads(gen, (2, 5, 2, 10), dtype, spread=8 if dtype == torch.float32 else 2)
+    check(x, positions_with_edges(gen, 2, 5), THETA, float32_math_delta(dtype, scale), layout=layout, scale=scale,
+          conjugate=conjugate)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale", [2.0**-64, 2.0**64])
+def test_extreme_attention_factors(dtype, scale):
+    """Factors from 2^-64 to 2^64 with inputs scaled the other way, so that outputs are O(1)."""
+    gen = torch.Generator().manual_seed(5)
+    x = (heads(gen, (1, 4, 2, 8), torch.float64) / scale).to(dtype)
+    check(x, positions_with_edges(gen, 1, 4), THETA, float32_math_delta(dtype, scale), scale=scale)
+
+
+def test_attention_factor_outside_the_kernels_range_is_refused():
+    x = torch.zeros(1, 1, 1, 8, device=DEVICE)
+    positions = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    for scale in (2.0**65, 2.0**-65, 0.0, math.inf):
+        with pytest.raises(ValueError, match="scale"):
+            rotate(x, positions, THETA.to(DEVICE), scale=scale)
+    with pytest.raises(TypeError, match="scale"):
+        rotate(x, positions, THETA.to(DEVICE), scale=True)
+
+
+# ----- overflow, underflow ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy, on the expected overflows to inf
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("scale, conjugate", [(2.0, False), (1.0, True)])
+def test_huge_inputs_overflow_to_inf_and_never_give_nan(dtype, scale, conjugate):
+    """The largest finite value in both coordinates (issue 12: with attention factor 2, float32
+    math gave y_a = inf - inf = NaN, whose exact value is finite), mixed signs, and random
+    magnitudes in [max/2, max]: every output is the rounding of the exact value, +-inf only beyond
+    the range."""
+    gen = torch.Generator().manual_seed(7)
+    big = torch.finfo(dtype).max
+    signs = torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    magnitude = torch.cat([torch.ones(4, 2, dtype=torch.float64),
+                           0.5 + 0.5 * torch.rand(4, 2, generator=gen, dtype=torch.float64)])
+    pairs = (signs.repeat(2, 1) * magnitude * big).to(dtype)  # [8, 2]: one pair per head
+    x = pairs.reshape(1, 1, 8, 2).expand(1, 3, 8, 2).contiguous()
+    theta = torch.tensor([0.7853981633974483], dtype=torch.float32)  # about pi/4: cos and sin both large
+    positions = torch.tensor([1, 3, -5])
+    delta = float64_math_delta(scale) if dtype == torch.float64 else float32_math_delta(dtype, scale)
+    check(x, positions, theta, delta, scale=scale, conjugate=conjugate)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_subnormal_and_zero_inputs(dtype):
+    """Multiples of the smallest subnormal and zeros, both signs: the products underflow."""
+    gen = torch.Generator().manual_seed(8)
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # the smallest subnormal
+    multiples = torch.randint(-40, 41, (2, 4, 2, 8), generator=gen).to(torch.float64)
+    x = (multiples * tiny).to(dtype)
+    positions = positions_with_edges(gen, 2, 4)
+    for scale in (0.75, 1.5):
+        delta = float64_math_delta(scale) if dtype == torch.float64 else float32_math_delta(dtype, scale)
+        check(x, positions, THETA, delta, scale=scale)
+
+
+# ----- float64 math --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale, conjugate, layout", [(1.0, False, "half"), (0.3, True, "interleaved")])
+def test_float64_is_as_exact_as_the_torch_path(scale, conjugate, layout):
+    """Half an ulp plus 2^-50 |pair| at every position (the 64-bit turns of float32 math, off by
+    up to 8 units, missed this by about 5e3 ulp near m = 10^6), for frequencies from
+    rope.inv_freq and beyond 2^16, where the table is still exact."""
+    gen = torch.Generator().manual_seed(9)
+    theta = torch.cat([THETA, torch.tensor([0.0, 1.0, 3.0e5, 1.0e-30])])
+    x = heads(gen, (2, 5, 2, 2 * theta.numel() + 2), torch.float64, spread=20)
+    check(x, positions_with_edges(gen, 2, 5), theta, float64_math_delta(scale), layout=layout, scale=scale,
+          conjugate=conjugate, slack=Fraction(1, 2**50))
+
+
+def test_float64_decode_and_mrope_read_the_table_of_each_pair():
+    """One token per sequence (the batch read as the token axis) and M-RoPE (pair i turned by row
+    axes[i] of the [3, ...] positions), both through the float64 table."""
+    gen = torch.Generator().manual_seed(10)
+    x = heads(gen, (5, 1, 2, 10), torch.float64)
+    positions = torch.randint(-(2**31) + 1, 2**31, (5, 1), generator=gen)
+    check(x, positions, THETA, float64_math_delta(1.0), slack=Fraction(1, 2**50))
+
+    axes = section_axes([2, 1, 1], 4)
+    rows = torch.randint(-(2**31) + 1, 2**31, (3, 2, 3), generator=gen)
+    x = heads(gen, (2, 3, 2, 8), torch.float64)
+    out, _ = apply_mrope(x.to(DEVICE), x.to(DEVICE), rows.to(DEVICE), THETA.to(DEVICE), axes.to(DEVICE),
+                         attention_factor=1.5, backend="triton")
+    thetas = [mpmath.mpf(float(t)) for t in THETA]
+    exact = exact_rotation(x, lambda b, t, i: mpmath.mpf(int(rows[int(axes[i]), b, t])) * thetas[i], layout="half",
+                           rotary_dim=8, scale=1.5, conjugate=False)
+    assert_rounded_from_within(out, exact, float64_math_delta(1.5), slack=Fraction(1, 2**50))
+
+
+def hard_cases(dtype):
+    """Inputs x and a factor s for position 0 (cos = 1, sin = 0 exactly, so y = s x), where
+    float32 math's rounding of s decides the result. float16/bfloat16 (p significand bits):
+    s = 1 - 2^-(p+1) - 2^-40 and x = +-2^e, so that y lies 2^-40 |y| below a tie (the correct
+    rounding goes down, while float32 math, with RN(s) = 1 - 2^-(p+1), lands on the tie and
+    rounds to even, up), and x = +-2^e (1 + j 2^(1-p)) beside them. float32: random x and
+    s = 1 - 2^-9 + 0.49 2^-24, which float32 rounds by almost half an ulp."""
+    index = torch.arange(64)
+    if dtype == torch.float32:
+        return heads(torch.Generator().manual_seed(11), (1, 1, 4, 16), dtype), 1 - 2.0**-9 + 0.49 * 2.0**-24
+    bits = {torch.float16: 11, torch.bfloat16: 8}[dtype]
+    j = torch.where(index % 2 == 0, 0, index // 2).to(torch.float64)
+    x = torch.exp2((index % 9 - 4).to(torch.float64)) * (1 + j * 2.0 ** (1 - bits)) * (1 - 2 * (index % 4 // 2))
+    return x.reshape(1, 1, 4, 16).to(dtype), 1 - 2.0 ** -(bits + 1) - 2.0**-40
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_float64_math_rounds_every_dtype_once(dtype):
+    """``float64_math=True``: float16, bfloat16 and float32 outputs within half an ulp plus
+    2^-50 |pair|, i.e. correctly rounded unless y is within 2^-51 |pair| of a tie. On random
+    heads, and on inputs placed just beside ties, where every output must be the correct rounding
+    and float32 math (within its own bound) rounds some of them the other way."""
+    gen = torch.Generator().manual_seed(12)
+    x = heads(gen, (2, 4, 2, 10), dtype)
+    check(x, positions_with_edges(gen, 2, 4), THETA, float64_math_delta(1.3), scale=1.3, float64_math=True,
+          slack=Fraction(1, 2**50))
+
+    x, scale = hard_cases(dtype)
+    theta = torch.full((x.shape[-1] // 2,), 0.25, dtype=torch.float32)
+    positions = torch.zeros(1, dtype=torch.int64)
+    exact = [round_exact(Fraction(scale) * Fraction(v), dtype) for v in x.double().flatten().tolist()]
+    ours = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale, float64_math=True)
+    assert ours.cpu().double().flatten().tolist() == exact
+    fast = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale)
+    assert fast.cpu().double().flatten().tolist() != exact
+    check(x, positions, theta, float32_math_delta(dtype, scale), scale=scale)
+
+
+# ----- gradients ------------------------------------------------------------------------------------------------------
+
+
+def float64_rotation(x, cos, sin, scale, conjugate):
+    """s R x (s R^T x when ``conjugate``) in float64 from float64 cos/sin ``[batch, seq, pairs]``, half layout."""
+    half = cos.shape[-1]
+    xa, xb = x[..., :half], x[..., half:2 * half]
+    c, sn = cos[:, :, None] * scale, sin[:, :, None] * (-scale if conjugate else scale)
+    return torch.cat([xa * c - xb * sn, xb * c + xa * sn, x[..., 2 * half:]], dim=-1)
+
+
+def exact_cos_sin(positions: torch.Tensor, theta: torch.Tensor):
+    """float64 cos and sin, ``positions.shape + (pairs,)``, of the exact angles m theta_i
+    (theta_i the float32 values): mpmath at 200 bits, rounded once."""
+    thetas = [mpmath.mpf(float(t)) for t in theta.cpu()]
+    angles = [mpmath.mpf(m) * t for m in positions.cpu().flatten().tolist() for t in thetas]
+    shape = (*positions.shape, len(thetas))
+    return (torch.tensor([float(mpmath.cos(a)) for a in angles], dtype=torch.float64).reshape(shape),
+            torch.tensor([float(mpmath.sin(a)) for a in angles], dtype=torch.float64).reshape(shape))
+
+
+@pytest.mark.parametrize("dtype, scale, conjugate", [(torch.float16, 1.3, True), (torch.bfloat16, 0.9, False),
+                                                     (torch.float32, 1.0, True)])
+def test_gradients_are_within_the_bound_in_every_dtype(dtype, scale, conjugate):
+    """The backward is the kernel with the conjugate rotation: each input gradient is within the
+    forward's bound (with the incoming gradient as the pair) of float64 autograd through the same
+    rotation written here with exactly reduced angles, whose own error is below 2^-50 |pair|."""
+    gen = torch.Generator().manual_seed(13)
+    positions = positions_with_edges(gen, 2, 4)
+    q = heads(gen, (2, 4, 2, 10), dtype).to(DEVICE).requires_grad_()
+    k = heads(gen, (2, 4, 1, 10), dtype).to(DEVICE).requires_grad_()
+    grads = (heads(gen, (2, 4, 2, 10), dtype).to(DEVICE), heads(gen, (2, 4, 1, 10), dtype).to(DEVICE))
+    outs = rope.apply_rotary(q, k, positions.to(DEVICE), THETA.to(DEVICE), attention_factor=scale,
+                             conjugate=conjugate, backend="triton")
+    got = torch.autograd.grad(outs, (q, k), grads)
+    cos, sin = exact_cos_sin(positions, THETA)
+    delta = float32_math_delta(dtype, scale)
+    for x, grad, x_grad in zip((q, k), grads, got):
+        x64 = x.detach().cpu().double().requires_grad_()
+        (reference,) = torch.autograd.grad(float64_rotation(x64, cos, sin, scale, conjugate), x64, grad.cpu().double())
+        g = grad.cpu().double()
+        pair = scale * torch.hypot(g[..., :4], g[..., 4:8]).repeat(1, 1, 1, 2)
+        rotated = zip(x_grad.cpu().double()[..., :8].flatten().tolist(), reference[..., :8].flatten().tolist(),
+                      pair.flatten().tolist())
+        for value, ref, size in rotated:
+            allowed = delta(Fraction(size)) + Fraction(size) / 2**50  # plus the float64 reference's error
+            low, high = round_exact(Fraction(ref) - allowed, dtype), round_exact(Fraction(ref) + allowed, dtype)
+            assert low <= value <= high, f"{dtype}: gradient {value!r}, float64 {ref!r}"
+        assert torch.equal(x_grad.cpu()[..., 8:], grad.cpu()[..., 8:])
+
+
+# ----- the pieces: cos/sin of the turns, the roundings --------------------------------------------------------------
+
+
+@triton.jit
+def _rounding_probe(X, OUT, DTYPE_IS_BF16: tl.constexpr, DTYPE_IS_FP16: tl.constexpr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    y = tl.load(X + i)
+    if DTYPE_IS_BF16:
+        tl.store(OUT + i, triton_rotary._rounded(y, tl.bfloat16, True))
+    elif DTYPE_IS_FP16:
+        tl.store(OUT + i, triton_rotary._rounded(y, tl.float16, True))
+    else:
+        tl.store(OUT + i, triton_rotary._rounded(y, tl.float32, True))
+
+
+def test_bfloat16_rounding_by_bits_is_round_to_nearest_even():
+    """float32 -> bfloat16 in the kernel under the interpreter (which itself truncates): ties both
+    ways, the largest values (overflow to inf), subnormals, infinities, NaN and random patterns,
+    against torch's conversion (to nearest even)."""
+    gen = torch.Generator().manual_seed(15)
+    special = [0x00008000, 0x00018000, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF,
+               0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x80000001, 0x00000000, 0x80000000, 0x007FFFFF]
+    patterns = special + torch.randint(0, 2**32, (1024 - len(special),), generator=gen).tolist()
+    y = torch.tensor([p - 2**32 if p >= 2**31 else p for p in patterns], dtype=torch.int32).view(torch.float32)
+    out = torch.empty(1024, dtype=torch.bfloat16, device=DEVICE)
+    _rounding_probe[(1,)](y.to(DEVICE), out, DTYPE_IS_BF16=True, DTYPE_IS_FP16=False, N=1024)
+    expected = y.to(torch.bfloat16)
+    got = out.cpu()
+    same = (got.view(torch.int16) == expected.view(torch.int16)) | (got.isnan() & expected.isnan())
+    assert same.all(), f"{y[~same][:4].tolist()} gave {got[~same][:4].tolist()}, not {expected[~same][:4].tolist()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_rounding_from_float64_is_once(dtype):
+    """float64 -> dtype in the kernel (float64 math): round to odd on float32, then to nearest
+    even, is one rounding: values one float64 ulp beside ties, below float32's normal range
+    (bfloat16 reaches there), beyond the range, infinities, NaN, random values."""
+    gen = torch.Generator().manual_seed(16)
+    bits = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24}[dtype]
+    exponents = {torch.float16: (-24, 15), torch.bfloat16: (-133, 127), torch.float32: (-149, 127)}[dtype]
+    e = torch.randint(*exponents, (128,), generator=gen).to(torch.float64)
+    ties = torch.exp2(e) * (1 + (2 * torch.randint(0, 2 ** (bits - 1), (128,), generator=gen) + 1) * 2.0**-bits)
+    nudged = torch.cat([ties, torch.nextafter(ties, ties * 2), torch.nextafter(ties, ties * 0)])
+    special = torch.tensor([math.inf, -math.inf, math.nan, float(torch.finfo(dtype).max)], dtype=torch.float64)
+    values = torch.cat([nudged, -nudged, special, torch.randn(1024 - 772, generator=gen, dtype=torch.float64) * 1e3])
+    out = torch.empty(1024, dtype=dtype, device=DEVICE)
+    _rounding_probe[(1,)](values.to(DEVICE), out, DTYPE_IS_BF16=dtype == torch.bfloat16,
+                          DTYPE_IS_FP16=dtype == torch.float16, N=1024)
+    for value, got in zip(values.tolist(), out.cpu().double().tolist()):
+        if math.isnan(value):
+            assert math.isnan(got)
+        else:
+            assert got == round_exact(value if math.isinf(value) else Fraction(value), dtype), value
