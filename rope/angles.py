@@ -157,75 +157,73 @@ def _inverse_two_pi_windows() -> torch.Tensor:
 _WINDOWS = _inverse_two_pi_windows()
 
 
-def _carry(columns: list[torch.Tensor], limbs: int) -> list[torch.Tensor]:
-    """Propagate carries through limb columns (least significant first); keep ``limbs`` limbs,
-    i.e. reduce modulo 2^(21 limbs). Arithmetic shifts make negative columns borrow."""
+def _carry(columns: torch.Tensor, limbs: int) -> torch.Tensor:
+    """Propagate carries through limb columns (last axis, least significant first); keep
+    ``limbs`` limbs, i.e. reduce modulo 2^(21 limbs). Arithmetic shifts make negative columns
+    borrow, so the result is the non-negative residue."""
     out, carry = [], 0
-    for column in columns[:limbs]:
+    for column in columns.unbind(-1)[:limbs]:
         value = column + carry
         out.append(value & _LIMB_MASK)
         carry = value >> LIMB_BITS
-    return out
+    return torch.stack(out, dim=-1)
 
 
-def _negate(limbs: list[torch.Tensor], negative: torch.Tensor) -> list[torch.Tensor]:
-    """-T modulo 1 where ``negative``, T elsewhere."""
-    return _carry([torch.where(negative, -limb, limb) for limb in limbs], len(limbs))
+def turns_per_position(inv_freq: torch.Tensor) -> torch.Tensor:
+    """T_i = frac(theta_i / (2 pi)) as six 21-bit limbs, int64 ``[pairs, 6]`` (least significant
+    first), exact to 2^-124 turns (2^-122 for float64), for every finite float32 theta_i, and for
+    float64 theta_i that are 0 or of magnitude in [2^-100, 2^127).
 
-
-def turns_per_position(inv_freq: torch.Tensor) -> list[torch.Tensor]:
-    """T_i = frac(theta_i / (2 pi)) as six 21-bit limbs (int64 ``[pairs]`` each, least
-    significant first), exact to 2^-125 turns (2^-123 for float64), for every finite float32
-    theta_i, and for float64 theta_i that are 0 or of magnitude in [2^-100, 2^127).
-
-    The float32 bits give theta = M 2^e exactly (M < 2^24); M times the window of 1/(2 pi) for
-    exponent e, carried and shifted by the two guard limbs, is the fraction. A float64 theta is
-    the exact sum of three float32 pieces (24 + 24 + 24 >= 53 bits), whose turns add modulo 1.
-    Integer arithmetic only (and the float64 split), with no host synchronisation."""
+    The float32 bits give theta = +-M 2^e exactly (M < 2^24); +-M times the window of 1/(2 pi) for
+    exponent e, carried (a negative product borrows, giving the residue of -T) and shifted by the
+    two guard limbs, is the fraction. A float64 theta is the exact sum of three float32 pieces
+    (24 + 24 + 24 >= 53 bits), whose turns add modulo 1. Integer arithmetic only (and the float64
+    split), with no host synchronisation."""
     if inv_freq.dtype == torch.float64:
         first = inv_freq.to(torch.float32)
         rest = inv_freq - first.to(torch.float64)  # exact, as is the next remainder
         second = rest.to(torch.float32)
         third = (rest - second.to(torch.float64)).to(torch.float32)
-        pieces = [_float32_turns(piece) for piece in (first, second, third)]
-        return add_turns(add_turns(pieces[0], pieces[1]), pieces[2])
+        return _carry(sum(_float32_turns(piece) for piece in (first, second, third)), TURN_LIMBS)
     return _float32_turns(inv_freq)
 
 
-def _float32_turns(inv_freq: torch.Tensor) -> list[torch.Tensor]:
+def _float32_turns(inv_freq: torch.Tensor) -> torch.Tensor:
     bits = inv_freq.contiguous().view(torch.int32).to(torch.int64)
     field = (bits >> 23) & 0xFF
     significand = bits & 0x7FFFFF
     m_int = torch.where(field == 0, significand, significand | 0x800000)
     exponent = torch.where(field == 0, torch.full_like(field, _E_MIN), field - 150)
     window = _WINDOWS.to(inv_freq.device)[(exponent - _E_MIN).clamp(0, _E_MAX - _E_MIN)]  # finite: in range
-    limbs = _carry([m_int * window[..., j] for j in range(_WINDOW_LIMBS)], _WINDOW_LIMBS)[_GUARD_LIMBS:]
-    return _negate(limbs, bits < 0)
+    signed = torch.where(bits < 0, -m_int, m_int)
+    return _carry(signed[..., None] * window, _WINDOW_LIMBS)[..., _GUARD_LIMBS:]
 
 
-def turns(positions: torch.Tensor, per_position: list[torch.Tensor]) -> list[torch.Tensor]:
-    """(m T_i) mod 1 in limbs, broadcasting ``positions`` (int64) against the limbs of T.
+def turns(positions: torch.Tensor, per_position: torch.Tensor) -> torch.Tensor:
+    """(m T_i) mod 1 in limbs ``[..., pairs, 6]``, broadcasting ``positions`` (int64 ``[..., 1]``
+    or ``[..., pairs]``) against the limbs of T (``[pairs, 6]``).
 
     m = l_0 + l_1 2^21 + l_2 2^42 with l_0, l_1 in [0, 2^21) and l_2 = m >> 42 signed, so every
-    int64 m is covered; the column sums of l_k t_j stay below 2^44."""
+    int64 m is covered; column n of the product is sum_k l_k t_(n-k), below 2^44 in magnitude."""
     m = positions.to(torch.int64)
-    pieces = [m & _LIMB_MASK, (m >> LIMB_BITS) & _LIMB_MASK, m >> (2 * LIMB_BITS)]
-    columns = [sum(pieces[k] * per_position[n - k] for k in range(len(pieces)) if n - k >= 0)
-               for n in range(TURN_LIMBS)]
-    return _carry(columns, TURN_LIMBS)
+    pieces = torch.stack((m & _LIMB_MASK, (m >> LIMB_BITS) & _LIMB_MASK, m >> (2 * LIMB_BITS)), dim=-1)
+    shifted = torch.stack([torch.nn.functional.pad(per_position, (k, 0))[..., :TURN_LIMBS] for k in range(3)],
+                          dim=-2)  # [pairs, 3, 6]: row k holds t_(n - k)
+    return _carry((pieces[..., None] * shifted).sum(dim=-2), TURN_LIMBS)
 
 
-def add_turns(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
+def add_turns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(a + b) mod 1 for two turns in limbs (RoPE-Mixed adds the x and y angles)."""
-    return _carry([x + y for x, y in zip(a, b)], TURN_LIMBS)
+    return _carry(a + b, TURN_LIMBS)
 
 
-def _quadrant_and_rest(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """q = round(4 turns) mod 4 and the top limb of turns - q/4, now signed in [-2^18, 2^18]:
-    the rest is a fraction of a turn in [-1/8, 1/8]."""
-    top = limbs[-1]
+def _quadrant_and_rest(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q = round(4 turns) mod 4, and the two top limbs of turns - q/4 as one signed integer of
+    40 bits: the rest is a fraction of a turn in [-1/8, 1/8], whose lower limbs are unchanged."""
+    top = limbs[..., -1]
     quadrant = (top + (1 << (LIMB_BITS - 3))) >> (LIMB_BITS - 2)  # 0 .. 4
-    return quadrant & 3, limbs[:-1] + [top - (quadrant << (LIMB_BITS - 2))]
+    head = (top - (quadrant << (LIMB_BITS - 2))) * (1 << LIMB_BITS) + limbs[..., -2]
+    return quadrant & 3, head
 
 
 _SPLIT = 134217729.0  # 2^27 + 1, Veltkamp's splitter for float64
@@ -253,18 +251,20 @@ def _rotate_quadrant(quadrant, cos, sin):
             torch.where(quadrant >= 2, -sin_q, sin_q))
 
 
-def cos_sin_of_turns(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 cos and sin of 2 pi turns, each within 2^-52 of the exact value.
+_LOW_LIMB_SCALES = torch.tensor([2.0**-105, 2.0**-84, 2.0**-63], dtype=torch.float64)
+
+
+def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 cos and sin of 2 pi turns (limbs ``[..., 6]``), each within 2^-52 of the exact value.
 
     The quadrant comes from the integer; the rest x in [-1/8, 1/8] turns is summed to a float64
     pair (hi, lo) exactly enough (its first 40 bits are exact, the next 63 add with one
     rounding), the angle 2 pi x is formed as a double-float (Dekker's product with 2 pi to 106
     bits), |angle| <= pi/4, and cos(a + d) = cos a - d sin a, sin(a + d) = sin a + d cos a for the
     low part d (|d| < 2^-53, so d^2 is far below float64's resolution)."""
-    quadrant, rest = _quadrant_and_rest(limbs)
-    head = (rest[-1] * (1 << LIMB_BITS) + rest[-2]).to(torch.float64) * 2.0**-42  # exact: 40 bits
-    tail = (rest[-3].to(torch.float64) * 2.0**-63 + rest[-4].to(torch.float64) * 2.0**-84
-            + rest[-5].to(torch.float64) * 2.0**-105)
+    quadrant, head = _quadrant_and_rest(limbs)
+    head = head.to(torch.float64) * 2.0**-42  # exact: 40 bits
+    tail = limbs[..., 1:4].to(torch.float64) @ _LOW_LIMB_SCALES.to(limbs.device)
     x_hi = head + tail
     x_lo = tail - (x_hi - head)  # exact: |head| >= |tail| or head = 0
     angle, error = _two_product(x_hi, _TWO_PI_HI)
@@ -273,13 +273,14 @@ def cos_sin_of_turns(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
     return _rotate_quadrant(quadrant, cos - low * sin, sin + low * cos)
 
 
-def cos_sin_of_turns_float32(limbs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin_of_turns_float32(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 cos and sin of 2 pi turns without any float64 arithmetic (for devices that have
     none, e.g. Apple's MPS): the quadrant from the integer, the rest x in [-1/8, 1/8] turns from
     the top 40 bits, then float32 cos/sin of |2 pi x| <= pi/4: within about 2 float32 roundings,
     the accuracy of the Triton kernel."""
-    quadrant, rest = _quadrant_and_rest(limbs)
-    x = rest[-1].to(torch.float32) * 2.0**-21 + rest[-2].to(torch.float32) * 2.0**-42
+    quadrant, head = _quadrant_and_rest(limbs)
+    high = head >> LIMB_BITS
+    x = high.to(torch.float32) * 2.0**-21 + (head - (high << LIMB_BITS)).to(torch.float32) * 2.0**-42
     angle = x * float(TWO_PI)
     return _rotate_quadrant(quadrant, torch.cos(angle), torch.sin(angle))
 
@@ -290,9 +291,9 @@ def exact_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tenso
     forms of :mod:`rope.reference` turn by."""
     integer_tensor("positions", positions)
     limbs = turns(positions[..., None], turns_per_position(inv_freq))
-    top = limbs[-1] - ((limbs[-1] >> (LIMB_BITS - 1)) << LIMB_BITS)  # signed: turns in [-1/2, 1/2)
-    head = (top * (1 << LIMB_BITS) + limbs[-2]).to(torch.float64) * 2.0**-42
-    fraction = head + (limbs[-3].to(torch.float64) * 2.0**-63 + limbs[-4].to(torch.float64) * 2.0**-84)
+    top = limbs[..., -1] - ((limbs[..., -1] >> (LIMB_BITS - 1)) << LIMB_BITS)  # signed: turns in [-1/2, 1/2)
+    head = (top * (1 << LIMB_BITS) + limbs[..., -2]).to(torch.float64) * 2.0**-42
+    fraction = head + (limbs[..., -3].to(torch.float64) * 2.0**-63 + limbs[..., -4].to(torch.float64) * 2.0**-84)
     return fraction * float(TWO_PI)
 
 

@@ -99,7 +99,7 @@ def pair_cos_sin(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *,
     """
     x_turns = turns(positions_xy[..., 0, None], turns_per_position(inv_freq_x))
     y_turns = turns(positions_xy[..., 1, None], turns_per_position(inv_freq_y))
-    limbs = add_turns(x_turns, y_turns) if mixed else [torch.cat(pair, dim=-1) for pair in zip(x_turns, y_turns)]
+    limbs = add_turns(x_turns, y_turns) if mixed else torch.cat((x_turns, y_turns), dim=-2)
     return (cos_sin_of_turns if has_float64(positions_xy.device) else cos_sin_of_turns_float32)(limbs)
 
 

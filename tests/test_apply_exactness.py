@@ -197,3 +197,33 @@ def test_mrope_and_2d_are_exact_too():
         return mpmath.mpf(xy[t][0]) * mpmath.mpf(float(theta_x[i])) + mpmath.mpf(xy[t][1]) * mpmath.mpf(float(theta_y[i]))
 
     assert_within_promise(out, *exact_rotation(y, mixed_angle, "half", 6, 1.0, False))
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=8),
+       st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=4))
+def test_turns_in_limbs_are_exact(thetas, positions):
+    """T_i (126-bit turns per position) within 2 units of round(frac(theta_i / 2 pi) 2^126), and
+    (m T_i) mod 1 within 2 |m| + 1 units of the exact frac(m theta_i / 2 pi), for every float32
+    theta_i (negative, subnormal, huge) and int64 m; 2 pi to 400 bits."""
+    unit = 2**126
+    theta = torch.tensor(thetas, dtype=torch.float32)
+
+    def as_int(limbs):
+        return sum(int(v) << (21 * j) for j, v in enumerate(limbs))
+
+    def exact(value):
+        with mpmath.workprec(400):
+            fraction = mpmath.frac(value / (2 * mpmath.pi))
+            return int(mpmath.nint(fraction * unit)) % unit
+
+    def distance(a, b):
+        d = (a - b) % unit
+        return min(d, unit - d)
+
+    per_position = rope.angles.turns_per_position(theta)
+    for i, t in enumerate(theta.tolist()):
+        assert distance(as_int(per_position[i].tolist()), exact(mpmath.mpf(t))) <= 2
+    limbs = rope.angles.turns(torch.tensor(positions)[:, None], per_position)
+    for p, m in enumerate(positions):
+        for i, t in enumerate(theta.tolist()):
+            assert distance(as_int(limbs[p, i].tolist()), exact(mpmath.mpf(m) * mpmath.mpf(t))) <= 2 * abs(m) + 1
