@@ -124,7 +124,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write("# rope's torch path vs transformers' eager RoPE (CPU)\n\n"
-                    "Written by `python benchmarks/bench_torch_path.py`.\n\n" + table + "\n")
+                    "Written by `python benchmarks/bench_torch_path.py`. Compare ratios within one run: on a shared "
+                    "machine the times of separate runs vary by tens of percent.\n\n" + table + "\n")
 
 
 if __name__ == "__main__":
