@@ -44,8 +44,9 @@ DEVICES_WITHOUT_FLOAT64 = ("mps",)
 _SAFE_FACTOR = 2.0**512  # below it, float64 products of float32-range inputs cannot overflow
 
 
-def check_inputs(q, k, positions, inv_freq, rotary_dim):
-    """Validate apply_rotary's tensors (shapes, dtypes, devices) and return the rotary width."""
+def check_inputs(q, k, positions, inv_freq, rotary_dim, *, values: bool = True):
+    """Validate apply_rotary's tensors (shapes, dtypes, devices; with ``values``, the frequencies'
+    values too) and return the rotary width."""
     checks.head_tensors(q=q, k=k)
     checks.tensor("positions", positions)
     checks.tensor("inv_freq", inv_freq)
@@ -61,7 +62,7 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim):
     if tuple(positions.shape) not in ((seq,), (batch, seq)):
         raise ValueError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
                          f"got {tuple(positions.shape)}")
-    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES)
+    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES, values=values)
     head_dim = q.shape[3]
     if rotary_dim is None:
         rotary_dim = 2 * inv_freq.shape[0]
@@ -133,10 +134,29 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     that is: clear the 29 low significand bits and set the lowest kept one if any was set (NaN
     stays NaN, infinities and the sign are untouched). Below float32's normal range (|x| <
     2^-126, bfloat16 only: float16's range lies inside float32's normal range) float32 has fewer
-    bits, so those entries round to odd on float32's subnormal grid instead.
+    bits, so those entries round to odd on float32's subnormal grid instead. Differentiable as
+    a conversion is.
     """
     if x.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16):
         return x.to(dtype)
+    if x.requires_grad and torch.is_grad_enabled():  # the bit operations have no gradient
+        return _RoundOnce.apply(x, dtype)
+    return _round_once(x, dtype)
+
+
+class _RoundOnce(torch.autograd.Function):
+    """:func:`round_once` with the gradient of a plain conversion."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        return _round_once(x, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(torch.float64), None
+
+
+def _round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     bits = x.view(torch.int64)
     sticky = ((bits & _BELOW_FLOAT32) + _BELOW_FLOAT32) & (1 << 29)  # bit 29 set iff a dropped bit was
     out = ((bits & ~_BELOW_FLOAT32) | sticky).view(torch.float64).to(torch.float32).to(dtype)
@@ -276,13 +296,14 @@ def apply_rotary(
     Raises:
         TypeError, ValueError: for any bad argument, naming it (README, "Errors").
     """
-    rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim)
+    rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, values=False)
     attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
-    if use_kernel(q, backend, inv_freq, attention_factor):
+    if use_kernel(q, backend, inv_freq, attention_factor):  # the operator checks the values
         from .fused import rotary
 
         return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, attention_factor,
                       conjugate, grad_in_place)
+    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES)
     cos, sin = exact_cos_sin(positions, inv_freq)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
                              attention_factor=attention_factor, conjugate=conjugate)

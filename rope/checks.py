@@ -167,7 +167,8 @@ FREQUENCY_DTYPES = (torch.float32, torch.float64)
 _FLOAT64_FREQUENCY_RANGE = (2.0**-100, 2.0**127)  # where three float32 pieces hold a float64 exactly
 
 
-def finite_frequencies(name: str, inv_freq: torch.Tensor, *, dtypes=(torch.float32,)) -> torch.Tensor:
+def finite_frequencies(name: str, inv_freq: torch.Tensor, *, dtypes=(torch.float32,),
+                       values: bool = True) -> torch.Tensor:
     """Raise unless ``inv_freq`` is a 1-D tensor of ``dtypes`` with finite values (zeros are
     legal: proportional RoPE pads with them); return it.
 
@@ -177,10 +178,12 @@ def finite_frequencies(name: str, inv_freq: torch.Tensor, *, dtypes=(torch.float
     nonzero |theta_i| must then lie in [2^-100, 2^127], where three float32 pieces hold it
     exactly) and refused by the kernel, which :func:`rope.apply_rotary` then does not pick.
     float16 and bfloat16 are refused: such a buffer is usually the mistake of transformers issue
-    #29496 (a model cast rounds its frequencies); recompute it in float32.
+    #29496 (a model cast rounds its frequencies); recompute it in float32. ``values=False``
+    checks the metadata only, for a caller whose values are checked further down (the kernel's
+    operators check them again).
     """
     float_tensor(name, inv_freq, dtypes=dtypes, dim=1)
-    if inv_freq.numel():
+    if values and inv_freq.numel():
         assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
         if inv_freq.dtype == torch.float64:
             size = inv_freq.abs()

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from .apply import check_inputs, check_options, exact_cos_sin, rotate_by_cos_sin, use_kernel
-from .checks import integer_tensor
+from .checks import FREQUENCY_DTYPES, assert_values, finite_frequencies, integer_tensor
 
 AXES = ("t", "h", "w")
 MROPE_STYLES = ("chunked", "interleaved", "alternating")
@@ -103,17 +103,13 @@ def _check_position_ids(position_ids: torch.Tensor) -> None:
 
 
 def _check_axes(axes: torch.Tensor, pairs: int) -> None:
-    """One axis in {0, 1, 2} per pair. Under torch.compile the values are checked by an assertion
-    in the graph (a Python branch on them would break the graph)."""
+    """One axis in {0, 1, 2} per pair; the values through :func:`rope.checks.assert_values` (an
+    eager error off CUDA, an asynchronous device assertion on CUDA and under torch.compile)."""
     integer_tensor("axes", axes, dim=1)
-    message = f"axes must hold {pairs} values in {{0, 1, 2}} (one per pair)"
+    expected = f"{pairs} values in {{0, 1, 2}} (one per pair)"
     if axes.shape[0] != pairs:
-        raise ValueError(f"{message}, got {axes.shape[0]} values")
-    valid = ((axes >= 0) & (axes < len(AXES))).all()
-    if torch.compiler.is_compiling():
-        torch._assert_async(valid, message)
-    elif not bool(valid):
-        raise ValueError(f"{message}, got {axes.tolist()}")
+        raise ValueError(f"axes must hold {expected}, got {axes.shape[0]} values")
+    assert_values("axes", ((axes >= 0) & (axes < len(AXES))).all(), expected)
 
 
 def pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
@@ -173,14 +169,15 @@ def apply_mrope(
         torch path, from float32 in the kernel).
     """
     _check_position_ids(position_ids)
-    rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim)
+    rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim, values=False)
     attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
     _check_axes(axes, inv_freq.shape[0])
-    if use_kernel(q, backend, inv_freq, attention_factor):
+    if use_kernel(q, backend, inv_freq, attention_factor):  # the operator checks the frequencies' values
         from .fused import rotary
 
         return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, attention_factor,
                       conjugate, grad_in_place, axes.to(device=q.device, dtype=torch.int64))
+    finite_frequencies("inv_freq", inv_freq, dtypes=FREQUENCY_DTYPES)
     cos, sin = exact_cos_sin(_gathered_positions(position_ids, axes), inv_freq, per_pair=True)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
                              attention_factor=attention_factor, conjugate=conjugate)

@@ -69,3 +69,18 @@ def round_exact(value, dtype: torch.dtype) -> float:
     if magnitude >= overflow_threshold:
         return sign * float("inf")
     return sign * float(rounded)
+
+
+def exact_cos_sin(positions: torch.Tensor, theta: torch.Tensor):
+    """float64 cos and sin, ``positions.shape + (pairs,)``, of the exact angles m theta_i
+    (theta_i the float32 values): mpmath at 200 bits, rounded once to float64."""
+    import mpmath
+
+    with mpmath.workprec(200):
+        thetas = [mpmath.mpf(float(t)) for t in theta.cpu()]
+        angles = [mpmath.mpf(m) * t for m in positions.cpu().flatten().tolist() for t in thetas]
+        cos = [float(mpmath.cos(a)) for a in angles]
+        sin = [float(mpmath.sin(a)) for a in angles]
+    shape = (*positions.shape, len(thetas))
+    return (torch.tensor(cos, dtype=torch.float64).reshape(shape),
+            torch.tensor(sin, dtype=torch.float64).reshape(shape))

@@ -30,7 +30,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import rope  # noqa: E402
-from helpers import round_exact, ulp  # noqa: E402
+from helpers import exact_cos_sin, round_exact, ulp  # noqa: E402
 from rope import triton_rotary  # noqa: E402
 from rope.mrope import apply_mrope, section_axes  # noqa: E402
 
@@ -300,16 +300,6 @@ def float64_rotation(x, cos, sin, scale, conjugate):
     xa, xb = x[..., :half], x[..., half:2 * half]
     c, sn = cos[:, :, None] * scale, sin[:, :, None] * (-scale if conjugate else scale)
     return torch.cat([xa * c - xb * sn, xb * c + xa * sn, x[..., 2 * half:]], dim=-1)
-
-
-def exact_cos_sin(positions: torch.Tensor, theta: torch.Tensor):
-    """float64 cos and sin, ``positions.shape + (pairs,)``, of the exact angles m theta_i
-    (theta_i the float32 values): mpmath at 200 bits, rounded once."""
-    thetas = [mpmath.mpf(float(t)) for t in theta.cpu()]
-    angles = [mpmath.mpf(m) * t for m in positions.cpu().flatten().tolist() for t in thetas]
-    shape = (*positions.shape, len(thetas))
-    return (torch.tensor([float(mpmath.cos(a)) for a in angles], dtype=torch.float64).reshape(shape),
-            torch.tensor([float(mpmath.sin(a)) for a in angles], dtype=torch.float64).reshape(shape))
 
 
 @pytest.mark.parametrize("dtype, scale, conjugate", [(torch.float16, 1.3, True), (torch.bfloat16, 0.9, False),

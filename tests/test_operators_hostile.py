@@ -14,7 +14,6 @@ Without a GPU the kernel runs in Triton's interpreter (tests/conftest.py): tiny 
 import itertools
 import re
 
-import mpmath
 import pytest
 import torch
 from hypothesis import given
@@ -24,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 pytest.importorskip("triton")
 
 import rope.fused  # noqa: E402  (registers torch.ops.rope.rotary and torch.ops.rope.rotary_)
-from helpers import ulp  # noqa: E402
+from helpers import exact_cos_sin, ulp  # noqa: E402
 from rope.fused import _repeats_an_element, _share_an_element  # noqa: E402
 from rope.triton_rotary import SCALE_RANGE  # noqa: E402
 
@@ -316,27 +315,14 @@ def test_overlap_tests_are_exact(q_layout, k_layout, width):
 
 # Good edge cases, against the exact rotation.
 
-def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 cos and sin of the angles m theta_i, ``[batch, seq, pairs]``: the product of the
-    integer m and the float32 theta_i is exact at 128 bits, cos and sin rounded once to float64."""
-    positions, inv_freq = positions.cpu(), inv_freq.cpu()
-    positions = positions.expand(batch, positions.shape[-1]) if positions.dim() == 1 else positions
-    cos = torch.empty(*positions.shape, inv_freq.shape[0], dtype=torch.float64)
-    sin = torch.empty_like(cos)
-    with mpmath.workprec(128):
-        for b, s, i in itertools.product(*map(range, cos.shape)):
-            angle = mpmath.mpf(int(positions[b, s])) * mpmath.mpf(float(inv_freq[i]))
-            cos[b, s, i], sin[b, s, i] = float(mpmath.cos(angle)), float(mpmath.sin(angle))
-    return cos, sin
-
-
 def exact_rotation(x, positions, inv_freq, *, interleaved, scale=1.0, conjugate=False) -> torch.Tensor:
     """float64 s R_m x (s R_m^T x with ``conjugate``), RoFormer eq. 34 on pairs (i, i + d/2) or
     (2i, 2i + 1) of the first d = 2 len(inv_freq) coordinates; the rest unchanged."""
     pairs = inv_freq.shape[0]
     a = torch.arange(pairs) * 2 if interleaved else torch.arange(pairs)
     b = a + 1 if interleaved else a + pairs
-    cos, sin = exact_cos_sin(positions, inv_freq, x.shape[0])
+    positions = positions.expand(x.shape[0], positions.shape[-1]) if positions.dim() == 1 else positions
+    cos, sin = exact_cos_sin(positions, inv_freq)
     cos, sin = scale * cos[:, :, None], (-scale if conjugate else scale) * sin[:, :, None]
     x = x.to("cpu", torch.float64)
     y = x.clone()

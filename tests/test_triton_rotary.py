@@ -15,10 +15,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import rope  # noqa: E402
-from helpers import ulp  # noqa: E402
+from helpers import exact_cos_sin, ulp  # noqa: E402
 from rope.layouts import pair_indices  # noqa: E402
 from rope.triton_rotary import _cos_sin_of_turns  # noqa: E402
-from test_kernel_exactness import exact_cos_sin  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

@@ -321,26 +321,12 @@ def _working_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype in (torch.float64, torch.complex128) for t in tensors) else torch.float32
 
 
-class _RoundOnce(torch.autograd.Function):
-    """:func:`rope.apply.round_once` (whose bit operations have no gradient) with the gradient of
-    a plain conversion."""
-
-    @staticmethod
-    def forward(ctx, y, dtype):
-        ctx.input_dtype = y.dtype
-        return round_once(y, dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.input_dtype), None
-
-
 def _from_tables(x, cos, sin, width: int, formula) -> torch.Tensor:
     """``formula`` on the first ``width`` coordinates of x and the unsqueezed tables, in
     :func:`_working_dtype`, rounded once to x's dtype; the other coordinates pass through."""
     dtype = _working_dtype(x, cos)
     y = formula(x[..., :width].to(dtype), cos.to(dtype), sin.to(dtype))
-    return torch.cat((_RoundOnce.apply(y, x.dtype), x[..., width:]), dim=-1)
+    return torch.cat((round_once(y, x.dtype), x[..., width:]), dim=-1)
 
 
 def _complex_product(x, freqs_cis) -> torch.Tensor:
@@ -349,4 +335,4 @@ def _complex_product(x, freqs_cis) -> torch.Tensor:
     dtype = _working_dtype(x, freqs_cis)
     pairs = torch.view_as_complex(x.to(dtype).reshape(*x.shape[:-1], -1, 2).contiguous())
     product = pairs * freqs_cis[:, :, None, :].to(pairs.dtype)
-    return _RoundOnce.apply(torch.view_as_real(product).flatten(3), x.dtype)
+    return round_once(torch.view_as_real(product).flatten(3), x.dtype)
