@@ -1,10 +1,11 @@
-# Two entry points (see README): `make book` and `make test`. Each sets up everything it needs.
+# Entry points (see README): `make book`, `make test` and, while developing, `make check`. Each sets
+# up everything it needs.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test env lock clean
+.PHONY: book test check env lock clean
 
 env: $(STAMP)
 
@@ -28,6 +29,14 @@ book: $(STAMP)
 test: book
 	bash tools/ensure_chromium.sh
 	OMP_NUM_THREADS=1 $(PY) -m pytest --nbval -p no:cacheprovider
+
+# The development loop, a minute or two: ruff, then the unit and property tests without the book
+# (no build, no nbval, no tests/test_book_render.py), the tests marked slow skipped and hypothesis
+# at its `check` profile (HYPOTHESIS_PROFILE=default make check for the full number of examples).
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	OMP_NUM_THREADS=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-check} $(PY) -m pytest tests -p no:cacheprovider \
+		-m "not slow" --ignore=tests/test_book_render.py -q
 
 # Re-pin every package after changing pyproject.toml's pins.
 lock: $(STAMP)

@@ -10,7 +10,7 @@ For each shape (batch, seq, heads_q, heads_k, head_dim) every contender is timed
 * ``liger``: Liger-Kernel's ``LigerRopeFunction`` when importable (it rotates in place);
 * ``flash-attn``: flash-attention's Triton rotary (``flash_attn.layers.rotary.apply_rotary_emb``,
   one call for q and one for k, out of place) when importable;
-* ``rope``: this package's fused kernel (:mod:`rope.fused`), out of place;
+* ``rope``: this package's fused kernel (:mod:`rope.kernels.operators`), out of place;
 * ``rope in place``: the same kernel writing into q and k (``torch.ops.rope.rotary_``) and, in
   the backward, into the incoming gradients (``grad_in_place=True``): the like-for-like
   comparison with Liger, which rotates in place both ways.
@@ -127,20 +127,26 @@ def contenders(q, k, positions, theta, cos, sin):
         out["flash-attn"] = (lambda: flash(q, k), with_grad(flash))
     ours = lambda a, b: rope.apply_rotary(a, b, positions, theta, backend="triton")  # noqa: E731
     out["rope"] = (lambda: ours(q, k), with_grad(ours))
-    import rope.fused  # noqa: F401  (registers torch.ops.rope.rotary_)
+    import rope.kernels.operators  # registers torch.ops.rope.rotary_
 
     q_i, k_i = q.clone(), k.clone()
-    in_place = lambda: torch.ops.rope.rotary_(q_i, k_i, positions, theta, False, q.shape[-1], 1.0, False)  # noqa: E731
-    grad_in_place = lambda a, b: rope.apply_rotary(a, b, positions, theta, backend="triton", grad_in_place=True)  # noqa: E731
+
+    def in_place():
+        torch.ops.rope.rotary_(q=q_i, k=k_i, positions=positions, inv_freq=theta, interleaved=False,
+                               rotary_dim=q.shape[-1], scale=1.0, conjugate=False)
+
+    def grad_in_place(a, b):
+        return rope.apply_rotary(a, b, positions, theta, backend="triton", grad_in_place=True)
+
     out["rope in place"] = (in_place, with_grad(grad_in_place))
     return out
 
 
 def launch_sizes() -> str:
     """The launch sizes the autotuner chose for the kernel's last launch (the last rope contender)."""
-    from rope import triton_rotary
+    from rope.kernels import triton_rotary
 
-    config = triton_rotary._tuned_kernel.best_config
+    config = triton_rotary.tuned_kernel.best_config
     return ", ".join(f"{name}={value}" for name, value in config.kwargs.items()) + f", num_warps={config.num_warps}"
 
 

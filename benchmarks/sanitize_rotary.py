@@ -29,7 +29,8 @@ def main():
             q_grad_in_place, = torch.autograd.grad(
                 rope.apply_rotary(q_leaf, k, positions, theta, layout=layout, grad_in_place=True)[0], q_leaf, incoming)
             assert q_grad_in_place.data_ptr() == incoming.data_ptr() and torch.equal(q_grad_in_place, q_grad)
-            torch.ops.rope.rotary_(q_out, k_out, positions, theta, layout == "interleaved", 48, 1.0, True)
+            torch.ops.rope.rotary_(q=q_out, k=k_out, positions=positions, inv_freq=theta,
+                                   interleaved=layout == "interleaved", rotary_dim=48, scale=1.0, conjugate=True)
             assert torch.allclose(q_out.float(), q.float(), atol=0.07), "rotate then un-rotate must give q back"
             assert torch.isfinite(q_grad).all()
         position_ids = torch.randint(0, 2**31 - 1, (3, batch, seq), device="cuda", generator=gen)

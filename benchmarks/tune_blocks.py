@@ -3,7 +3,7 @@
     python benchmarks/tune_blocks.py
 
 Prints, per shape, the fraction of the copy ceiling for each (BLOCK_S, BLOCK_H, num_warps, GROUP), best
-first: the data behind the heuristics in rope.triton_rotary._launch_sizes.
+first: the data behind the autotuner's candidates, rope.kernels.triton_rotary.TUNING_CANDIDATES.
 """
 
 import itertools
@@ -11,9 +11,8 @@ import itertools
 import torch
 
 import rope
-from rope import triton_rotary
-
 from bench_rotary import SHAPES, graph_time_ms
+from rope.kernels import triton_rotary
 
 
 def main():

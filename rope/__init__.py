@@ -1,81 +1,60 @@
 """rope: Rotary Position Embedding, every variant real models use, exact and tested.
 
-Entry points:
+The library (``import rope``):
 
-* :func:`inv_freq` — frequencies and attention factor of a Hugging Face style RoPE config;
-* :func:`apply_rotary` — rotate q and k (both layouts, partial rotary, GQA, any positions);
-* :mod:`rope.hf` — transformers drop-ins: the ``rotary_emb`` module, the apply functions, ``install``;
+* :func:`inv_freq` — frequencies and attention factor of a Hugging Face style RoPE config, for
+  every ``rope_type`` of the registry (:func:`register_rope_type` adds one);
+* :func:`apply_rotary` — rotate q and k (both layouts, partial rotary, GQA, any positions), on the
+  fused kernel for CUDA tensors; :func:`apply_mrope` (t, h, w positions, one path with
+  :func:`apply_rotary`) and :func:`apply_rotary_2d` for multimodal and image positions;
 * :mod:`rope.layouts` — half-split vs interleaved pairing and checkpoint weight permutation;
-* :mod:`rope.reference` — float64 matrix, complex and elementwise forms (the book's reference);
 * :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);
-* :mod:`rope.precision` — the usual float32 recipe, bf16 tables and position-digit tables, for error studies;
-* :mod:`rope.axial` — 2D (image) RoPE, axial and mixed frequencies;
-* :mod:`rope.mrope` — multimodal RoPE (Qwen2-VL, Qwen3-VL): time, row and column positions;
-* :mod:`rope.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B;
-* :mod:`rope.encodings` — the encodings before RoPE: sinusoidal, Shaw, T5 buckets, DeBERTa, ALiBi;
-* :mod:`rope.decay` — the long-term decay bound and the base needed for a context length;
-* :mod:`rope.linear_attention` — RoPE in linear attention, O(N) and the O(N^2) reference;
+* :mod:`rope.reference` — float64 matrix, complex and elementwise forms;
 * :mod:`rope.positions` — position ids for packed batches and context parallelism;
-* :mod:`rope.extrapolation_analysis` — unseen angles and the interpolation bounds of length extension;
-* :mod:`rope.scaling_analysis` — what frequency scaling does to each pair: NTK bases, YaRN ramps, temperatures;
-* :mod:`rope.rerope`, :mod:`rope.logn`, :mod:`rope.dual_chunk` — ReRoPE and Leaky ReRoPE, log-n scaling,
-  Dual Chunk Attention's positions;
-* :mod:`rope.kv_cache` — dynamic NTK with a KV cache: keys cached before or after rotation;
-* :mod:`rope.experiment` — the length-extrapolation experiment, ``python -m rope.experiment`` (imported on demand);
-* :mod:`rope.fused` — the Triton kernel as ``torch.ops.rope.rotary`` (imported on demand).
+* :mod:`rope.mrope`, :mod:`rope.axial` — multimodal (Qwen2-VL, Qwen3-VL) and 2D (image) RoPE.
+
+Subpackages, each imported on first use:
+
+* :mod:`rope.hf` — transformers drop-ins, and :func:`rope.hf.patch` to patch a model in one call;
+* :mod:`rope.kernels` — the fused Triton kernel and its ``torch.ops.rope`` operators;
+* :mod:`rope.attention` — attention-side methods: ReRoPE, log-n, Dual Chunk Attention, dynamic NTK
+  with a KV cache, RoPE in linear attention, and the encodings before RoPE;
+* :mod:`rope.analysis` — what the book derives: decay bounds, precision studies, scaling and
+  extrapolation analysis, the general rotations exp(nB) and O^n;
+* :mod:`rope.experiment` — the length-extrapolation experiment, ``python -m rope.experiment``.
 """
 
-from . import (
-    angles,
-    axial,
-    decay,
-    dual_chunk,
-    encodings,
-    extrapolation_analysis,
-    general,
-    hf,
-    kv_cache,
-    layouts,
-    linear_attention,
-    logn,
-    mrope,
-    positions,
-    precision,
-    reference,
-    rerope,
-    scaling_analysis,
-)
+import importlib
+
 from .apply import apply_rotary
-from .config import ROPE_TYPES, RopeConfig, RopeConfigWarning, parse_config
-from .frequencies import FREQUENCY_FUNCTIONS, inv_freq
+from .axial import apply_rotary_2d
+from .config import RopeConfig, RopeConfigWarning, parse_config
+from .frequencies import inv_freq, register_rope_type, rope_types
 from .layouts import permute_qk_weight
+from .mrope import apply_mrope
 
 __all__ = [
-    "FREQUENCY_FUNCTIONS",
-    "ROPE_TYPES",
     "RopeConfig",
     "RopeConfigWarning",
-    "angles",
+    "apply_mrope",
     "apply_rotary",
-    "axial",
-    "decay",
-    "dual_chunk",
-    "encodings",
-    "extrapolation_analysis",
-    "general",
-    "hf",
+    "apply_rotary_2d",
     "inv_freq",
-    "kv_cache",
-    "layouts",
-    "linear_attention",
-    "logn",
-    "mrope",
     "parse_config",
     "permute_qk_weight",
-    "positions",
-    "precision",
-    "reference",
-    "rerope",
-    "scaling_analysis",
+    "register_rope_type",
+    "rope_types",
 ]
 __version__ = "0.1.0"
+
+_SUBMODULES = frozenset({
+    "analysis", "angles", "attention", "axial", "config", "experiment", "frequencies", "hf", "kernels",
+    "layouts", "mrope", "positions", "reference",
+})
+
+
+def __getattr__(name: str):
+    """Import a subpackage on first use (``rope.hf``, ``rope.analysis``, ...), as PEP 562 allows."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

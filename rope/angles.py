@@ -34,7 +34,7 @@ from fractions import Fraction
 
 import torch
 
-from .checks import integer_tensor
+from ._checks import integer_tensor
 
 PHASE_BITS = 64
 _PIECE_BITS = 26  # 24-bit float32 significand x 26-bit piece = 50 bits: exact in float64
@@ -155,6 +155,22 @@ def _inverse_two_pi_windows() -> torch.Tensor:
 
 
 _WINDOWS = _inverse_two_pi_windows()
+_COPIES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A module constant on ``device``, copied there once: a copy from pageable host memory per call
+    would wait for the device's queue (a host synchronisation per call on CUDA). Copies made while
+    tracing (``torch.compile``, fake tensors) are not kept."""
+    if device.type == "cpu":
+        return table
+    key = (id(table), device)
+    if key not in _COPIES:
+        copy = table.to(device)
+        if type(copy) is not torch.Tensor or torch.compiler.is_compiling():
+            return copy
+        _COPIES[key] = copy
+    return _COPIES[key]
 
 
 def _carry(columns: torch.Tensor, limbs: int) -> torch.Tensor:
@@ -194,7 +210,7 @@ def _float32_turns(inv_freq: torch.Tensor) -> torch.Tensor:
     significand = bits & 0x7FFFFF
     m_int = torch.where(field == 0, significand, significand | 0x800000)
     exponent = torch.where(field == 0, torch.full_like(field, _E_MIN), field - 150)
-    window = _WINDOWS.to(inv_freq.device)[(exponent - _E_MIN).clamp(0, _E_MAX - _E_MIN)]  # finite: in range
+    window = _on(_WINDOWS, inv_freq.device)[(exponent - _E_MIN).clamp(0, _E_MAX - _E_MIN)]  # finite: in range
     signed = torch.where(bits < 0, -m_int, m_int)
     return _carry(signed[..., None] * window, _WINDOW_LIMBS)[..., _GUARD_LIMBS:]
 
@@ -264,7 +280,7 @@ def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     low part d (|d| < 2^-53, so d^2 is far below float64's resolution)."""
     quadrant, head = _quadrant_and_rest(limbs)
     head = head.to(torch.float64) * 2.0**-42  # exact: 40 bits
-    tail = limbs[..., 1:4].to(torch.float64) @ _LOW_LIMB_SCALES.to(limbs.device)
+    tail = limbs[..., 1:4].to(torch.float64) @ _on(_LOW_LIMB_SCALES, limbs.device)
     x_hi = head + tail
     x_lo = tail - (x_hi - head)  # exact: |head| >= |tail| or head = 0
     angle, error = _two_product(x_hi, _TWO_PI_HI)

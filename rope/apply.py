@@ -5,7 +5,11 @@ For pair i = (x_a, x_b) of a head at position m, with angle m * theta_i (RoForme
     y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i))
     y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i))
 
-with s the attention factor; coordinates past ``rotary_dim`` pass through unchanged.
+with s the attention factor; coordinates past ``rotary_dim`` pass through unchanged. M-RoPE
+(:mod:`rope.mrope`) is the same rotation with a position per pair: pair i turns by
+p_a(i) theta_i, p_a(i) row ``axes[i]`` (t, h or w) of the position ids. :func:`apply_rotary` and
+:func:`rope.mrope.apply_mrope` are one path, :func:`rotate_qk`: the checks, then the fused kernel
+or the torch path.
 
 Exactness. theta_i is a float32 number and m an integer, so the angle is reduced modulo 2 pi
 exactly (:func:`rope.angles.cos_sin`: 126-bit fixed-point turns), cos and sin are within 2^-52,
@@ -23,7 +27,11 @@ first, which is exact.
 
 Devices without float64 (Apple's MPS) take a float32 route: the same exact turns in integer
 arithmetic, float32 cos/sin of the reduced angle and float32 products, the accuracy of the
-Triton kernel. On CUDA the fused Triton kernel (:mod:`rope.fused`) runs instead, in one launch.
+Triton kernel. On CUDA the fused Triton kernel (:mod:`rope.kernels.operators`) runs instead, in one launch.
+
+No check waits for the device: the checks of tensor values (finite frequencies, M-RoPE axes) are
+asynchronous device assertions on CUDA (:func:`rope._checks.assert_values`), and no code of either
+path here reads a CUDA tensor's values on the host (tests/test_mrope.py forces this on the CPU).
 """
 
 from __future__ import annotations
@@ -32,66 +40,95 @@ import importlib.util
 
 import torch
 
-from . import checks
+from . import _checks
 from .angles import cos_sin
 from .layouts import LAYOUTS
 
 KERNEL_MAX_HEAD_DIM = 1024
-KERNEL_SCALE_RANGE = (2.0**-64, 2.0**64)  # the attention factors the kernel takes (rope.triton_rotary)
+KERNEL_SCALE_RANGE = (2.0**-64, 2.0**64)  # the attention factors the kernel takes (rope.kernels.triton_rotary)
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 DEVICES_WITHOUT_FLOAT64 = ("mps",)
+MROPE_AXES = ("t", "h", "w")
+"""The rows of M-RoPE position ids (:mod:`rope.mrope`): time, height, width; ``axes[i]`` is pair i's row."""
 _SAFE_FACTOR = 2.0**512  # below it, float64 products of float32-range inputs cannot overflow
 
 
-def check_inputs(q, k, positions, inv_freq, rotary_dim, *, values: bool = True):
-    """Validate apply_rotary's tensors (shapes, dtypes, devices; with ``values``, the frequencies'
-    values too) and return the rotary width."""
-    checks.head_tensors(q=q, k=k)
-    checks.tensor("positions", positions)
-    checks.tensor("inv_freq", inv_freq)
+def _check_positions(positions, batch: int, seq: int, *, mrope: bool) -> None:
+    """Integer positions ``[seq]`` or ``[batch, seq]``; with ``mrope``, ``position_ids`` ``[3, seq]``
+    or ``[3, batch, seq]`` (rows t, h, w)."""
+    name, rows = ("position_ids", (len(MROPE_AXES),)) if mrope else ("positions", ())
+    _checks.integer_tensor(name, positions)
+    shapes = ((*rows, seq), (*rows, batch, seq))
+    if tuple(positions.shape) not in shapes:
+        short, full = (f"[{', '.join([*map(str, rows), *dims])}]" for dims in (("seq",), ("batch", "seq")))
+        rows_are = " (rows t, h, w)" if mrope else ""
+        raise ValueError(f"{name} must have shape {short} = {list(shapes[0])} or {full} = {list(shapes[1])}"
+                         f"{rows_are}, got {tuple(positions.shape)}")
+
+
+def check_axes(axes, pairs: int, *, values: bool = True) -> None:
+    """M-RoPE axes: an integer tensor ``[pairs]`` (on any device), with ``values`` also each in
+    {0, 1, 2}, through :func:`rope._checks.assert_values` (an eager ``ValueError`` off CUDA, an
+    asynchronous device assertion on CUDA and under torch.compile: no host synchronisation)."""
+    _checks.integer_tensor("axes", axes, dim=1)
+    expected = f"{pairs} values in {{0, 1, 2}} (one per pair)"
+    if axes.shape[0] != pairs:
+        raise ValueError(f"axes must hold {expected}, got {axes.shape[0]} values")
+    if values:
+        _checks.assert_values("axes", ((axes >= 0) & (axes < len(MROPE_AXES))).all(), expected)
+
+
+def check_inputs(q, k, positions, inv_freq, rotary_dim, *, axes=None, values: bool = True) -> int:
+    """Validate the tensors of a rotation (shapes, dtypes, devices; with ``values``, the values of
+    the frequencies and axes too) and return the rotary width.
+
+    q ``[batch, seq, heads_q, head_dim]`` and k ``[batch, seq, heads_k, head_dim]`` of one floating
+    dtype; positions integer ``[seq]`` or ``[batch, seq]``, or with M-RoPE ``axes`` the position
+    ids ``[3, seq]`` or ``[3, batch, seq]`` (:func:`check_axes`); inv_freq the rotary_dim/2
+    frequencies (:func:`rope._checks.finite_frequencies`); rotary_dim even, at most head_dim
+    (``None``: 2 len(inv_freq))."""
+    _checks.head_tensors(q=q, k=k)
+    _checks.tensor("positions" if axes is None else "position_ids", positions)
+    _checks.tensor("inv_freq", inv_freq)
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     if (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
         raise ValueError(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch, seq and head_dim (heads may differ)"
         )
-    checks.same_device("q", q, k=k, positions=positions, inv_freq=inv_freq)
-    checks.integer_tensor("positions", positions)
-    batch, seq = q.shape[0], q.shape[1]
-    if tuple(positions.shape) not in ((seq,), (batch, seq)):
-        raise ValueError(f"positions must have shape [seq] = [{seq}] or [batch, seq] = [{batch}, {seq}], "
-                         f"got {tuple(positions.shape)}")
-    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES, values=values)
+    _checks.same_device("q", q, k=k, **{"positions" if axes is None else "position_ids": positions},
+                        inv_freq=inv_freq)
+    _check_positions(positions, q.shape[0], q.shape[1], mrope=axes is not None)
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES, values=values)
     head_dim = q.shape[3]
     if rotary_dim is None:
         rotary_dim = 2 * inv_freq.shape[0]
-    rotary_dim = checks.integer("rotary_dim", rotary_dim, minimum=2, even=True)
+    rotary_dim = _checks.integer("rotary_dim", rotary_dim, minimum=2, even=True)
     if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim {rotary_dim} exceeds head_dim {head_dim}")
     if inv_freq.shape[0] != rotary_dim // 2:
         raise ValueError(f"inv_freq has {inv_freq.shape[0]} entries, expected rotary_dim/2 = {rotary_dim // 2}")
+    if axes is not None:
+        check_axes(axes, rotary_dim // 2, values=values)
     return rotary_dim
 
 
-def check_options(layout, attention_factor, conjugate, backend, grad_in_place) -> float:
-    """Validate the keyword options shared by :func:`apply_rotary` and its M-RoPE and 2D forms;
-    return the attention factor as a float."""
-    checks.choice("layout", layout, LAYOUTS)
-    checks.choice("backend", backend, BACKENDS)
-    checks.flag("conjugate", conjugate)
-    checks.flag("grad_in_place", grad_in_place)
-    return checks.number("attention_factor", attention_factor, positive=True)
+def _check_options(layout, attention_factor, conjugate, backend, grad_in_place) -> float:
+    """Validate the keyword options of :func:`rotate_qk`; return the attention factor as a float."""
+    _checks.choice("layout", layout, LAYOUTS)
+    _checks.choice("backend", backend, BACKENDS)
+    _checks.flag("conjugate", conjugate)
+    _checks.flag("grad_in_place", grad_in_place)
+    return _checks.number("attention_factor", attention_factor, positive=True)
 
 
-def use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor | None = None,
-               attention_factor: float = 1.0) -> bool:
+def _use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor, attention_factor: float) -> bool:
     """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel on q's device;
     raises if "triton" was asked for and cannot run. The kernel takes float32 frequencies only
-    (:func:`rope.checks.finite_frequencies`) and attention factors in :data:`KERNEL_SCALE_RANGE`:
+    (:func:`rope._checks.finite_frequencies`) and attention factors in :data:`KERNEL_SCALE_RANGE`:
     "auto" leaves the others to the torch path."""
-    checks.choice("backend", backend, BACKENDS)
-    float64_frequencies = inv_freq is not None and inv_freq.dtype == torch.float64
+    float64_frequencies = inv_freq.dtype == torch.float64
     if backend == "torch":
         return False
     if backend == "auto":
@@ -162,9 +199,15 @@ def _round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = ((bits & ~_BELOW_FLOAT32) | sticky).view(torch.float64).to(torch.float32).to(dtype)
     if dtype == torch.bfloat16:
         tiny = out.abs() <= 2.0**-126  # rounding is monotone: every |x| < 2^-126 lands here
-        if tiny.any():
-            out[tiny] = _round_to_odd_float32(x[tiny]).to(dtype)
+        if _may_hold_true(tiny):
+            out = torch.where(tiny, _round_to_odd_float32(x).to(dtype), out)
     return out
+
+
+def _may_hold_true(mask: torch.Tensor) -> bool:
+    """Whether ``mask`` has a true entry: asked on the CPU, assumed on other devices (asking would
+    wait for the device) and while torch.compile traces."""
+    return mask.device.type != "cpu" or torch.compiler.is_compiling() or bool(mask.any())
 
 
 def _round_to_odd_float32(x: torch.Tensor) -> torch.Tensor:
@@ -252,6 +295,55 @@ def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.
             rotate_pairs(k, cos, sin, layout, rotary_dim, safe=safe))
 
 
+def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """p_a(i), the position pair i turns by: row ``axes[i]`` of ``position_ids`` ``[3, ...]``, shape
+    ``position_ids.shape[1:] + (pairs,)``, for axes of any integer dtype on any device, checked by
+    the caller (:func:`check_axes`)."""
+    rows = axes.to(device=position_ids.device, dtype=torch.int64, non_blocking=True)
+    return position_ids[rows].movedim(0, -1)
+
+
+def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, attention_factor, conjugate,
+                     grad_in_place):
+    """``torch.ops.rope.rotary`` (:mod:`rope.kernels.operators`, imported here: it imports Triton),
+    which checks the values of the frequencies and axes itself."""
+    from .kernels import operators  # noqa: F401  (registers torch.ops.rope.rotary)
+
+    if axes is not None:  # no copy where the axes are int64 on q's device already (a model's buffer)
+        axes = axes.to(device=q.device, dtype=torch.int64, non_blocking=True)
+    return torch.ops.rope.rotary(
+        q=q, k=k, positions=positions, inv_freq=inv_freq, interleaved=layout == "interleaved",
+        rotary_dim=rotary_dim, scale=attention_factor, conjugate=conjugate, grad_in_place=grad_in_place, axes=axes,
+    )
+
+
+def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim=None, attention_factor=1.0,
+              conjugate=False, backend="auto", grad_in_place=False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one path of :func:`apply_rotary` and :func:`rope.mrope.apply_mrope`: check every argument,
+    then rotate with the fused kernel or on the torch path.
+
+    Pair i of a token turns by the angle p_i theta_i: p_i = m, the token's position
+    (``positions`` ``[seq]`` or ``[batch, seq]``), or with M-RoPE ``axes`` p_i = row ``axes[i]``
+    of the position ids ``[3, seq]`` or ``[3, batch, seq]`` (Qwen2-VL, section 2.1). The options
+    are :func:`apply_rotary`'s. Shapes, dtypes and devices are checked here; the values of the
+    frequencies and axes by the path that runs (on the kernel path by the operator), eagerly off
+    CUDA and as asynchronous device assertions on CUDA.
+    """
+    rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
+    attention_factor = _check_options(layout, attention_factor, conjugate, backend, grad_in_place)
+    if _use_kernel(q, backend, inv_freq, attention_factor):
+        return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
+                                attention_factor=attention_factor, conjugate=conjugate, grad_in_place=grad_in_place)
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    if axes is None:
+        cos, sin = exact_cos_sin(positions, inv_freq)
+    else:
+        check_axes(axes, rotary_dim // 2)
+        cos, sin = exact_cos_sin(per_pair_positions(positions, axes), inv_freq, per_pair=True)
+    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
+                             attention_factor=attention_factor, conjugate=conjugate)
+
+
 def apply_rotary(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -274,7 +366,7 @@ def apply_rotary(
             (offsets, packed sequences: any values).
         inv_freq: the rotary_dim/2 frequencies theta_i, finite, e.g. from :func:`rope.inv_freq`:
             float32, or float64 (honoured exactly, on the torch path); never rounded
-            (float16/bfloat16 are refused: :func:`rope.checks.finite_frequencies`).
+            (float16/bfloat16 are refused: :func:`rope._checks.finite_frequencies`).
         layout: ``"half"`` (pairs (i, i + d/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
         rotary_dim: rotated width d (default ``2 * len(inv_freq)``); the rest of the head passes through.
         attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does.
@@ -291,19 +383,11 @@ def apply_rotary(
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once: on the torch path
         within half an ulp plus 2^-50 s |(x_a, x_b)| of the exact rotation (module docstring);
-        the kernel's bounds are in :mod:`rope.triton_rotary`.
+        the kernel's bounds are in :mod:`rope.kernels.triton_rotary`.
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (README, "Errors").
     """
-    rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, values=False)
-    attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
-    if use_kernel(q, backend, inv_freq, attention_factor):  # the operator checks the values
-        from .fused import rotary
-
-        return rotary(q, k, positions, inv_freq, layout == "interleaved", rotary_dim, attention_factor,
-                      conjugate, grad_in_place)
-    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES)
-    cos, sin = exact_cos_sin(positions, inv_freq)
-    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
-                             attention_factor=attention_factor, conjugate=conjugate)
+    return rotate_qk(q, k, positions, inv_freq, layout=layout, rotary_dim=rotary_dim,
+                     attention_factor=attention_factor, conjugate=conjugate, backend=backend,
+                     grad_in_place=grad_in_place)

@@ -16,7 +16,9 @@ head rotates by one angle that is linear in the position:
 layout, (2i, 2i + 1) in the ``"interleaved"`` layout, so the axial split is by pair index,
 not by coordinate: in the half layout the x pairs are coordinates 0..d/4-1 with d/2..3d/4-1.
 This keeps :func:`rope.permute_qk_weight` valid between the two layouts. Angles, cos, sin
-and products are float64, rounded once to the input dtype, as in :func:`rope.apply_rotary`.
+and products are float64, rounded once to the input dtype: the torch path of
+:func:`rope.apply_rotary` (:func:`rope.apply.rotate_by_cos_sin`), fed the angles of each pair.
+There is no kernel path: a mixed angle is the sum of two products, not one position per pair.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ import math
 
 import torch
 
+from . import _checks
+from ._checks import integer_tensor
 from .angles import add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns, turns_per_position
-from .apply import check_inputs, check_options, has_float64, rotate_by_cos_sin
-from . import checks
-from .checks import integer_tensor
+from .apply import check_inputs, has_float64, rotate_by_cos_sin
 from .frequencies import inv_freq
+from .layouts import LAYOUTS
 
 
 def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,9 +79,9 @@ def _check_positions_xy(q: torch.Tensor, positions_xy) -> None:
 def _check_frequencies(inv_freq_x, inv_freq_y, mixed: bool) -> torch.Tensor:
     """The frequencies side by side (validated: finite float32, as :func:`rope.apply_rotary`
     takes them); mixed needs one (x, y) pair per rotated pair."""
-    checks.finite_frequencies("inv_freq_x", inv_freq_x, dtypes=checks.FREQUENCY_DTYPES)
-    checks.finite_frequencies("inv_freq_y", inv_freq_y, dtypes=checks.FREQUENCY_DTYPES)
-    checks.same_device("inv_freq_x", inv_freq_x, inv_freq_y=inv_freq_y)
+    _checks.finite_frequencies("inv_freq_x", inv_freq_x, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.finite_frequencies("inv_freq_y", inv_freq_y, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.same_device("inv_freq_x", inv_freq_x, inv_freq_y=inv_freq_y)
     if mixed and inv_freq_x.shape != inv_freq_y.shape:
         raise ValueError(
             f"mixed=True needs inv_freq_x and inv_freq_y of equal length (one x and one y frequency per pair), "
@@ -131,11 +134,12 @@ def apply_rotary_2d(
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once from float64.
     """
-    checks.flag("mixed", mixed)
+    _checks.flag("mixed", mixed)
+    _checks.choice("layout", layout, LAYOUTS)
+    _checks.flag("conjugate", conjugate)
     _check_positions_xy(q, positions_xy)
     combined = _check_frequencies(inv_freq_x, inv_freq_y, mixed)
-    check_options(layout, 1.0, conjugate, "torch", False)
-    rotary_dim = check_inputs(q, k, positions_xy[..., 0], combined, None)
-    checks.same_device("q", q, inv_freq_y=inv_freq_y)
+    rotary_dim = check_inputs(q, k, positions_xy[..., 0], combined, None, values=False)  # values: just checked
+    _checks.same_device("q", q, inv_freq_y=inv_freq_y)
     cos, sin = pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed=mixed)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, conjugate=conjugate)

@@ -5,9 +5,9 @@ Hugging Face keeps RoPE settings in a plain dict (``config.rope_parameters``, fo
 :class:`RopeConfig`, checking every key once, so the frequency functions in
 :mod:`rope.frequencies` can be pure functions of typed values.
 
-**The keys.** One table, :data:`ROPE_TYPE_KEYS`, says for each ``rope_type`` which keys it needs
+**The keys.** The registry (:mod:`rope.registry`) says for each ``rope_type`` which keys it needs
 and which it may read, in the shape of transformers' key sets (``_validate_<type>_rope_parameters``
-in ``modeling_rope_utils.py``); every type also reads the :data:`COMMON_KEYS`:
+in ``modeling_rope_utils.py``); every type also reads the :data:`COMMON_KEYS`. The built-in types:
 
 =================================  ====================================================
 ``rope_type`` (or legacy ``type``) ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
@@ -27,7 +27,7 @@ M-RoPE: ``mrope_section``          pairs that follow the t, h, w positions (:mod
         ``mrope_style``            (rope's own key) ``chunked``, ``interleaved`` or ``alternating``
 =================================  ====================================================
 
-A needed key may have stand-ins (:attr:`RopeTypeKeys.stand_ins`): ``original_max_position_embeddings``
+A needed key may have stand-ins (:attr:`rope.registry.RopeType.stand_ins`): ``original_max_position_embeddings``
 defaults to ``max_position_embeddings`` (transformers' ``standardize_rope_params`` does the same),
 and yarn's and longrope's ``factor`` to max_position_embeddings / original_max_position_embeddings
 when both are given (DeepSeek-V3, Phi-3). M-RoPE combines with any ``rope_type``: the frequencies
@@ -47,7 +47,9 @@ as transformers stores absent keys. For every other key, :func:`parse_config`:
   ``attn_factor`` and ``extrapolation_factor``, HunYuan's ``alpha``, ``base``, ``theta``,
   ``rotary_emb_base``, ``scaling_factor`` ...) with a ``ValueError`` that names the key and says
   what rope's key is: honouring it under rope's reading could be wrong, and ignoring it would
-  silently change the numbers;
+  silently change the numbers (a type registered to read such a key reads it);
+* keeps the keys of a registered type that :class:`RopeConfig` has no field for in
+  :attr:`RopeConfig.extra`, each through the type's key check (:mod:`rope.registry`);
 * refuses ``type`` and ``rope_type`` that disagree, and M-RoPE style keys that disagree;
 * **warns** (:class:`RopeConfigWarning`) about a key rope knows that the given ``rope_type`` does
   not read (``low_freq_factor`` with yarn, ``short_factor`` with linear), as transformers does
@@ -73,12 +75,13 @@ from __future__ import annotations
 import difflib
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
-from . import checks
+from . import _checks, registry
 from .mrope import MROPE_STYLES, check_section, section_axes
 
 DEFAULT_THETA = 10000.0
@@ -91,50 +94,6 @@ YARN_BETA_SLOW = 1.0
 class RopeConfigWarning(UserWarning):
     """A config key that rope does not read for the given ``rope_type`` and ignores."""
 
-
-@dataclass(frozen=True)
-class RopeTypeKeys:
-    """The config keys of one ``rope_type`` besides :data:`COMMON_KEYS`: those it needs and those
-    it may read. ``stand_ins`` maps a needed key to keys that, all given, can take its place."""
-
-    required: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
-    stand_ins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @property
-    def keys(self) -> frozenset[str]:
-        return frozenset(self.required + self.optional)
-
-
-_ORIGINAL_FROM_MAX = {"original_max_position_embeddings": ("max_position_embeddings",)}
-_FACTOR_FROM_LENGTHS = {"factor": ("max_position_embeddings", "original_max_position_embeddings")}
-
-ROPE_TYPE_KEYS: dict[str, RopeTypeKeys] = {
-    "default": RopeTypeKeys(),
-    "linear": RopeTypeKeys(required=("factor",)),
-    "ntk": RopeTypeKeys(required=("factor",)),
-    "dynamic": RopeTypeKeys(required=("factor", "max_position_embeddings")),
-    "yarn": RopeTypeKeys(
-        required=("factor", "original_max_position_embeddings"),
-        optional=("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
-        stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX},
-    ),
-    "longrope": RopeTypeKeys(
-        required=("factor", "short_factor", "long_factor", "original_max_position_embeddings"),
-        optional=("attention_factor",),
-        stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX},
-    ),
-    "llama3": RopeTypeKeys(
-        required=("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-        stand_ins=_ORIGINAL_FROM_MAX,
-    ),
-    "proportional": RopeTypeKeys(optional=("factor",)),
-}
-"""Per ``rope_type``, the keys it needs and may read (transformers' ``ROPE_INIT_FUNCTIONS`` have
-their key sets in ``_validate_<type>_rope_parameters``; ``ntk`` is rope's fixed NTK-aware type)."""
-
-ROPE_TYPES = tuple(ROPE_TYPE_KEYS)
-"""The rope_types of :data:`ROPE_TYPE_KEYS` (a snapshot; the table is the one source)."""
 
 COMMON_KEYS = frozenset({
     "rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings",
@@ -174,6 +133,7 @@ FOREIGN_KEYS: dict[str, str] = {
 }
 """Keys of other ecosystems with a numeric meaning, refused with what rope's key is."""
 
+
 @dataclass(frozen=True)
 class RopeConfig:
     """A validated RoPE configuration. ``None`` means "not given". Every value is checked when
@@ -203,26 +163,30 @@ class RopeConfig:
     # M-RoPE
     mrope_section: tuple[int, int, int] | None = None
     mrope_style: str = "chunked"
+    # keys of a registered type that have no field here (rope.registry), checked by its key_checks
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.rope_type, str):
             raise TypeError(f"config key 'rope_type' must be a str, got {type(self.rope_type).__name__} "
                             f"{self.rope_type!r}")
-        if self.rope_type not in ROPE_TYPE_KEYS:
-            raise ValueError(f"unknown rope_type {self.rope_type!r}; expected one of "
-                             f"{', '.join(ROPE_TYPE_KEYS)} (or 'mrope')")
+        entry = registry.rope_type(self.rope_type)
         for key, check in _FIELD_CHECKS.items():
             value = getattr(self, key)
             if value is not None:
                 object.__setattr__(self, key, check(f"config key {key!r}", value))
-        self._check_required()
+        object.__setattr__(self, "extra", MappingProxyType(_checked_extra(entry, self.extra)))
+        self._check_required(entry)
         self._check_pairs()
 
-    def _check_required(self) -> None:
-        spec = ROPE_TYPE_KEYS[self.rope_type]
-        for key in spec.required:
-            stand_in = spec.stand_ins.get(key, ())
-            if getattr(self, key) is None and not (stand_in and all(getattr(self, k) is not None for k in stand_in)):
+    def given(self, key: str) -> bool:
+        """Whether ``key`` has a value: a field that is not None, or a key of :attr:`extra`."""
+        return self.extra.get(key) is not None if key not in FIELD_KEYS else getattr(self, key) is not None
+
+    def _check_required(self, entry: registry.RopeType) -> None:
+        for key in entry.required:
+            stand_in = entry.stand_ins.get(key, ())
+            if not self.given(key) and not (stand_in and all(self.given(k) for k in stand_in)):
                 alternative = f" (or {' and '.join(map(repr, stand_in))})" if stand_in else ""
                 raise ValueError(f"rope_type {self.rope_type!r} needs the config key {key!r}{alternative}")
 
@@ -243,10 +207,12 @@ class RopeConfig:
     def rotary_dim(self, head_dim: int) -> int:
         """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it;
         the whole head for ``proportional``, whose unrotated pairs get the frequency 0 instead."""
-        head_dim = checks.integer("head_dim", head_dim, minimum=1)
+        head_dim = _checks.integer("head_dim", head_dim, minimum=1)
         if self.rope_type == "proportional":
             if head_dim % 2:
-                raise ValueError(f"rope_type 'proportional' rotates the whole head: head_dim must be even, got {head_dim}")
+                raise ValueError(
+                    f"rope_type 'proportional' rotates the whole head: head_dim must be even, got {head_dim}"
+                )
             return head_dim
         dim = int(head_dim * self.partial_rotary_factor)
         if dim < 2 or dim % 2:
@@ -288,18 +254,18 @@ class RopeConfig:
 
 
 def _base(name: str, value) -> float:
-    base = checks.number(name, value)
+    base = _checks.number(name, value)
     if not base > 1:
         raise ValueError(f"{name} must be > 1 (theta_i = b^(-2i/d) falls with i), got {base}")
     return base
 
 
 def _length(name: str, value) -> int:
-    return checks.integer(name, value, minimum=1, maximum=MAX_LENGTH)
+    return _checks.integer(name, value, minimum=1, maximum=MAX_LENGTH)
 
 
 def _fraction(name: str, value) -> float:
-    fraction = checks.number(name, value)
+    fraction = _checks.number(name, value)
     if not 0 < fraction <= 1:
         raise ValueError(f"{name} must be in (0, 1], got {fraction}")
     return fraction
@@ -308,30 +274,30 @@ def _fraction(name: str, value) -> float:
 def _factor_list(name: str, value) -> tuple[float, ...]:
     if not isinstance(value, (list, tuple)):
         raise TypeError(f"{name} must be a list of numbers, got {type(value).__name__} {value!r}")
-    return tuple(checks.number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))
+    return tuple(_checks.number(f"{name}[{i}]", v, positive=True) for i, v in enumerate(value))
 
 
 def _positive(name: str, value) -> float:
-    return checks.number(name, value, positive=True)
+    return _checks.number(name, value, positive=True)
 
 
 def _style(name: str, value) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
-    return checks.choice(name, value, MROPE_STYLES)
+    return _checks.choice(name, value, MROPE_STYLES)
 
 
 _FIELD_CHECKS = {
     "rope_theta": _base,
-    "factor": lambda name, value: checks.number(name, value, minimum=1.0),
+    "factor": lambda name, value: _checks.number(name, value, minimum=1.0),
     "max_position_embeddings": _length,
     "original_max_position_embeddings": _length,
     "partial_rotary_factor": _fraction,
     "beta_fast": _positive,
     "beta_slow": _positive,
-    "mscale": checks.number,
-    "mscale_all_dim": checks.number,
-    "truncate": checks.flag,
+    "mscale": _checks.number,
+    "mscale_all_dim": _checks.number,
+    "truncate": _checks.flag,
     "attention_factor": _positive,
     "short_factor": _factor_list,
     "long_factor": _factor_list,
@@ -342,6 +308,24 @@ _FIELD_CHECKS = {
 }
 """Per field, its check: the value as stored, or TypeError/ValueError naming the key."""
 
+FIELD_KEYS = frozenset(f.name for f in fields(RopeConfig)) - {"extra"}
+"""The keys :class:`RopeConfig` stores as fields; a registered type's other keys go to ``extra``."""
+
+
+def _checked_extra(entry: registry.RopeType, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``extra`` keys of a config of type ``entry``, each through its key check."""
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"extra must be a mapping of config keys, got {type(extra).__name__}")
+    checked = {}
+    for key, value in extra.items():
+        if key in FIELD_KEYS or key not in entry.keys:
+            where = "a field of RopeConfig" if key in FIELD_KEYS else f"not read by rope_type {entry.name!r}"
+            raise ValueError(f"extra config key {key!r} is {where}")
+        if value is not None:
+            check = entry.key_checks.get(key)
+            checked[key] = check(f"config key {key!r}", value) if check else value
+    return checked
+
 
 def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     """Validate a ``rope_parameters`` mapping and return a :class:`RopeConfig`, following the key
@@ -351,23 +335,28 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping such as rope_parameters, got {type(config).__name__}")
     given = _given(config)
-    rope_type = _rope_type(given)
-    spec = ROPE_TYPE_KEYS[rope_type]
-    fields: dict[str, Any] = {}
+    entry = registry.rope_type(_rope_type(given))
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     for key, value in given.items():
-        if key in _FIELD_CHECKS and (key in spec.keys or key in COMMON_KEYS):
-            fields[key] = value
-        elif key not in COMMON_KEYS and key not in MODEL_KEYS:
-            _warn_ignored(key, rope_type)
+        if key in entry.keys or key in COMMON_KEYS:
+            if key in _FIELD_CHECKS:
+                values[key] = value
+            elif key not in COMMON_KEYS:
+                extra[key] = value
+        elif key in FOREIGN_KEYS:
+            raise ValueError(f"config key {key!r} is not rope's: {FOREIGN_KEYS[key]}")
+        elif key not in MODEL_KEYS:
+            _warn_ignored(key, entry.name)
     style = _mrope_style(given)
     if style is not None:
-        fields["mrope_style"] = style
-    return RopeConfig(rope_type=rope_type, **fields)
+        values["mrope_style"] = style
+    return RopeConfig(rope_type=entry.name, extra=extra, **values)
 
 
 def _given(config: Mapping) -> dict[str, Any]:
     """The keys of ``config`` whose value is not None, after the checks that need the whole
-    mapping: string keys, no nesting by layer type, no foreign keys."""
+    mapping: string keys, no nesting by layer type."""
     nested = sorted(str(key) for key, value in config.items() if isinstance(value, Mapping))
     if nested:
         raise ValueError(
@@ -378,11 +367,8 @@ def _given(config: Mapping) -> dict[str, Any]:
     for key, value in config.items():
         if not isinstance(key, str):
             raise TypeError(f"config keys must be str, got {type(key).__name__} {key!r}")
-        if value is None:
-            continue
-        if key in FOREIGN_KEYS:
-            raise ValueError(f"config key {key!r} is not rope's: {FOREIGN_KEYS[key]}")
-        given[key] = value
+        if value is not None:
+            given[key] = value
     return given
 
 
@@ -400,10 +386,7 @@ def _rope_type(given: Mapping[str, Any]) -> str:
     types = {"default" if value == "mrope" else value for value in said.values()}
     if len(types) > 1:
         raise ValueError(f"config keys 'rope_type' ({said['rope_type']!r}) and 'type' ({said['type']!r}) disagree")
-    rope_type = types.pop() if types else "default"
-    if rope_type not in ROPE_TYPE_KEYS:
-        raise ValueError(f"unknown rope_type {rope_type!r}; expected one of {', '.join(ROPE_TYPE_KEYS)} (or 'mrope')")
-    return rope_type
+    return types.pop() if types else "default"
 
 
 def _mrope_style(given: Mapping[str, Any]) -> str | None:
@@ -412,7 +395,7 @@ def _mrope_style(given: Mapping[str, Any]) -> str | None:
     said = {}
     for key in ("mrope_interleaved", "interleaved"):
         if key in given:
-            said[key] = "interleaved" if checks.flag(f"config key {key!r}", given[key]) else "chunked"
+            said[key] = "interleaved" if _checks.flag(f"config key {key!r}", given[key]) else "chunked"
     if "mrope_style" in given:
         said["mrope_style"] = _style("config key 'mrope_style'", given["mrope_style"])
     if len(set(said.values())) > 1:
@@ -421,11 +404,11 @@ def _mrope_style(given: Mapping[str, Any]) -> str | None:
 
 
 def _warn_ignored(key: str, rope_type: str) -> None:
-    readers = [name for name, spec in ROPE_TYPE_KEYS.items() if key in spec.keys]
+    readers = [entry.name for entry in registry.registered() if key in entry.keys]
     if readers:
         reason = f"rope_type {rope_type!r} does not read it (only {', '.join(map(repr, readers))} do)"
     else:
-        known = COMMON_KEYS.union(*(spec.keys for spec in ROPE_TYPE_KEYS.values()))
+        known = COMMON_KEYS.union(*(entry.keys for entry in registry.registered()))
         close = difflib.get_close_matches(key, sorted(known), n=1)
         reason = "rope does not know it" + (f"; did you mean {close[0]!r}?" if close else "")
     warnings.warn(f"config key {key!r} is ignored: {reason}", RopeConfigWarning, stacklevel=3)

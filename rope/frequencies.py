@@ -2,9 +2,10 @@
 
 RoPE rotates pair i of a d-dimensional head by the angle m * theta_i at position m, with
 theta_i = b^(-2i/d), i = 0 .. d/2 - 1 (RoFormer, Su et al. 2021, eq. 15). Each context-extension
-method changes the theta_i (and sometimes scales cos/sin by an attention factor). One registry,
-:data:`FREQUENCY_FUNCTIONS`, maps a ``rope_type`` to a pure function of a :class:`RopeConfig`,
-the rotary width d and the current sequence length. The formulas follow transformers'
+method changes the theta_i (and sometimes scales cos/sin by an attention factor). Each
+``rope_type`` is registered (:mod:`rope.registry`) with a pure function of a :class:`RopeConfig`,
+the rotary width d and the current sequence length, and with the config keys it reads; this
+module registers the built-in types. The formulas follow transformers'
 ``modeling_rope_utils.py`` (v5) so that the numbers agree with it; the arithmetic is done in
 float64 and rounded once to float32.
 
@@ -27,14 +28,17 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from . import checks
+from . import _checks
 from .config import MAX_LENGTH, YARN_BETA_FAST, YARN_BETA_SLOW, RopeConfig, parse_config
+from .registry import Frequencies, register_rope_type, rope_type, rope_types
 
-Frequencies = tuple[torch.Tensor, float]
+__all__ = ["default_theta", "inv_freq", "register_rope_type", "rope_types", "yarn_correction_range",
+           "yarn_kept_weights", "yarn_mscale"]
 
 _LOG_FLOAT64_MAX = math.log(sys.float_info.max)
 
@@ -128,8 +132,8 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature (Peng et al. 2023, eq. 22 with mscale = 1): the factor on cos
     and sin, sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (transformers' ``get_mscale``,
     DeepSeek's ``yarn_get_mscale``). ``scale`` must be > 0."""
-    scale = checks.number("scale", scale, positive=True)
-    mscale = checks.number("mscale", mscale)
+    scale = _checks.number("scale", scale, positive=True)
+    mscale = _checks.number("mscale", mscale)
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -140,7 +144,7 @@ def yarn_correction_range(
     (fractional) pair index that turns r times over L positions; floored/ceiled if ``truncate``
     and clamped to [0, d - 1] as transformers' ``find_correction_range`` does (the upper clamp is
     d - 1 although pair indices end at d/2 - 1). Arguments as validated by :mod:`rope.config`;
-    :func:`rope.scaling_analysis.yarn_correction_range` checks them for direct use."""
+    :func:`rope.analysis.scaling.yarn_correction_range` checks them for direct use."""
 
     def pair_index(rotations: float) -> float:
         return dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -256,17 +260,24 @@ def _proportional(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies
     return torch.cat([kept, torch.zeros(dim // 2 - rotated, dtype=torch.float32)]), 1.0
 
 
-FREQUENCY_FUNCTIONS: dict[str, Callable[[RopeConfig, int, int | None], Frequencies]] = {
-    "default": _default,
-    "linear": _linear,
-    "ntk": _ntk,
-    "dynamic": _dynamic,
-    "yarn": _yarn,
-    "longrope": _longrope,
-    "llama3": _llama3,
-    "proportional": _proportional,
-}
-"""rope_type -> f(config, rotary width d, seq_len) -> (float32 theta_i, attention factor)."""
+_ORIGINAL_FROM_MAX = {"original_max_position_embeddings": ("max_position_embeddings",)}
+_FACTOR_FROM_LENGTHS = {"factor": ("max_position_embeddings", "original_max_position_embeddings")}
+_YARN_KEYS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
+
+# The built-in types, with transformers' key sets (``ntk`` is rope's fixed NTK-aware type).
+register_rope_type("default", _default)
+register_rope_type("linear", _linear, required_keys=("factor",))
+register_rope_type("ntk", _ntk, required_keys=("factor",))
+register_rope_type("dynamic", _dynamic, required_keys=("factor", "max_position_embeddings"))
+register_rope_type("yarn", _yarn, required_keys=("factor", "original_max_position_embeddings"),
+                   optional_keys=_YARN_KEYS, stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
+register_rope_type("longrope", _longrope,
+                   required_keys=("factor", "short_factor", "long_factor", "original_max_position_embeddings"),
+                   optional_keys=("attention_factor",), stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
+register_rope_type("llama3", _llama3,
+                   required_keys=("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                   stand_ins=_ORIGINAL_FROM_MAX)
+register_rope_type("proportional", _proportional, optional_keys=("factor",))
 
 
 def inv_freq(
@@ -289,9 +300,13 @@ def inv_freq(
     """
     cfg = parse_config(config)
     dim = cfg.rotary_dim(head_dim)
-    seq_len = checks.optional_integer("seq_len", seq_len, minimum=1, maximum=MAX_LENGTH)
-    theta, attention = FREQUENCY_FUNCTIONS[cfg.rope_type](cfg, dim, seq_len)
-    checks.finite_frequencies("inv_freq", theta)
+    seq_len = _checks.optional_integer("seq_len", seq_len, minimum=1, maximum=MAX_LENGTH)
+    theta, attention = rope_type(cfg.rope_type).frequencies(cfg, dim, seq_len)
+    if not isinstance(theta, torch.Tensor) or theta.dtype != torch.float32 or isinstance(attention, bool) \
+            or not isinstance(attention, (int, float)):
+        raise TypeError(f"rope_type {cfg.rope_type!r} must return (a float32 tensor, a number), got "
+                        f"({type(theta).__name__} {getattr(theta, 'dtype', '')}, {type(attention).__name__})")
+    _checks.finite_frequencies("inv_freq", theta)
     if theta.shape != (dim // 2,) or bool((theta < 0).any()):
         raise ValueError(f"rope_type {cfg.rope_type!r} gave {tuple(theta.shape)} frequencies, some < 0; "
                          f"expected {dim // 2} frequencies >= 0")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import choice, integer, tensor
+from ._checks import choice, integer, tensor
 
 LAYOUTS = ("half", "interleaved")
 

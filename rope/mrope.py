@@ -23,9 +23,10 @@ s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair
 * alternating (ERNIE 4.5 VL): h and w take turns over the fast pairs, t takes the slowest
   (:func:`section_axes` reads that model's section, listed as (s_h, s_w, s_t)).
 
-As with :func:`rope.apply_rotary`, the torch path computes angles, cos, sin and products in
-float64 and rounds once; on CUDA the fused Triton kernel runs instead, each pair reading its row
-of the position ids (exactly reduced angles, float32 math, one rounding).
+:func:`apply_mrope` is :func:`rope.apply_rotary` with the axes (one path,
+:func:`rope.apply.rotate_qk`): the torch path computes angles, cos, sin and products in float64
+and rounds once; on CUDA the fused Triton kernel runs instead, each pair reading its row of the
+position ids (exactly reduced angles, float32 math, one rounding).
 """
 
 from __future__ import annotations
@@ -35,10 +36,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .apply import check_inputs, check_options, exact_cos_sin, rotate_by_cos_sin, use_kernel
-from .checks import FREQUENCY_DTYPES, assert_values, finite_frequencies, integer_tensor
+from ._checks import integer_tensor
+from .apply import MROPE_AXES, check_axes, exact_cos_sin, per_pair_positions, rotate_qk
 
-AXES = ("t", "h", "w")
 MROPE_STYLES = ("chunked", "interleaved", "alternating")
 
 
@@ -47,7 +47,7 @@ def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int,
     naming ``name``."""
     if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence):
         raise TypeError(f"{name} must be a list of three ints (pairs on t, h, w), got {mrope_section!r}")
-    if len(mrope_section) != len(AXES) or any(
+    if len(mrope_section) != len(MROPE_AXES) or any(
         isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in mrope_section
     ):
         raise ValueError(f"{name} must be three positive ints (pairs on t, h, w), got {list(mrope_section)}")
@@ -74,7 +74,7 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
     if style not in MROPE_STYLES:
         raise ValueError(f"style must be one of {', '.join(map(repr, MROPE_STYLES))}, got {style!r}")
     if style == "chunked":
-        return torch.repeat_interleave(torch.arange(len(AXES)), torch.tensor(sections))
+        return torch.repeat_interleave(torch.arange(len(MROPE_AXES)), torch.tensor(sections))
     index = torch.arange(pairs)
     if style == "alternating":
         s_h, s_w, s_t = sections
@@ -84,7 +84,7 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
     axes = torch.zeros(pairs, dtype=torch.int64)
     for axis in (1, 2):
         axes[(index % 3 == axis) & (index < 3 * sections[axis])] = axis
-    counts = tuple(int((axes == a).sum()) for a in range(len(AXES)))
+    counts = tuple(int((axes == a).sum()) for a in range(len(MROPE_AXES)))
     if counts != sections:
         raise ValueError(
             f"interleaved mrope_section {list(sections)} does not fit {pairs} pairs: every third pair from "
@@ -95,21 +95,11 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
 
 def _check_position_ids(position_ids: torch.Tensor) -> None:
     integer_tensor("position_ids", position_ids)
-    if position_ids.dim() not in (2, 3) or position_ids.shape[0] != len(AXES):
+    if position_ids.dim() not in (2, 3) or position_ids.shape[0] != len(MROPE_AXES):
         raise ValueError(
             "position_ids must have shape [3, seq] or [3, batch, seq] (rows t, h, w), "
             f"got {tuple(position_ids.shape)}"
         )
-
-
-def _check_axes(axes: torch.Tensor, pairs: int) -> None:
-    """One axis in {0, 1, 2} per pair; the values through :func:`rope.checks.assert_values` (an
-    eager error off CUDA, an asynchronous device assertion on CUDA and under torch.compile)."""
-    integer_tensor("axes", axes, dim=1)
-    expected = f"{pairs} values in {{0, 1, 2}} (one per pair)"
-    if axes.shape[0] != pairs:
-        raise ValueError(f"axes must hold {expected}, got {axes.shape[0]} values")
-    assert_values("axes", ((axes >= 0) & (axes < len(AXES))).all(), expected)
 
 
 def pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
@@ -117,12 +107,8 @@ def pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tens
     (t, h, w), shape ``position_ids.shape[1:] + (pairs,)``; ``axes`` from :func:`section_axes`."""
     _check_position_ids(position_ids)
     integer_tensor("axes", axes, dim=1)
-    _check_axes(axes, axes.shape[0])
-    return _gathered_positions(position_ids, axes)
-
-
-def _gathered_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
-    return position_ids[axes.to(position_ids.device)].movedim(0, -1)  # [..., pairs]
+    check_axes(axes, axes.shape[0])
+    return per_pair_positions(position_ids, axes)
 
 
 def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
@@ -130,8 +116,8 @@ def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
     """cos and sin of p_a(i) * theta_i, the angle reduced modulo 2 pi exactly (float64; float32
     where float64 does not exist), shape ``position_ids.shape[1:] + (pairs,)``."""
     _check_position_ids(position_ids)
-    _check_axes(axes, inv_freq.shape[0])
-    return exact_cos_sin(_gathered_positions(position_ids, axes), inv_freq, per_pair=True)
+    check_axes(axes, inv_freq.shape[0])
+    return exact_cos_sin(per_pair_positions(position_ids, axes), inv_freq, per_pair=True)
 
 
 def apply_mrope(
@@ -156,7 +142,9 @@ def apply_mrope(
         position_ids: integer ``[3, seq]`` or ``[3, batch, seq]``, rows t, h, w
             (e.g. from :func:`multimodal_positions`).
         inv_freq: the rotary_dim/2 frequencies theta_i (any scaling type, :func:`rope.inv_freq`).
-        axes: the axis of each pair, :func:`section_axes` of the config's ``mrope_section``.
+        axes: the axis of each pair, :func:`section_axes` of the config's ``mrope_section``: an
+            integer ``[rotary_dim / 2]`` tensor on any device (int64 on q's device, as a model's
+            buffer is, saves a copy per call).
         layout: ``"half"`` (Qwen) or ``"interleaved"`` (GLM-4V) pairing of coordinates.
         rotary_dim: rotated width (default ``2 * len(inv_freq)``); the rest passes through.
         attention_factor: multiplies cos and sin.
@@ -167,20 +155,14 @@ def apply_mrope(
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the
         torch path, from float32 in the kernel).
-    """
-    _check_position_ids(position_ids)
-    rotary_dim = check_inputs(q, k, position_ids[0], inv_freq, rotary_dim, values=False)
-    attention_factor = check_options(layout, attention_factor, conjugate, backend, grad_in_place)
-    _check_axes(axes, inv_freq.shape[0])
-    if use_kernel(q, backend, inv_freq, attention_factor):  # the operator checks the frequencies' values
-        from .fused import rotary
 
-        return rotary(q, k, position_ids, inv_freq, layout == "interleaved", rotary_dim, attention_factor,
-                      conjugate, grad_in_place, axes.to(device=q.device, dtype=torch.int64))
-    finite_frequencies("inv_freq", inv_freq, dtypes=FREQUENCY_DTYPES)
-    cos, sin = exact_cos_sin(_gathered_positions(position_ids, axes), inv_freq, per_pair=True)
-    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
-                             attention_factor=attention_factor, conjugate=conjugate)
+    Raises:
+        TypeError, ValueError: for any bad argument, naming it (README, "Errors"); on CUDA a bad
+        axis value fails an asynchronous device assertion instead (no host synchronisation).
+    """
+    return rotate_qk(q, k, position_ids, inv_freq, axes=axes, layout=layout, rotary_dim=rotary_dim,
+                     attention_factor=attention_factor, conjugate=conjugate, backend=backend,
+                     grad_in_place=grad_in_place)
 
 
 def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) -> torch.Tensor:
@@ -202,7 +184,7 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) 
     blocks, position = [], start
     for segment in segments:
         if isinstance(segment, int) and not isinstance(segment, bool) and segment > 0:
-            blocks.append(torch.arange(position, position + segment).expand(len(AXES), -1))
+            blocks.append(torch.arange(position, position + segment).expand(len(MROPE_AXES), -1))
         elif (
             isinstance(segment, tuple) and len(segment) == 3
             and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in segment)
@@ -212,7 +194,7 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) 
                 (torch.arange(frames) * time_interval).long(), torch.arange(rows), torch.arange(columns),
                 indexing="ij",
             )
-            blocks.append(torch.stack([t, h, w]).reshape(len(AXES), -1) + position)
+            blocks.append(torch.stack([t, h, w]).reshape(len(MROPE_AXES), -1) + position)
         else:
             raise ValueError(
                 f"each segment must be a positive int (text tokens) or a (T, H, W) tuple of positive ints, "

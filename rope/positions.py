@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import flag, integer, integer_tensor, same_device
+from ._checks import flag, integer, integer_tensor, same_device
 
 
 def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,8 +1,12 @@
-"""Shared test utilities: tolerances and exact rounding to each dtype."""
+"""Shared test utilities: tolerances, exact rounding to each dtype, exact and float64 references,
+random inputs. (Hypothesis strategies shared by several files are in strategies.py.)"""
 
 import math
+import re
 
 import torch
+
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 # Significand bits (implicit bit included) and the spacing of subnormals, per dtype.
 _PRECISION = {
@@ -84,3 +88,58 @@ def exact_cos_sin(positions: torch.Tensor, theta: torch.Tensor):
     shape = (*positions.shape, len(thetas))
     return (torch.tensor(cos, dtype=torch.float64).reshape(shape),
             torch.tensor(sin, dtype=torch.float64).reshape(shape))
+
+
+def to_fraction(value):
+    """An mpmath number (or a float) as the exact Fraction it is."""
+    from fractions import Fraction
+
+    import mpmath
+
+    sign, mantissa, exponent, _ = mpmath.mpf(value)._mpf_
+    return (-1) ** sign * Fraction(mantissa) * Fraction(2) ** exponent
+
+
+def rotate_float64(x, cos, sin, *, layout="half", attention_factor=1.0, conjugate=False) -> torch.Tensor:
+    """float64 s R x (s R^T x with ``conjugate``) on the CPU: pair i of x, (i, i + d/2) or (2i, 2i + 1)
+    with d = 2 pairs, turned by float64 ``cos``, ``sin`` of shape [seq, pairs] or [batch, seq, pairs]
+    (x is [batch, seq, heads, head_dim]); coordinates past d unchanged."""
+    from rope.layouts import pair_indices
+
+    x = x.to("cpu", torch.float64)
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos[:, :, None] * attention_factor, sin[:, :, None] * attention_factor
+    if conjugate:
+        sin = -sin
+    a, b = pair_indices(2 * cos.shape[-1], layout)
+    y = x.clone()
+    y[..., a] = x[..., a] * cos - x[..., b] * sin
+    y[..., b] = x[..., b] * cos + x[..., a] * sin
+    return y
+
+
+def exact_rotation(x, positions, theta, *, layout="half", attention_factor=1.0, conjugate=False) -> torch.Tensor:
+    """float64 s R_m x with the cos and sin of the exact angles m theta_i (:func:`exact_cos_sin`):
+    within 2^-50 of the pair's magnitude of the exact rotation. ``positions``: [seq] or [batch, seq]."""
+    cos, sin = exact_cos_sin(positions, theta)
+    return rotate_float64(x, cos, sin, layout=layout, attention_factor=attention_factor, conjugate=conjugate)
+
+
+def random_qk(gen, batch, seq, heads_q, heads_k, head_dim, *, k_seq=None, dtype=torch.float64):
+    """Normal q [batch, seq, heads_q, head_dim] and k [batch, k_seq or seq, heads_k, head_dim], drawn
+    in float64 from ``gen`` (q first) and rounded to ``dtype``: one seed, the same values in every dtype."""
+    q = torch.randn(batch, seq, heads_q, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(batch, seq if k_seq is None else k_seq, heads_k, head_dim, generator=gen, dtype=torch.float64)
+    return q, k.to(dtype)
+
+
+def theta_loop(base, dim) -> torch.Tensor:
+    """theta_i = base^(-2i/d), i = 0 .. d/2 - 1, one Python float at a time (float64)."""
+    return torch.tensor([base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
+
+
+def names(message: str, name: str) -> bool:
+    """Whether an error message names the argument or config key ``name``: as a word of its own,
+    not part of a longer identifier or an attribute (``x.name``)."""
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message) is not None

@@ -194,7 +194,8 @@ def test_mrope_and_2d_are_exact_too():
     out, _ = apply_rotary_2d(y, y, torch.tensor(xy), theta_x, theta_y, mixed=True)
 
     def mixed_angle(b, t, i):
-        return mpmath.mpf(xy[t][0]) * mpmath.mpf(float(theta_x[i])) + mpmath.mpf(xy[t][1]) * mpmath.mpf(float(theta_y[i]))
+        x, y = (mpmath.mpf(v) for v in xy[t])
+        return x * mpmath.mpf(float(theta_x[i])) + y * mpmath.mpf(float(theta_y[i]))
 
     assert_within_promise(out, *exact_rotation(y, mixed_angle, "half", 6, 1.0, False))
 

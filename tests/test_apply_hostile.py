@@ -165,15 +165,15 @@ def test_positions_at_the_int64_extremes_are_exact():
 
 
 @pytest.mark.parametrize("call, error, name", [
-    (lambda: rope.rerope.rerope_scores(Q, K, POS, POS, THETA, window="3"), TypeError, "window"),
-    (lambda: rope.rerope.rerope_scores(Q, K, POS, POS, THETA, window=0), ValueError, "window"),
-    (lambda: rope.rerope.rerope_scores_two_pass(Q, K, POS, POS, THETA, window=2, leaky_scale=float("nan")),
+    (lambda: rope.attention.rerope.rerope_scores(Q, K, POS, POS, THETA, window="3"), TypeError, "window"),
+    (lambda: rope.attention.rerope.rerope_scores(Q, K, POS, POS, THETA, window=0), ValueError, "window"),
+    (lambda: rope.attention.rerope.rerope_scores_two_pass(Q, K, POS, POS, THETA, window=2, leaky_scale=float("nan")),
      ValueError, "leaky_scale"),
-    (lambda: rope.rerope.rerope_scores_two_pass(Q, K, POS, POS, THETA, window=2, leaky_scale=True), TypeError,
+    (lambda: rope.attention.rerope.rerope_scores_two_pass(Q, K, POS, POS, THETA, window=2, leaky_scale=True), TypeError,
      "leaky_scale"),
-    (lambda: rope.rerope.rotary_scores(Q, K, POS, POS, THETA.half()), TypeError, "inv_freq"),
-    (lambda: rope.rerope.rotary_scores(Q, K[:, :, :0], POS, POS, THETA), ValueError, "heads_k"),
-    (lambda: rope.rerope.rerope_positions(POS, POS.float(), window=2), TypeError, "k_positions"),
+    (lambda: rope.attention.rerope.rotary_scores(Q, K, POS, POS, THETA.half()), TypeError, "inv_freq"),
+    (lambda: rope.attention.rerope.rotary_scores(Q, K[:, :, :0], POS, POS, THETA), ValueError, "heads_k"),
+    (lambda: rope.attention.rerope.rerope_positions(POS, POS.float(), window=2), TypeError, "k_positions"),
     (lambda: rope.permute_qk_weight(torch.randn(16, 4), 2.0, 8, to="half"), TypeError, "num_heads"),
     (lambda: rope.permute_qk_weight(torch.randn(16, 4), 2, 8, to="neox"), ValueError, "to"),
     (lambda: rope.permute_qk_weight(torch.randn(16, 4, 1), 2, 8, to="half"), ValueError, "weight"),

@@ -1,6 +1,6 @@
 """Bad scalar arguments to the public functions of positions, encodings, decay, general, kv_cache,
 logn, dual_chunk, linear_attention, precision, scaling_analysis, extrapolation_analysis,
-frequencies, config and the experiment: one policy everywhere (rope.checks).
+frequencies, config and the experiment: one policy everywhere (rope._checks).
 
 * a flag given as a string, an int, None or a NumPy bool raises TypeError naming it;
 * an integer given as a float (3.0, NumPy float), a list, a bool, a string or None raises TypeError
@@ -10,7 +10,6 @@ frequencies, config and the experiment: one policy everywhere (rope.checks).
 """
 
 import math
-import re
 from dataclasses import is_dataclass
 
 import numpy as np
@@ -19,9 +18,12 @@ import torch
 
 import rope
 import rope.experiment
-from rope import decay, dual_chunk, encodings, general, kv_cache, linear_attention, logn, positions, precision
-from rope import extrapolation_analysis as ea
-from rope import scaling_analysis as sa
+from helpers import names
+from rope import positions
+from rope.analysis import decay, general, precision
+from rope.analysis import extrapolation as ea
+from rope.analysis import scaling as sa
+from rope.attention import dual_chunk, encodings, kv_cache, linear_attention, logn
 from rope.experiment import ExperimentConfig, ModelSpec, RecallTask, TaskSpec
 
 THETA32 = rope.inv_freq({"rope_theta": 1e4}, 8)[0]
@@ -69,7 +71,8 @@ CASES = [
     ("logn_scale", lambda **a: logn.logn_scale(torch.arange(6), **a), dict(training_length=4),
      dict(training_length=INT)),
     ("dual_chunk_relative_positions", dual_chunk.dual_chunk_relative_positions,
-     dict(q_len=4, k_len=8, chunk_size=3, local_window=1), dict(q_len=INT, k_len=INT, chunk_size=INT, local_window=INT)),
+     dict(q_len=4, k_len=8, chunk_size=3, local_window=1),
+     dict(q_len=INT, k_len=INT, chunk_size=INT, local_window=INT)),
     ("rotary_linear_attention", lambda **a: linear_attention.rotary_linear_attention(Q, K, V, torch.arange(5), THETA32,
                                                                                      **a),
      dict(causal=True), dict(causal=FLAG)),
@@ -164,10 +167,6 @@ def numpy_arguments() -> list:
                 cases.append(pytest.param(function, good, argument, numpy_type(value),
                                           id=f"{name}-{argument}-{numpy_type.__name__}"))
     return cases
-
-
-def names(message: str, argument: str) -> bool:
-    return re.search(rf"(?<![\w.]){re.escape(argument)}(?!\w)", message) is not None
 
 
 @pytest.mark.parametrize("function, arguments, argument, error", bad_arguments())

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import rope
-from rope.config import COMMON_KEYS, FOREIGN_KEYS, ROPE_TYPE_KEYS, RopeConfig, RopeConfigWarning
+from rope.config import COMMON_KEYS, FOREIGN_KEYS, RopeConfig, RopeConfigWarning
 from rope.hf.embedding import layer_type_parameters, rope_parameters_from_config
+from rope.registry import rope_type as registered_type
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 LONGROPE = {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 64,
@@ -37,7 +38,8 @@ def no_config_warnings():
         ({"rope_type": "linear"}, 64, ValueError, "rope_type 'linear' needs the config key 'factor'"),
         ({"rope_type": "linear", "factor": None}, 64, ValueError, "rope_type 'linear' needs the config key 'factor'"),
         ({"rope_type": "dynamic", "factor": 2.0}, 64, ValueError, "needs the config key 'max_position_embeddings'"),
-        ({"rope_type": "yarn", "factor": 2.0}, 64, ValueError, "needs the config key 'original_max_position_embeddings'"),
+        ({"rope_type": "yarn", "factor": 2.0}, 64, ValueError,
+         "needs the config key 'original_max_position_embeddings'"),
         ({"rope_type": "yarn", "original_max_position_embeddings": 64}, 64, ValueError,
          r"needs the config key 'factor' \(or 'max_position_embeddings' and 'original_max_position_embeddings'\)"),
         ({**LLAMA3, "low_freq_factor": None}, 64, ValueError, "needs the config key 'low_freq_factor'"),
@@ -146,8 +148,9 @@ def test_equal_betas_give_the_guarded_step_ramp():
     +0.001 guard turns it into a step at x = i(beta): pairs i <= x keep theta_i, pairs above are
     divided by s, exactly."""
     d, base, length, s, beta = 64, 1e4, 4096, 8.0, 4.0
-    theta, attention = rope.inv_freq({**YARN, "rope_theta": base, "factor": s, "original_max_position_embeddings": length,
-                                      "beta_fast": beta, "beta_slow": beta, "truncate": False}, d)
+    config = {**YARN, "rope_theta": base, "factor": s, "original_max_position_embeddings": length,
+              "beta_fast": beta, "beta_slow": beta, "truncate": False}
+    theta, attention = rope.inv_freq(config, d)
     x = d * math.log(length / (beta * 2 * math.pi)) / (2 * math.log(base))
     i = torch.arange(d // 2, dtype=torch.float64)
     plain = base ** (-2 * i / d)
@@ -212,7 +215,8 @@ def test_every_foreign_key_is_tested():
 
 
 def test_a_misspelled_key_warns_with_the_closest_key_and_is_ignored():
-    with pytest.warns(RopeConfigWarning, match="'rope_thetaa' is ignored: rope does not know it; did you mean 'rope_theta'"):
+    message = "'rope_thetaa' is ignored: rope does not know it; did you mean 'rope_theta'"
+    with pytest.warns(RopeConfigWarning, match=message):
         theta, _ = rope.inv_freq({"rope_thetaa": 5e5}, 32)
     assert theta.equal(rope.inv_freq({}, 32)[0])
 
@@ -227,8 +231,8 @@ def test_a_misspelled_key_warns_with_the_closest_key_and_is_ignored():
     ],
 )
 def test_a_key_the_type_does_not_read_warns_and_changes_nothing(config, key, readers):
-    with pytest.warns(RopeConfigWarning, match=f"'{key}' is ignored: rope_type '{config['rope_type']}' does not read it "
-                                               f"\\(only .*{readers}"):
+    message = f"'{key}' is ignored: rope_type '{config['rope_type']}' does not read it \\(only .*{readers}"
+    with pytest.warns(RopeConfigWarning, match=message):
         got = rope.inv_freq(config, 32)
     without = {k: v for k, v in config.items() if k != key}
     expected = rope.inv_freq(without, 32)
@@ -278,13 +282,13 @@ def test_rope_reads_every_key_transformers_accepts():
     """The key sets mirror transformers': a config with every key transformers accepts for a type
     is read by rope without a warning, so real model configs do not warn."""
     key_sets = transformers_key_sets()
-    assert set(key_sets) <= set(ROPE_TYPE_KEYS) and {"default", "yarn", "llama3", "longrope"} <= set(key_sets)
+    assert set(key_sets) <= set(rope.rope_types()) and {"default", "yarn", "llama3", "longrope"} <= set(key_sets)
     values = {"rope_theta": 5e5, "factor": 4.0, "original_max_position_embeddings": 2048, "attention_factor": 1.2,
               "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "truncate": False,
               "short_factor": [1.0] * 32, "long_factor": [1.5] * 32, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "partial_rotary_factor": 1.0}
     for rope_type, keys in key_sets.items():
-        assert keys <= ROPE_TYPE_KEYS[rope_type].keys | COMMON_KEYS, rope_type
+        assert keys <= registered_type(rope_type).keys | COMMON_KEYS, rope_type
         # rope.hf folds the model's max_position_embeddings into every mapping (dynamic reads it)
         config = {key: values[key] for key in keys if key != "rope_type"} | {"max_position_embeddings": 8192}
         with no_config_warnings():

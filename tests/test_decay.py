@@ -1,4 +1,4 @@
-"""rope.decay against plain float64 loops, complex numbers and explicit rotation matrices."""
+"""rope.analysis.decay against plain float64 loops, complex numbers and explicit rotation matrices."""
 
 import cmath
 import math
@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from rope import decay
-
-half_dims = st.integers(min_value=1, max_value=12)
+from helpers import theta_loop
+from rope.analysis import decay
+from strategies import half_dims, seeds
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -23,12 +23,8 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
+
 bases = st.floats(min_value=1.5, max_value=1e7)
-seeds = st.integers(min_value=0, max_value=2**31 - 1)
-
-
-def theta_loop(base, half):
-    return [base ** (-2 * i / (2 * half)) for i in range(half)]
 
 
 def random_distances(rng, count=7):
@@ -40,7 +36,7 @@ def random_distances(rng, count=7):
 def test_partial_sums_match_a_loop(half, base, seed):
     rng = np.random.default_rng(seed)
     distances = random_distances(rng)
-    theta = theta_loop(base, half)
+    theta = theta_loop(base, 2 * half).tolist()
     sums = decay.partial_sums(torch.tensor(distances), torch.tensor(theta, dtype=torch.float64))
     assert sums.shape == (len(distances), half + 1) and sums.dtype == torch.complex128
     for row, s in zip(sums.tolist(), distances.tolist()):
@@ -55,7 +51,7 @@ def test_partial_sums_match_a_loop(half, base, seed):
 def test_relative_upper_bound_and_cosine_sum_match_loops(half, base, seed):
     rng = np.random.default_rng(seed)
     distances = random_distances(rng)
-    theta = theta_loop(base, half)
+    theta = theta_loop(base, 2 * half).tolist()
     inv_freq = torch.tensor(theta, dtype=torch.float64)
     bound = decay.relative_upper_bound(distances.tolist(), inv_freq)
     cosines = decay.cosine_sum(torch.tensor(distances), inv_freq)
@@ -80,7 +76,7 @@ def test_abel_summation_and_the_bound(half, base, seed):
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(half, generator=gen, dtype=torch.complex128)
     s = float(torch.empty((), dtype=torch.float64).uniform_(-1000.0, 1000.0, generator=gen))
-    inv_freq = torch.tensor(theta_loop(base, half), dtype=torch.float64)
+    inv_freq = theta_loop(base, 2 * half)
     sums = decay.partial_sums(s, inv_freq)
     direct = sum(h[i].item() * cmath.exp(1j * s * inv_freq[i].item()) for i in range(half))
     h_ext = torch.cat([h, torch.zeros(1, dtype=h.dtype)])  # h_{d/2} = 0

@@ -1,11 +1,11 @@
-"""rope.dual_chunk against a loop over the paper's definitions (An et al. 2024, section 3)."""
+"""rope.attention.dual_chunk against a loop over the paper's definitions (An et al. 2024, section 3)."""
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rope.dual_chunk import dual_chunk_relative_positions
+from rope.attention.dual_chunk import dual_chunk_relative_positions
 
 
 @st.composite

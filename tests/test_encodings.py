@@ -1,4 +1,4 @@
-"""rope.encodings against plain-Python float64 / exact-arithmetic references, and its input checks."""
+"""rope.attention.encodings against plain-Python float64 / exact-arithmetic references, and its input checks."""
 
 import math
 from fractions import Fraction
@@ -8,11 +8,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rope import encodings
+from rope.attention import encodings
+from strategies import bases, seeds
 
-seeds = st.integers(0, 2**31 - 1)
 even_dims = st.integers(1, 48).map(lambda half: 2 * half)
-bases = st.floats(2.0, 1e6)
 
 
 # ---------------------------------------------------------------- sinusoidal

@@ -1,10 +1,11 @@
 """The three places that name dependencies agree: pyproject.toml, environment.yml, requirements.lock."""
 
+import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -22,7 +23,8 @@ def test_environment_yml_names_the_pyproject_dependencies():
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     conda = {Requirement(r).name.lower(): Requirement(r) for r in pip_section if not r.startswith("-e")}
     ours = pyproject_requirements()
-    assert set(conda) == set(ours), f"only in environment.yml: {set(conda) - set(ours)}; only in pyproject: {set(ours) - set(conda)}"
+    assert set(conda) == set(ours), (f"only in environment.yml: {set(conda) - set(ours)}; "
+                                     f"only in pyproject: {set(ours) - set(conda)}")
     for name, requirement in ours.items():
         assert conda[name].specifier == requirement.specifier, f"{name}: {conda[name]} vs {requirement}"
 
@@ -35,9 +37,27 @@ def test_lock_file_satisfies_pyproject():
             pins[Requirement(name).name.lower().replace("_", "-")] = version.split("+")[0]
     for name, requirement in pyproject_requirements().items():
         assert name in pins, f"{name} is missing from requirements.lock (run `make lock`)"
-        assert requirement.specifier.contains(pins[name], prereleases=True), f"lock pins {name}=={pins[name]}, pyproject wants {requirement}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"lock pins {name}=={pins[name]}, pyproject wants {requirement}")
 
 
 def test_import_rope_needs_neither_triton_nor_transformers():
     code = "import sys, rope; bad = {'triton', 'transformers'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_library_runs_without_numpy():
+    """The library needs torch alone: the torch path, rope.hf, rope.attention, and rope.kernels as far
+    as it can run without a GPU (imported, its float32 constants computed; Triton's CPU interpreter
+    itself needs numpy, a test dependency). rope.analysis and rope.experiment name numpy in their extras."""
+    code = """if True:
+        import sys, warnings
+        sys.modules["numpy"] = None  # import numpy now raises ImportError
+        warnings.simplefilter("ignore")  # torch warns that it found no NumPy
+        import torch, rope, rope.attention, rope.hf, rope.kernels.operators
+        q = torch.randn(1, 3, 2, 8, dtype=torch.float64)
+        theta, s = rope.inv_freq({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, 8)
+        rope.apply_rotary(q, q, torch.arange(3), theta, attention_factor=s, backend="torch")
+    """
+    compiled = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # as on a GPU
+    subprocess.run([sys.executable, "-c", code], check=True, env=compiled)

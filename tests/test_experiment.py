@@ -2,19 +2,20 @@
 
 import dataclasses
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from rope import reference
-from rope.encodings import alibi_slopes
+from rope.attention.encodings import alibi_slopes
 from rope.experiment import METHODS, PRESETS, Context, ModelSpec, RecallTask, TaskSpec, TinyTransformer, run
 from rope.experiment.__main__ import main
 from rope.experiment.data import ANCHOR, MARKOV, RECALL, recall_distances
 from rope.experiment.methods import Alibi, LogN, ReRoPE, Rotary
 from rope.experiment.runner import load_results
-from rope.experiment.train import _scored_logits
+from rope.experiment.train import PlainProgress, progress_bar, scored_logits
 from rope.frequencies import inv_freq
 
 SPEC = TaskSpec(markov_vocab=12, successors=3, anchors=10, span=3, event_rate=0.2, seed=7)
@@ -141,7 +142,7 @@ def test_every_method_runs_at_twice_the_training_length(name):
     model = TinyTransformer(TINY).eval()
     tokens, _ = RecallTask(SPEC).sample(3, 2 * L, seed=1)
     with torch.no_grad():
-        logits = _scored_logits(model, METHODS[name], _ctx(L), tokens)
+        logits = scored_logits(model, METHODS[name], _ctx(L), tokens)
     assert logits.shape == (3, 2 * L, SPEC.vocab_size) and torch.isfinite(logits).all()
 
 
@@ -194,7 +195,8 @@ def test_schemes_match_explicit_rotation_matrices():
     assert torch.allclose(Alibi(2).logits(q, k, positions), unrotated + bias, atol=1e-12)
 
     window = 5
-    for leaky, bend in ((None, lambda r: min(r, window)), (2.5, lambda r: r if r < window else window + (r - window) / 2.5)):
+    bends = ((None, lambda r: min(r, window)), (2.5, lambda r: r if r < window else window + (r - window) / 2.5))
+    for leaky, bend in bends:
         expected = _matrix_logits(q, k, lambda m, n: rot(-bend(m - n)))  # q^T R_{-r'} k, r' = bent m - n
         got = ReRoPE(theta, window, leaky).logits(q, k, positions)
         assert torch.allclose(got[..., causal], expected[..., causal], atol=1e-10)
@@ -206,7 +208,7 @@ def test_dynamic_ntk_reads_each_block_with_its_prefix_length():
     model = TinyTransformer(TINY).eval()
     tokens, _ = RecallTask(SPEC).sample(2, 3 * L, seed=2)
     with torch.no_grad():
-        dynamic = _scored_logits(model, METHODS["dynamic_ntk"], _ctx(L), tokens)
+        dynamic = scored_logits(model, METHODS["dynamic_ntk"], _ctx(L), tokens)
         plain = model(tokens[:, :L], METHODS["rope"].build(_ctx(L)))
         ntk = model(tokens, METHODS["ntk"].build(_ctx(3 * L)))
     assert torch.allclose(dynamic[:, :L], plain, atol=1e-6)
@@ -251,6 +253,30 @@ def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_result
     table = path.with_suffix(".md").read_text()
     assert "preset `tiny`" in table and f"| YaRN | {again['methods']['yarn']['loss'][0]:.3f} |" in table
     assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_progress_without_tqdm_is_plain_lines_and_the_same_results(tiny_results, tmp_path, monkeypatch, capsys):
+    """tqdm is optional (the ``experiment`` extra): without it the command line runs, shows its
+    progress as plain lines on stderr, and writes the same numbers."""
+    _, results = tiny_results
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm.auto now raises ImportError
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    path = tmp_path / "plain.json"
+    main(["--preset", "tiny", "--methods", "rope", "--output", str(path)])
+    err = capsys.readouterr().err
+    steps = PRESETS["tiny"].steps
+    assert f"train rope: {steps}/{steps}, loss=" in err and "evaluate: " in err
+    assert load_results(path)["methods"]["rope"] == results["methods"]["rope"]
+
+
+def test_plain_progress_reports_every_tenth_and_the_end(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    bar = progress_bar(range(25), True, "count")
+    assert isinstance(bar, PlainProgress) and progress_bar(range(3), False, "off") == range(3)
+    for i in bar:
+        bar.set_postfix(last=i)
+    expected = [f"count: {n}/25, last={n - 1}" for n in (*range(2, 25, 2), 25)]
+    assert capsys.readouterr().err.splitlines() == expected
 
 
 def test_run_seed_changes_training_but_not_the_evaluation_tokens(tiny_results, tmp_path):

@@ -1,4 +1,4 @@
-"""rope.extrapolation_analysis against plain loops, explicit rotation matrices and rope.apply_rotary."""
+"""rope.analysis.extrapolation against plain loops, explicit rotation matrices and rope.apply_rotary."""
 
 import cmath
 import math
@@ -10,12 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from rope import extrapolation_analysis as ea
+from rope.analysis import extrapolation as ea
 from rope.frequencies import default_theta
-
-seeds = st.integers(min_value=0, max_value=2**31 - 1)
-halves = st.integers(min_value=1, max_value=12)
-bases = st.floats(min_value=2.0, max_value=1e6)
+from strategies import bases, half_dims, seeds
 
 
 def random_theta(rng, half):
@@ -31,7 +28,7 @@ def score_loop(h, s, theta):
     return sum((complex(hj) * cmath.exp(1j * s * float(t))).real for hj, t in zip(h, theta))
 
 
-@given(half=halves, length=st.integers(min_value=1, max_value=300), seed=seeds)
+@given(half=half_dims, length=st.integers(min_value=1, max_value=300), seed=seeds)
 def test_largest_unseen_arc_matches_a_loop(half, length, seed):
     theta = random_theta(np.random.default_rng(seed), half)
     arcs = ea.largest_unseen_arc(theta, length)
@@ -57,7 +54,7 @@ def test_neighbour_beat_wavelengths_match_a_loop(half, seed):
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@given(half=halves, seed=seeds)
+@given(half=half_dims, seed=seeds)
 def test_series_score_is_the_rope_score(layout, half, seed):
     """a(m - n) with h_j = q_j conj(k_j) equals (R_m q)^T (R_n k) from rope.apply_rotary."""
     rng = np.random.default_rng(seed)
@@ -75,7 +72,7 @@ def test_series_score_is_the_rope_score(layout, half, seed):
     assert torch.allclose(ea.series_score(h, distances, theta), scores, rtol=0, atol=1e-9)
 
 
-@given(half=halves, seed=seeds)
+@given(half=half_dims, seed=seeds)
 def test_series_score_at_real_distances_matches_rotation_matrices(half, seed):
     """a(s) = q^T R_{-s} k for non-integer s, R from rope.reference, and a Python loop."""
     rng = np.random.default_rng(seed)
@@ -91,7 +88,7 @@ def test_series_score_at_real_distances_matches_rotation_matrices(half, seed):
         assert value == pytest.approx(score_loop(h.tolist(), s, theta.tolist()), abs=1e-10)
 
 
-@given(half=halves, seed=seeds)
+@given(half=half_dims, seed=seeds)
 def test_series_score_broadcasts_over_coefficient_batches(half, seed):
     rng = np.random.default_rng(seed)
     theta = random_theta(rng, half)
@@ -113,7 +110,7 @@ def test_fit_recovers_coefficients_of_a_well_conditioned_series(half, seed):
     assert torch.allclose(fitted, h, rtol=0, atol=1e-8)
 
 
-@given(half=halves, ridge=st.floats(min_value=1e-3, max_value=10.0), seed=seeds)
+@given(half=half_dims, ridge=st.floats(min_value=1e-3, max_value=10.0), seed=seeds)
 def test_fit_solves_the_ridge_normal_equations(half, ridge, seed):
     """Gradient zero: sum_k (a(s_k) - y_k) d a(s_k) / d h_j + ridge h_j = 0 for real and imaginary parts."""
     rng = np.random.default_rng(seed)
@@ -128,7 +125,7 @@ def test_fit_solves_the_ridge_normal_equations(half, ridge, seed):
     assert grad_real.abs().max() < 1e-8 and grad_imag.abs().max() < 1e-8
 
 
-@given(half=halves, seed=seeds)
+@given(half=half_dims, seed=seeds)
 def test_linear_interpolation_error_matches_a_loop_and_vanishes_on_integers(half, seed):
     rng = np.random.default_rng(seed)
     theta = random_theta(rng, half)
@@ -145,7 +142,7 @@ def test_linear_interpolation_error_matches_a_loop_and_vanishes_on_integers(half
     assert ea.linear_interpolation_error(h, integers, theta).abs().max() < 1e-10
 
 
-@given(half=halves, seed=seeds)
+@given(half=half_dims, seed=seeds)
 def test_bounds_hold_and_the_worst_case_is_attained(half, seed):
     rng = np.random.default_rng(seed)
     base = float(rng.uniform(2.0, 1e5))
@@ -166,7 +163,7 @@ def test_bounds_hold_and_the_worst_case_is_attained(half, seed):
     assert attained.item() == pytest.approx(ea.worst_interpolation_error(s, theta).item(), abs=1e-12)
 
 
-@given(half=halves, base=bases, seed=seeds)
+@given(half=half_dims, base=bases, seed=seeds)
 def test_geometric_and_stated_bounds_match_their_formulas(half, base, seed):
     rng = np.random.default_rng(seed)
     dim = 2 * half

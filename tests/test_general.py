@@ -1,4 +1,4 @@
-"""rope.general against float64 references (matrix_exp, matrix_power) and the completeness argument."""
+"""rope.analysis.general against float64 references (matrix_exp, matrix_power) and the completeness argument."""
 
 import mpmath
 import pytest
@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from rope.general import power_rotation, rotation_from_generator, skew_block_diagonalize
+from rope.analysis.general import power_rotation, rotation_from_generator, skew_block_diagonalize
+from strategies import seeds
 
-seeds = st.integers(0, 2**31 - 1)
 sizes = st.integers(2, 12)
 
 

@@ -156,7 +156,7 @@ def test_layer_types_each_get_their_configuration(monkeypatch):
         monkeypatch.setattr(modeling_gemma3, "apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb)
         got = model(tokens).logits
     embedding = model.model.rotary_emb
-    assert isinstance(embedding, rope.hf.RotaryEmbedding) and set(embedding.layer_types) == set(GEMMA3_ROPE)
+    assert isinstance(embedding, rope.hf.LayerTypeRotaryEmbedding) and set(embedding.layer_types) == set(GEMMA3_ROPE)
     for layer_type, params in GEMMA3_ROPE.items():
         theta, _ = rope.inv_freq(params, HEAD_DIM)
         assert torch.equal(embedding.layer_types[layer_type].inv_freq, theta)
@@ -165,15 +165,20 @@ def test_layer_types_each_get_their_configuration(monkeypatch):
 
 
 def test_layer_type_errors():
-    embedding = rope.hf.RotaryEmbedding(rope_parameters=GEMMA3_ROPE, head_dim=HEAD_DIM)
+    """The forward contracts of transformers' modules: Gemma 3's takes a layer_type it needs,
+    Llama's none."""
+    embedding = rope.hf.LayerTypeRotaryEmbedding(rope_parameters=GEMMA3_ROPE, head_dim=HEAD_DIM)
     x, positions = torch.randn(1, 4, 8), torch.arange(4)[None]
-    with pytest.raises(ValueError, match="layer_type must be one of 'sliding_attention', 'full_attention'"):
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'layer_type'"):
         embedding(x, positions)
+    with pytest.raises(ValueError, match="layer_type must be one of 'sliding_attention', 'full_attention'"):
+        embedding(x, positions, None)
     flat = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=HEAD_DIM)
-    with pytest.raises(ValueError, match="layer_type 'full_attention' given, but the rope_parameters are not nested"):
+    with pytest.raises(TypeError, match="takes 3 positional arguments but 4 were given"):
         flat(x, positions, "full_attention")
-    with pytest.raises(ValueError, match="mixes layer types with top-level keys"):
-        rope.hf.RotaryEmbedding(rope_parameters={**GEMMA3_ROPE, "rope_theta": 1e4}, head_dim=HEAD_DIM)
+    for cls in (rope.hf.RotaryEmbedding, rope.hf.LayerTypeRotaryEmbedding):
+        with pytest.raises(ValueError, match="mixes layer types with top-level keys"):
+            cls(rope_parameters={**GEMMA3_ROPE, "rope_theta": 1e4}, head_dim=HEAD_DIM)
     with pytest.raises(ValueError, match="config is nested by layer type .*'full_attention', 'sliding_attention'"):
         rope.inv_freq(GEMMA3_ROPE, HEAD_DIM)
 

@@ -1,7 +1,8 @@
-"""rope.hf across transformers' model families: for each, a tiny randomly initialised model gives
-the same logits after rope.hf.install (rope's cos/sin tables, in the family's table form) and
-again with the model's ``apply_rotary_pos_emb`` replaced by rope's (exact angles); tables rope
-does not reproduce are refused, the model untouched."""
+"""rope.hf across transformers' model families: for each family of ``rope.hf.FAMILIES``, a tiny
+randomly initialised model gives the same logits after rope.hf.install (rope's cos/sin tables, in
+the family's table form) and again with the model's apply function(s) replaced by rope's (exact
+angles); tables rope does not reproduce are refused, the model untouched. The helpers here
+(``CASES``, ``tiny_model``, ``family_tokens``, ``LOGITS_TOLERANCE``) serve tests/test_hf_patch.py too."""
 
 import importlib
 
@@ -16,32 +17,48 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
             eos_token_id=2, initializer_range=0.2, num_local_experts=4, sliding_window=8)
-
-# model type -> the convention of its apply_rotary_pos_emb (pairing, and how it reads the tables)
-FAMILIES = {
-    "llama": "half", "mistral": "half", "mixtral": "half", "qwen2": "half", "qwen3": "half",
-    "phi3": "half", "phi": "half", "gemma": "half", "gemma2": "half", "gemma3_text": "half",
-    "gpt_neox": "half", "stablelm": "half", "persimmon": "half", "olmo2": "half", "olmo3": "half",
-    "granite": "half", "starcoder2": "half", "falcon": "half", "smollm3": "half", "seed_oss": "half",
-    "exaone4": "half",
-    "nemotron": "half", "lfm2": "half", "minimax": "half", "hunyuan_v1_dense": "half", "apertus": "half",
-    "vaultgemma": "half",
-    "gpt_oss": "pair_tables",  # tables with each angle once
-    "glm": "interleaved", "glm4": "interleaved", "ernie4_5": "interleaved", "helium": "interleaved",
-    "cohere": "interleaved_tables", "cohere2": "interleaved_tables",  # tables with each angle twice in a row
-    "llama4_text": "complex",  # freqs_cis, complex numbers on the pairs (2i, 2i + 1)
-}
-TABLE_FORM = {"gpt_oss": "pairs", "cohere": "interleaved", "cohere2": "interleaved", "llama4_text": "complex"}
-APPLY = {  # the model's function and rope's replacement, by pairing
-    "half": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb),
-    "interleaved": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved),
-    "interleaved_tables": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_interleaved_tables),
-    "pair_tables": ("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb_pair_tables),
-    "complex": ("apply_rotary_emb", rope.hf.apply_rotary_emb_complex),
-}
+LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)  # rope's exact angles against transformers' float32 ones
 
 
-def tiny_model(model_type: str):
+def deepseek_v3_config(rope_interleave: bool = True):
+    """DeepSeek-V3's multi-head latent attention rotates only qk_rope_head_dim coordinates, with
+    YaRN (mscale = mscale_all_dim) and, by default, interleaved pairs returned half-split."""
+    from transformers import DeepseekV3Config
+    return DeepseekV3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2, rope_interleave=rope_interleave,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 1e4})
+
+
+def gemma4_text_config():
+    """Gemma 4: sliding layers with default RoPE on heads of 16, full-attention layers with
+    proportional RoPE on heads of 32 (from the per-layer config); its apply function takes one tensor."""
+    from transformers import Gemma4TextConfig
+    return Gemma4TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=97, max_position_embeddings=64, sliding_window=8, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2)
+
+
+CONFIGS = {"deepseek_v3": deepseek_v3_config, "gemma4_text": gemma4_text_config}  # families TINY does not fit
+SEEDS = {"deepseek_v3": (6, 7), "gemma4_text": (9, 10)}  # (weights, tokens); others: seeds()
+CASES = [pytest.param(model_type, {}, id=model_type) for model_type in rope.hf.FAMILIES] + [
+    pytest.param("deepseek_v3", {"rope_interleave": False}, id="deepseek_v3-rope_interleave=False")]
+"""(model_type, options of its config) for every family of rope.hf.FAMILIES, and DeepSeek-V3's
+other apply function."""
+
+
+def tiny_config(model_type: str, **options):
+    """A small config of ``model_type``: the family's own (``CONFIGS``, taking ``options``), or
+    transformers' default config with the sizes of ``TINY``."""
+    if model_type in CONFIGS:
+        return CONFIGS[model_type](**options)
+    assert not options, f"{model_type} takes no options"
     config = AutoConfig.for_model(model_type)
     for key, value in TINY.items():
         derived = isinstance(getattr(type(config), key, None), property)  # e.g. Falcon's head_dim
@@ -49,32 +66,54 @@ def tiny_model(model_type: str):
             setattr(config, key, value)
     if getattr(config, "layer_types", None) is not None:
         config.layer_types = config.layer_types[: config.num_hidden_layers]
-    torch.manual_seed(len(model_type))
+    return config
+
+
+def seeds(model_type: str) -> tuple[int, int]:
+    """The seeds of the family's weights and of the tokens its logits are compared on."""
+    return SEEDS.get(model_type, (len(model_type), 1))
+
+
+def tiny_model(model_type: str, **options):
+    """A randomly initialised causal LM of ``model_type`` (:func:`tiny_config`), in eval mode."""
+    config = tiny_config(model_type, **options)
+    torch.manual_seed(seeds(model_type)[0])
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
+    """Random token ids in [3, 97) (past the special tokens of TINY), reproducible by seed."""
+    return torch.randint(3, 97, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def family_tokens(model_type: str) -> torch.Tensor:
+    """The tokens the family's logits are compared on (:func:`seeds`)."""
+    return sample_tokens(seeds(model_type)[1])
 
 
 def assert_same_logits(model, patches: dict, monkeypatch, seed: int = 1):
     """The model's logits, then with rope.hf.install, then also with ``patches`` (the names of
     the model module's functions -> rope's) set: all equal. Returns the installed model."""
-    tokens = torch.randint(3, 97, (2, 20), generator=torch.Generator().manual_seed(seed))
+    tokens = sample_tokens(seed)
     with torch.no_grad():
         expected = model(tokens).logits
         assert expected.abs().max() > 0.1
         assert rope.hf.install(model) >= 1
-        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+        torch.testing.assert_close(model(tokens).logits, expected, **LOGITS_TOLERANCE)
         module = importlib.import_module(type(model).__module__)
         for name, function in patches.items():
             monkeypatch.setattr(module, name, function)
-        torch.testing.assert_close(model(tokens).logits, expected, rtol=1e-4, atol=2e-5)
+        torch.testing.assert_close(model(tokens).logits, expected, **LOGITS_TOLERANCE)
     return model
 
 
-@pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_same_logits(model_type, monkeypatch):
-    function, ours = APPLY[FAMILIES[model_type]]
-    model = assert_same_logits(tiny_model(model_type), {function: ours}, monkeypatch)
-    embeddings = [m for m in model.modules() if isinstance(m, rope.hf.RotaryEmbedding) and m.layer_types is None]
-    assert {m.tables for m in embeddings} == {TABLE_FORM.get(model_type, "rotate_half")}
+@pytest.mark.parametrize("model_type, options", CASES)
+def test_same_logits(model_type, options, monkeypatch):
+    convention = rope.hf.FAMILIES[model_type]
+    model = assert_same_logits(tiny_model(model_type, **options), dict(convention.functions), monkeypatch,
+                               seed=seeds(model_type)[1])
+    embeddings = [m for m in model.modules() if isinstance(m, rope.hf.RotaryEmbedding)]
+    assert embeddings and {m.tables for m in embeddings} == {convention.tables}
 
 
 def test_install_refuses_tables_it_does_not_reproduce():
@@ -164,26 +203,6 @@ def test_complex_function_equals_apply_rotary_and_llama4():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("rope_interleave", [True, False])
-def test_deepseek_v3_decoupled_rope(rope_interleave, monkeypatch):
-    """DeepSeek-V3's multi-head latent attention rotates only qk_rope_head_dim coordinates, with
-    YaRN (mscale = mscale_all_dim) and, by default, interleaved pairs returned half-split."""
-    from transformers import DeepseekV3Config
-    config = DeepseekV3Config(
-        vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
-        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, initializer_range=0.2, rope_interleave=rope_interleave,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
-                         "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 1e4})
-    torch.manual_seed(6)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    assert_same_logits(model, {"apply_rotary_pos_emb": rope.hf.apply_rotary_pos_emb,
-                               "apply_rotary_pos_emb_interleave": rope.hf.apply_rotary_pos_emb_interleave},
-                       monkeypatch, seed=7)
-
-
 def test_interleave_function_matches_deepseek():
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
 
@@ -196,19 +215,12 @@ def test_interleave_function_matches_deepseek():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
-def test_gemma4_proportional_rope_and_wider_global_heads(monkeypatch):
-    """Gemma 4: sliding layers with default RoPE on heads of 16, full-attention layers with
-    proportional RoPE (a quarter of the pairs rotate, the rest get frequency 0) on heads of 32,
-    taken from the per-layer config; its apply function takes one tensor."""
-    from transformers import Gemma4TextConfig
-    config = Gemma4TextConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=97, max_position_embeddings=64, sliding_window=8, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, initializer_range=0.2)
-    torch.manual_seed(9)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    assert_same_logits(model, {"apply_rotary_pos_emb": rope.hf.apply_rotary_pos_emb_single}, monkeypatch, seed=10)
+def test_gemma4_proportional_rope_and_wider_global_heads():
+    """Gemma 4's full-attention layers: proportional RoPE (a quarter of the pairs rotate, the rest
+    get frequency 0) on heads of 32, taken from the per-layer config."""
+    model = tiny_model("gemma4_text")
+    assert rope.hf.install(model) == 1
+    assert isinstance(model.model.rotary_emb, rope.hf.LayerTypeRotaryEmbedding)
     full = model.model.rotary_emb.layer_types["full_attention"]
     assert full.rope_config.rope_type == "proportional" and full.inv_freq.shape == (16,)
     assert int((full.inv_freq != 0).sum()) == 4

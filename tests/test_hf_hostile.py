@@ -369,7 +369,7 @@ def test_half_precision_tables_are_rounded_once(dtype):
 def test_frequencies_stay_float32_through_casts(cast):
     gemma3 = {"sliding_attention": {"rope_theta": 1e4}, "full_attention": {"rope_type": "linear", "factor": 8.0}}
     for module in (rope.hf.RotaryEmbedding(rope_parameters=YARN, head_dim=HEAD_DIM),
-                   rope.hf.RotaryEmbedding(rope_parameters=gemma3, head_dim=HEAD_DIM)):
+                   rope.hf.LayerTypeRotaryEmbedding(rope_parameters=gemma3, head_dim=HEAD_DIM)):
         before = [m.inv_freq.clone() for m in module.modules() if "inv_freq" in m._buffers]
         cast(module)
         after = [m.inv_freq for m in module.modules() if "inv_freq" in m._buffers]
@@ -541,6 +541,18 @@ BAD_MODULES = [
      "config.num_attention_heads must be >= 1"),
     (lambda: rope.hf.RotaryEmbedding(types_namespace(rope_parameters=[1], head_dim=16)), TypeError,
      "config.rope_parameters must be a mapping"),
+    (lambda: rope.hf.RotaryEmbedding(rope_parameters=GEMMA3, head_dim=16), ValueError,
+     r"nested by layer type \(\['full_attention', 'sliding_attention'\]\): use rope.hf.LayerTypeRotaryEmbedding"),
+    (lambda: rope.hf.LayerTypeRotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16), ValueError,
+     "not nested by layer type: use rope.hf.RotaryEmbedding"),
+    (lambda: rope.hf.LayerTypeRotaryEmbedding(rope_parameters=GEMMA3), ValueError,
+     "LayerTypeRotaryEmbedding needs a config, or both rope_parameters and head_dim"),
+    (lambda: rope.hf.LayerTypeRotaryEmbedding(rope_parameters=GEMMA3, head_dim=16, tables="bogus"), ValueError,
+     "tables must be one"),
+    (lambda: rope.hf.LayerTypeRotaryEmbedding(tiny_llama().config, rope_parameters=GEMMA3), ValueError,
+     "LayerTypeRotaryEmbedding takes a config or rope_parameters, not both"),
+    (lambda: rope.hf.LayerTypeRotaryEmbedding(rope_parameters=[GEMMA3], head_dim=16), TypeError,
+     "rope_parameters must be a mapping"),
 ]
 
 
@@ -560,7 +572,7 @@ def test_bad_forward_arguments_are_refused_by_name():
     module = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=HEAD_DIM)
     dynamic = rope.hf.RotaryEmbedding(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
                                                        "max_position_embeddings": 8}, head_dim=HEAD_DIM)
-    nested = rope.hf.RotaryEmbedding(rope_parameters=GEMMA3, head_dim=HEAD_DIM)
+    nested = rope.hf.LayerTypeRotaryEmbedding(rope_parameters=GEMMA3, head_dim=HEAD_DIM)
     x, positions = torch.zeros(1), torch.arange(4)[None]
     cases = [
         (lambda: module(x.long(), positions), TypeError, "x must be .*float32"),

@@ -1,4 +1,4 @@
-"""The fused kernel's accuracy promises (module docstring of rope/triton_rotary.py) against mpmath.
+"""The fused kernel's accuracy promises (module docstring of rope/kernels/triton_rotary.py) against mpmath.
 
 Every output is RN(v), the output dtype's rounding to nearest even of a number v within Delta of
 the exact value y, with |pair| = s |(x_a, x_b)|:
@@ -26,13 +26,13 @@ import torch
 
 pytest.importorskip("triton")
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+import triton
+import triton.language as tl
 
-import rope  # noqa: E402
-from helpers import exact_cos_sin, round_exact, ulp  # noqa: E402
-from rope import triton_rotary  # noqa: E402
-from rope.mrope import apply_mrope, section_axes  # noqa: E402
+import rope
+from helpers import exact_cos_sin, round_exact, ulp
+from rope.kernels import triton_rotary
+from rope.mrope import apply_mrope, section_axes
 
 mpmath.mp.prec = 200
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -340,11 +340,11 @@ def _rounding_probe(X, OUT, DTYPE_IS_BF16: tl.constexpr, DTYPE_IS_FP16: tl.const
     i = tl.arange(0, N)
     y = tl.load(X + i)
     if DTYPE_IS_BF16:
-        tl.store(OUT + i, triton_rotary._rounded(y, tl.bfloat16, True))
+        tl.store(OUT + i, triton_rotary.round_to_dtype(y, tl.bfloat16, True))
     elif DTYPE_IS_FP16:
-        tl.store(OUT + i, triton_rotary._rounded(y, tl.float16, True))
+        tl.store(OUT + i, triton_rotary.round_to_dtype(y, tl.float16, True))
     else:
-        tl.store(OUT + i, triton_rotary._rounded(y, tl.float32, True))
+        tl.store(OUT + i, triton_rotary.round_to_dtype(y, tl.float32, True))
 
 
 def test_bfloat16_rounding_by_bits_is_round_to_nearest_even():

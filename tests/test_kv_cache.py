@@ -1,4 +1,4 @@
-"""rope.kv_cache: dynamic NTK with keys cached before rotation equals recomputing everything;
+"""rope.attention.kv_cache: dynamic NTK with keys cached before rotation equals recomputing everything;
 keys cached after rotation go stale once the base grows (transformers issue #25104)."""
 
 import pytest
@@ -7,11 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from rope.kv_cache import DynamicNTKKeyCache, dynamic_ntk_scores
+from helpers import random_qk
+from rope.attention.kv_cache import DynamicNTKKeyCache, dynamic_ntk_scores
 from rope.reference import rotation_matrix
-
-seeds = st.integers(0, 2**31 - 1)
-layouts = st.sampled_from(["half", "interleaved"])
+from strategies import layouts, seeds
 
 
 def config(length, factor=4.0, base=10000.0):
@@ -19,10 +18,7 @@ def config(length, factor=4.0, base=10000.0):
 
 
 def random_sequence(seed, total, *, heads_k=2, group=2, head_dim=8):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, total, heads_k * group, head_dim, generator=gen, dtype=torch.float64)
-    k = torch.randn(1, total, heads_k, head_dim, generator=gen, dtype=torch.float64)
-    return q, k
+    return random_qk(torch.Generator().manual_seed(seed), 1, total, heads_k * group, heads_k, head_dim)
 
 
 def decode(cache, q, k, prefill):

@@ -1,4 +1,4 @@
-"""rope.linear_attention: the O(N) prefix-sum form against the float64 O(N^2) sum (RoFormer eq. 19)."""
+"""rope.attention.linear_attention: the O(N) prefix-sum form against the float64 O(N^2) sum (RoFormer eq. 19)."""
 
 import pytest
 import torch
@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from rope.linear_attention import (
+from helpers import random_qk
+from rope.attention.linear_attention import (
     elu_plus_one,
     rotary_linear_attention,
     rotary_linear_attention_parts,
@@ -15,27 +16,23 @@ from rope.linear_attention import (
     rotary_linear_attention_weights,
 )
 from rope.reference import rotation_matrix
-
-layouts = st.sampled_from(["half", "interleaved"])
+from strategies import frequencies, layouts, position_ids, seeds
 
 
 @st.composite
 def problems(draw, dtype=torch.float64):
     """Random q, k, v (GQA allowed, partial rotary allowed), positions and frequencies."""
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    gen = torch.Generator().manual_seed(draw(seeds))
     batch, seq = draw(st.integers(1, 2)), draw(st.integers(1, 9))
     heads_k = draw(st.integers(1, 2))
     heads_q = heads_k * draw(st.integers(1, 3))
     head_dim = 2 * draw(st.integers(1, 8))
     rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
     v_dim = draw(st.integers(1, 5))
-    q = torch.randn(batch, seq, heads_q, head_dim, generator=gen, dtype=torch.float64).to(dtype)
-    k = torch.randn(batch, seq, heads_k, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    q, k = random_qk(gen, batch, seq, heads_q, heads_k, head_dim, dtype=dtype)
     v = torch.randn(batch, seq, heads_k, v_dim, generator=gen, dtype=torch.float64).to(dtype)
-    shape = (seq,) if draw(st.booleans()) else (batch, seq)
-    positions = torch.randint(0, draw(st.sampled_from([16, 2**20])), shape, generator=gen)
-    theta, _ = rope.inv_freq({"rope_theta": draw(st.floats(10.0, 1e6))}, rotary_dim)
-    return q, k, v, positions, theta
+    positions = draw(position_ids(batch, seq, highs=(16, 2**20)))
+    return q, k, v, positions, draw(frequencies(rotary_dim))
 
 
 def scale_of(reference):

@@ -1,4 +1,4 @@
-"""rope.logn against the formula in plain Python, and softmax_entropy against its definition."""
+"""rope.attention.logn against the formula in plain Python, and softmax_entropy against its definition."""
 
 import math
 
@@ -7,9 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rope import logn
-
-seeds = st.integers(0, 2**31 - 1)
+from rope.attention import logn
+from strategies import seeds
 
 
 @given(seeds, st.integers(2, 10**6))

@@ -204,16 +204,80 @@ def test_apply_errors():
     q = k = torch.randn(1, 4, 1, 8)
     theta = rope.inv_freq({}, 8)[0]
     axes = section_axes([2, 1, 1], 4)
-    with pytest.raises(ValueError, match=r"position_ids must have shape \[3, seq\] or \[3, batch, seq\]"):
+    expected = r"position_ids must have shape \[3, seq\] = \[3, 4\] or \[3, batch, seq\] = \[3, 1, 4\] \(rows t, h, w\)"
+    with pytest.raises(ValueError, match=expected):
         apply_mrope(q, k, torch.arange(4), theta, axes)
     with pytest.raises(TypeError, match="position_ids must be an integer tensor"):
         apply_mrope(q, k, torch.zeros(3, 4), theta, axes)
-    with pytest.raises(ValueError, match=r"positions must have shape \[seq\] = \[4\]"):
+    with pytest.raises(ValueError, match=expected):
         apply_mrope(q, k, torch.zeros(3, 5, dtype=torch.int64), theta, axes)
     with pytest.raises(ValueError, match=r"axes must hold 4 values in \{0, 1, 2\}"):
         apply_mrope(q, k, torch.zeros(3, 4, dtype=torch.int64), theta, torch.tensor([0, 1, 3, 2]))
     with pytest.raises(ValueError, match="axes must hold 4 values"):
         apply_mrope(q, k, torch.zeros(3, 4, dtype=torch.int64), theta, axes[:3])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_axes_of_any_integer_dtype_pick_rows(dtype):
+    """Axes of any integer dtype pick the rows that int64 axes pick (uint8 ones are not a mask)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 3, 2, 8, generator=gen), torch.randn(2, 3, 1, 8, generator=gen)
+    positions = torch.randint(0, 2**20, (3, 2, 3), generator=gen)
+    theta, axes = rope.inv_freq({}, 8)[0], torch.tensor([2, 0, 1, 2])
+    expected = apply_mrope(q, k, positions, theta, axes)
+    got = apply_mrope(q, k, positions, theta, axes.to(dtype))
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert torch.equal(pair_positions(positions, axes.to(dtype)), pair_positions(positions, axes))
+
+
+class _LaunchRecorder:
+    """Stands for the jitted kernel: ``kernel[grid](*args, **options)`` records the arguments."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: self.launches.append(args)
+
+
+def _as_on_cuda(monkeypatch):
+    """The value checks in their CUDA form (rope._checks.assert_values: asynchronous assertions,
+    which the CPU runs eagerly), and every read of a tensor's values on the host an error."""
+    def assert_async(name, ok, expected):
+        torch._assert_async(ok, f"{name} must hold {expected}")
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("a tensor's value was read on the host (a device synchronisation on CUDA)")
+
+    monkeypatch.setattr(rope._checks, "assert_values", assert_async)
+    for name in ("__bool__", "item", "tolist", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_apply_mrope_reads_no_tensor_value_on_the_host(backend, monkeypatch):
+    """No host synchronisation per call: with the checks as on CUDA and host reads refused,
+    apply_mrope rotates (torch path: the same numbers; kernel path: up to the launch, which is
+    recorded, with the axes as given) and refuses an axis out of range through the assertion."""
+    gen = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 3, 2, 8, generator=gen), torch.randn(2, 3, 1, 8, generator=gen)
+    positions = torch.randint(0, 2**31 - 1, (3, 2, 3), generator=gen)
+    theta, axes, bad_axes = rope.inv_freq({}, 8)[0], torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 3, 1])
+    expected = apply_mrope(q, k, positions, theta, axes, backend="torch")
+    if backend == "triton":
+        triton_rotary = pytest.importorskip("rope.kernels.triton_rotary")
+        names = triton_rotary.rotary_kernel.arg_names
+        monkeypatch.setattr(triton_rotary, "rotary_kernel", recorder := _LaunchRecorder())
+    _as_on_cuda(monkeypatch)
+    got = apply_mrope(q, k, positions, theta, axes, backend=backend)
+    with pytest.raises(RuntimeError, match=r"^axes must hold"):
+        apply_mrope(q, k, positions, theta, bad_axes, backend=backend)
+    monkeypatch.undo()
+    if backend == "torch":
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    else:
+        (launch,) = recorder.launches
+        assert torch.equal(dict(zip(names, launch))["AXES"], axes)
 
 
 # ----- position ids of text and visual blocks -----------------------------------------------------

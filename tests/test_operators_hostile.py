@@ -22,10 +22,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 pytest.importorskip("triton")
 
-import rope.fused  # noqa: E402  (registers torch.ops.rope.rotary and torch.ops.rope.rotary_)
-from helpers import exact_cos_sin, ulp  # noqa: E402
-from rope.fused import _repeats_an_element, _share_an_element  # noqa: E402
-from rope.triton_rotary import SCALE_RANGE  # noqa: E402
+import rope.kernels.operators  # registers torch.ops.rope.rotary and torch.ops.rope.rotary_
+from helpers import exact_cos_sin, ulp
+from rope.kernels.triton_rotary import SCALE_RANGE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -64,7 +63,7 @@ def mrope(axes, positions_shape=(3, BATCH, SEQ)):
 
 
 def _skip_failing_device_assertions(kind):
-    """On CUDA a bad value fails an asynchronous device assertion (rope.checks.assert_values),
+    """On CUDA a bad value fails an asynchronous device assertion (rope._checks.assert_values),
     which leaves the CUDA context unusable for the tests after it."""
     if kind == "values" and DEVICE == "cuda":
         pytest.skip("a failed device assertion would poison the CUDA context")
@@ -283,12 +282,29 @@ def test_torch_compile_refuses_bad_calls(operator, name):
     assert traced == (kind == "metadata"), f"{name} refused {'while tracing' if traced else 'when run'}"
 
 
-# The overlap tests against brute force.
+# The in-place overlap checks against brute force.
 
-strided_layouts = st.tuples(
-    st.integers(0, 12),  # storage offset
-    st.lists(st.tuples(st.integers(1, 4), st.integers(0, 12)), min_size=3, max_size=3),  # (size, stride)
-)
+@st.composite
+def strided_views(draw):
+    """(q layout, k layout, head_dim): views of one storage, each a storage offset and the (size,
+    stride) of batch, seq and heads (the last dimension contiguous); k shares q's batch and seq
+    sizes, as the operators require. Half the layouts have any strides (most hold some element
+    twice), half nest the dimensions in some order with gaps (none does; q and k may interleave)."""
+    width = draw(st.integers(2, 5))
+    batch_seq = [draw(st.integers(1, 4)) for _ in range(2)]
+
+    def layout():
+        sizes = [*batch_seq, draw(st.integers(1, 4))]
+        if draw(st.booleans()):
+            strides = [draw(st.integers(0, 12)) for _ in sizes]
+        else:
+            strides, extent = [0, 0, 0], width
+            for d in draw(st.permutations(range(3))):
+                strides[d] = extent + draw(st.integers(0, 3))
+                extent = strides[d] * sizes[d]
+        return draw(st.integers(0, 40)), list(zip(sizes, strides))
+
+    return layout(), layout(), width
 
 
 def _view(storage: torch.Tensor, layout, width: int) -> torch.Tensor:
@@ -302,15 +318,36 @@ def _addresses(x: torch.Tensor) -> list[int]:
             for index in itertools.product(*map(range, x.shape))]
 
 
-@given(strided_layouts, strided_layouts, st.integers(1, 4))
-def test_overlap_tests_are_exact(q_layout, k_layout, width):
-    """On any strides (last dimension contiguous), rotary_'s overlap tests agree with the
-    enumeration of addresses: an element held twice, an element shared by q and k."""
-    storage = torch.empty(200)
-    q, k = _view(storage, q_layout, width), _view(storage, k_layout, width)
-    for x in (q, k):
-        assert _repeats_an_element(x) == (len(set(_addresses(x))) < x.numel())
-    assert _share_an_element(q, k) == bool(set(_addresses(q)) & set(_addresses(k)))
+def _overlap_refusal(q: torch.Tensor, k: torch.Tensor) -> str | None:
+    """What rotary_ must refuse first, found by enumerating addresses: q or k holding an element
+    twice, then q and k sharing one; None for views it may rotate in place."""
+    q_addresses, k_addresses = _addresses(q), _addresses(k)
+    if len(set(q_addresses)) < q.numel():
+        return "^q holds some elements more than once"
+    if len(set(k_addresses)) < k.numel():
+        return "^k holds some elements more than once"
+    return "^q and k overlap in memory" if set(q_addresses) & set(k_addresses) else None
+
+
+@given(strided_views())
+def test_overlap_checks_are_exact(views):
+    """On any strides rotary_ refuses q or k holding an element twice, and q and k sharing one,
+    exactly when the enumeration of addresses says so (either way round). Checked on the fake
+    implementation, which runs the real one's checks without launching the kernel."""
+    q_layout, k_layout, width = views
+    storage = torch.empty(max(offset + sum((n - 1) * s for n, s in dims) + width for offset, dims in views[:2]))
+    views = _view(storage, q_layout, width), _view(storage, k_layout, width)
+    for q, k in (views, views[::-1]):
+        expected = _overlap_refusal(q, k)
+        with FakeTensorMode() as mode:
+            call = {name: mode.from_tensor(t) for name, t in
+                    dict(q=q, k=k, positions=torch.zeros(q.shape[1], dtype=torch.int64),
+                         inv_freq=torch.ones(1)).items()}
+            if expected is None:
+                torch.ops.rope.rotary_(**call, interleaved=False, rotary_dim=2, scale=1.0, conjugate=False)
+                continue
+            with pytest.raises(ValueError, match=expected):
+                torch.ops.rope.rotary_(**call, interleaved=False, rotary_dim=2, scale=1.0, conjugate=False)
 
 
 # Good edge cases, against the exact rotation.
@@ -432,7 +469,7 @@ def test_out_of_place_reads_overlapping_inputs():
 def test_empty_tensors_launch_nothing(operator, shape, monkeypatch):
     """Batch, seq or heads 0: nothing to rotate, no launch; rotary returns empty tensors."""
     batch, seq, heads_q, heads_k = shape
-    monkeypatch.setattr(rope.fused.triton_rotary, "launch", lambda *args, **kwargs: pytest.fail("launched"))
+    monkeypatch.setattr(rope.kernels.operators.triton_rotary, "launch", lambda *args, **kwargs: pytest.fail("launched"))
     call = {**good_call(), "q": torch.empty(batch, seq, heads_q, HEAD_DIM, device=DEVICE),
             "k": torch.empty(batch, seq, heads_k, HEAD_DIM, device=DEVICE),
             "positions": torch.zeros(batch, seq, dtype=torch.int64, device=DEVICE)}

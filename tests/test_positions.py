@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
+from helpers import random_qk
 from rope.positions import context_parallel_positions, packed_positions
+from strategies import seeds
 
 BACKEND = "triton" if rope.apply.HAS_TRITON else "torch"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel runs interpreted on CPU tensors
@@ -21,7 +23,7 @@ def rotate(q, k, positions, theta, **options):
     return tuple(t.cpu() for t in out)
 
 
-@given(st.lists(st.integers(0, 6), min_size=1, max_size=5), st.integers(0, 2**31 - 1), st.booleans())
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=5), seeds, st.booleans())
 def test_packed_batch_equals_each_sequence_rotated_alone(lengths, seed, with_offsets):
     """The positions are what this checks; the rotation is the torch path's (the kernel's own
     packed-view tests are in test_operators_hostile.py)."""
@@ -34,8 +36,7 @@ def test_packed_batch_equals_each_sequence_rotated_alone(lengths, seed, with_off
     if not expected:
         return
     total = len(expected)
-    q = torch.randn(1, total, 3, 8, generator=gen)
-    k = torch.randn(1, total, 1, 8, generator=gen)
+    q, k = random_qk(gen, 1, total, 3, 1, 8, dtype=torch.float32)
     theta, _ = rope.inv_freq({}, 8)
     q_out, k_out = rope.apply_rotary(q, k, positions, theta, backend="torch")
     for j in range(len(lengths)):
@@ -58,8 +59,7 @@ def _rank_main(rank, world_size, init_file, zigzag, result_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     gen = torch.Generator().manual_seed(1234)  # every rank draws the same full sequence
     seq = 16
-    q = torch.randn(2, seq, 4, 16, generator=gen)
-    k = torch.randn(2, seq, 2, 16, generator=gen)
+    q, k = random_qk(gen, 2, seq, 4, 2, 16, dtype=torch.float32)
     theta, attention = rope.inv_freq({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, 16)
     positions = context_parallel_positions(seq, world_size, rank, zigzag=zigzag)
     q_shard, k_shard = rotate(q[:, positions], k[:, positions], positions + 100, theta, attention_factor=attention)
@@ -74,6 +74,7 @@ def _rank_main(rank, world_size, init_file, zigzag, result_file):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes start and join a gloo group: about 7 s each
 @pytest.mark.parametrize("zigzag", [False, True])
 def test_context_parallel_rotation_equals_the_unsharded_one(zigzag, tmp_path):
     """Two CPU processes (gloo): each rotates its shard with its own positions; gathered, the

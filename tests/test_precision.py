@@ -1,4 +1,4 @@
-"""rope.precision against exact references: rational angles, one-rounding products, explicit bounds."""
+"""rope.analysis.precision against exact references: rational angles, one-rounding products, explicit bounds."""
 
 import math
 from fractions import Fraction
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import ulp
-from rope import precision
+from rope.analysis import precision
 from rope.angles import exact_reduced_angle
 from rope.frequencies import inv_freq as frequencies
 
@@ -264,8 +264,8 @@ THETA = torch.tensor([1.0, 0.01])
         (lambda: precision.cos_sin_error(torch.ones(2, 2), None, torch.tensor([1, 2]), THETA), TypeError, "sin"),
         (lambda: precision.first_colliding_integer(torch.float64), ValueError, "dtype"),
         (lambda: precision.rotate_with_tables(torch.ones(3), torch.ones(1), torch.ones(1)), ValueError, "even"),
-        (lambda: precision.rotate_with_tables(torch.ones(4, dtype=torch.int64), torch.ones(2), torch.ones(2)), TypeError,
-         "x"),
+        (lambda: precision.rotate_with_tables(torch.ones(4, dtype=torch.int64), torch.ones(2), torch.ones(2)),
+         TypeError, "x"),
         (lambda: precision.rotate_with_tables(torch.ones(4), torch.ones(3), torch.ones(2)), ValueError, "cos"),
         (lambda: precision.rotate_with_tables(torch.ones(4), torch.ones(2), torch.ones(2), layout="gptj"), ValueError,
          "layout"),

@@ -1,4 +1,4 @@
-"""rope.rerope against loops, explicit float64 rotation matrices and plain RoPE."""
+"""rope.attention.rerope against loops, explicit float64 rotation matrices and plain RoPE."""
 
 import math
 
@@ -8,11 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from rope import rerope
+from helpers import random_qk
+from rope.attention import rerope
 from rope.reference import rotation_matrix
+from strategies import layouts, seeds
 
-seeds = st.integers(0, 2**31 - 1)
-layouts = st.sampled_from(["half", "interleaved"])
 leaky_scales = st.one_of(st.none(), st.floats(0.25, 64.0))
 
 
@@ -20,8 +20,7 @@ def random_case(seed, *, q_len=5, k_len=7, heads_k=2, group=2, half=3, tail=2, s
     """Random q, k (GQA), unsorted positions (some keys after their queries) and frequencies."""
     gen = torch.Generator().manual_seed(seed)
     head_dim = 2 * half + tail
-    q = torch.randn(2, q_len, heads_k * group, head_dim, generator=gen, dtype=torch.float64).to(dtype)
-    k = torch.randn(2, k_len, heads_k, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    q, k = random_qk(gen, 2, q_len, heads_k * group, heads_k, head_dim, k_seq=k_len, dtype=dtype)
     k_positions = torch.randint(0, spread, (k_len,), generator=gen)
     q_positions = torch.randint(0, spread, (q_len,), generator=gen) + spread // 2
     base = 10.0 ** (1 + 4 * torch.rand((), generator=gen).item())

@@ -1,4 +1,4 @@
-"""rope.scaling_analysis against plain float64 loops, the defining equations and rope.inv_freq
+"""rope.analysis.scaling against plain float64 loops, the defining equations and rope.inv_freq
 (its ntk, dynamic, yarn and llama3 types)."""
 
 import math
@@ -6,20 +6,20 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import assert_correctly_rounded, ulp
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import rope
+from helpers import assert_correctly_rounded, theta_loop, ulp
 from rope import frequencies
-from rope import scaling_analysis as sa
+from rope.analysis import scaling as sa
 from rope.frequencies import default_theta
+from strategies import seeds
 
 half_dims = st.integers(min_value=2, max_value=96)
 bases = st.floats(min_value=50.0, max_value=1e7)
 factors = st.floats(min_value=1.0, max_value=64.0)
 lengths = st.integers(min_value=16, max_value=2**17)
-seeds = st.integers(min_value=0, max_value=2**31 - 1)
 # wider ranges for the NTK-by-parts / Llama 3.1 comparisons
 ramp_bases = st.floats(min_value=100.0, max_value=1e7)
 ramp_dims = st.integers(min_value=2, max_value=128).map(lambda half: 2 * half)
@@ -48,11 +48,6 @@ def log_ramp_frequencies(base, dim, length, factor, alpha, beta):
         gamma = min(max(math.log(r / alpha) / math.log(beta / alpha), 0.0), 1.0)
         out.append((1 - gamma) * theta / factor + gamma * theta)
     return torch.tensor(out, dtype=torch.float64)
-
-
-def theta_loop(base, dim):
-    """theta_i = base^(-2i/d), i = 0 .. d/2 - 1, one Python float at a time."""
-    return torch.tensor([base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
 
 
 def assert_within_one_float32_ulp(out, reference):

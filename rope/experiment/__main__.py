@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="run seed: initialization and training batches (default: the preset's, 0)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=None)
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide the progress display (tqdm bars; plain lines on stderr without tqdm)")
     args = parser.parse_args(argv)
     config = PRESETS[args.preset]
     if args.seed is not None:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..checks import integer, number
+from .._checks import integer, number
 
 MARKOV, ANCHOR, RECALL = 0, 1, 2
 KIND_NAMES = {MARKOV: "markov", ANCHOR: "anchor", RECALL: "recall"}

@@ -19,14 +19,14 @@ given the training length L. With s = max(1, length / L), the frequency methods 
 ==================  =====================================================================
 
 The attention-side methods run on the same RoPE model: ``rerope`` and ``leaky_rerope`` compute
-q^T R_{r'} k with the rectified relative position r' of :func:`rope.rerope.rerope_positions`
-in Su's inference-time two-pass form (:func:`rope.rerope.rerope_scores_two_pass`)
+q^T R_{r'} k with the rectified relative position r' of :func:`rope.attention.rerope.rerope_positions`
+in Su's inference-time two-pass form (:func:`rope.attention.rerope.rerope_scores_two_pass`)
 (Su 2023), window w = L/2 and, for the leaky form, slope 1/k with k = max(1, (length - w) / (L - w)),
 which maps the largest distance length - 1 just inside the trained range (and is plain RoPE up
 to L); ``logn`` multiplies the
-logits of the query at position m by max(1, ln(m + 1) / ln L) (:func:`rope.logn.logn_scale`), a
+logits of the query at position m by max(1, ln(m + 1) / ln L) (:func:`rope.attention.logn.logn_scale`), a
 factor that is exactly 1 during training, so the RoPE model needs no separate training for it.
-``alibi`` and ``nope`` are models trained with an ALiBi bias (:func:`rope.encodings.alibi_bias`)
+``alibi`` and ``nope`` are models trained with an ALiBi bias (:func:`rope.attention.encodings.alibi_bias`)
 and with no position information at all. ``pi_finetuned`` and ``yarn_finetuned`` are copies of
 the RoPE model fine-tuned at ``finetune_factor`` times L with PI and YaRN at that fixed factor,
 and evaluated with it at every length, as a deployed fine-tuned model would be.
@@ -35,12 +35,12 @@ and evaluated with it at every length, as a deployed fine-tuned model would be.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
-from .. import encodings
+from ..attention import encodings
 from ..frequencies import inv_freq
 from ..hf import apply_rotary_pos_emb, rotate_half_tables
 
@@ -91,7 +91,7 @@ class LogN(Rotary):
         self.training_length = training_length
 
     def logits(self, q, k, positions):
-        from ..logn import logn_scale
+        from ..attention.logn import logn_scale
 
         scale = logn_scale(positions, self.training_length).to(device=q.device, dtype=q.dtype)
         return super().logits(q, k, positions) * scale[:, None]
@@ -99,7 +99,8 @@ class LogN(Rotary):
 
 class ReRoPE(PositionScheme):
     """q_m^T R_{r'} k_n / sqrt(d) with ReRoPE's rectified relative position r' (two float64 RoPE
-    passes joined by the window mask, rounded to the dtype of q); ``leaky_scale`` None is ReRoPE, a number k > 1 is Leaky ReRoPE."""
+    passes joined by the window mask, rounded to the dtype of q); ``leaky_scale`` None is ReRoPE,
+    a number k > 1 is Leaky ReRoPE."""
 
     def __init__(self, frequencies: torch.Tensor, window: int, leaky_scale: float | None = None):
         self.frequencies = frequencies
@@ -107,7 +108,7 @@ class ReRoPE(PositionScheme):
         self.leaky_scale = leaky_scale
 
     def logits(self, q, k, positions):
-        from ..rerope import rerope_scores_two_pass
+        from ..attention.rerope import rerope_scores_two_pass
 
         scores = rerope_scores_two_pass(
             q, k, positions, positions, self.frequencies.to(q.device),
@@ -143,7 +144,7 @@ class Context:
         """s = max(1, length / L)."""
         return max(1.0, self.length / self.training_length)
 
-    def at(self, length: int) -> "Context":
+    def at(self, length: int) -> Context:
         return replace(self, length=length)
 
 

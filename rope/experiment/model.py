@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..checks import integer, tensor
+from .._checks import integer, tensor
 from .methods import PositionScheme
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..checks import integer, number, optional_integer
+from .._checks import integer, number, optional_integer
 from .data import TaskSpec
 
 

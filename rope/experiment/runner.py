@@ -22,6 +22,7 @@ on the same device and software up to those kernels' summation order.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -33,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from ..checks import flag
+from .._checks import flag
 from .data import RecallTask, describe
 from .methods import METHODS, Context
 from .model import ModelSpec, TinyTransformer
 from .presets import PRESETS, ExperimentConfig
-from .train import _progress, evaluate, train
+from .train import evaluate, progress_bar, train
 
 PRETRAIN_SEED, FINETUNE_SEED, EVAL_SEED = 1_000_000, 2_000_000, 3_000_000
 RUN_SEED_STRIDE = 10_000_000  # the training batches of run seed r start at PRETRAIN_SEED + r * stride
@@ -47,6 +48,7 @@ FINETUNED_MODELS = {"pi_finetuned": "pi_finetuned", "yarn_finetuned": "yarn_fine
 
 
 def _context(config: ExperimentConfig, spec: ModelSpec, length: int) -> Context:
+    """The :class:`Context` a method's scheme is built from, for sequences of ``length`` tokens."""
     return Context(
         length=length, training_length=config.training_length, head_dim=spec.head_dim,
         num_heads=spec.num_heads, rope_theta=config.rope_theta, finetune_factor=float(config.finetune_factor),
@@ -54,9 +56,32 @@ def _context(config: ExperimentConfig, spec: ModelSpec, length: int) -> Context:
 
 
 def _summary(losses: list[float], seconds: float, length: int) -> dict:
+    """A training run in the results file: steps, length, first loss, mean loss of the last tenth, wall time."""
     tail = losses[-max(1, len(losses) // 10):]
     return {"steps": len(losses), "length": length, "first_loss": losses[0],
             "final_loss": sum(tail) / len(tail), "wall_time_s": seconds}
+
+
+def _checked_config(config: ExperimentConfig | str) -> ExperimentConfig:
+    """``config`` itself, or the preset it names; ValueError for an unknown name, TypeError otherwise."""
+    if isinstance(config, str):
+        if config not in PRESETS:
+            raise ValueError(f"unknown preset {config!r}; expected one of {', '.join(PRESETS)}")
+        config = PRESETS[config]
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"config must be an ExperimentConfig or a preset name, got {type(config).__name__}")
+    return config
+
+
+def _checked_methods(methods: list[str] | None) -> list[str]:
+    """The method names to evaluate: every method of :data:`METHODS` for None, else ``methods``, checked."""
+    if isinstance(methods, str):
+        raise TypeError(f"methods must be a list of method names, got str {methods!r}")
+    names = list(METHODS) if methods is None else list(methods)
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; expected names from {', '.join(METHODS)}")
+    return names
 
 
 def run(
@@ -68,119 +93,171 @@ def run(
     progress: bool = True,
 ) -> dict:
     """Train, fine-tune and evaluate; return the results (and write them to ``output`` as JSON)."""
-    if isinstance(config, str):
-        if config not in PRESETS:
-            raise ValueError(f"unknown preset {config!r}; expected one of {', '.join(PRESETS)}")
-        config = PRESETS[config]
-    if not isinstance(config, ExperimentConfig):
-        raise TypeError(f"config must be an ExperimentConfig or a preset name, got {type(config).__name__}")
+    config = _checked_config(config)
     flag("progress", progress)
-    if isinstance(methods, str):
-        raise TypeError(f"methods must be a list of method names, got str {methods!r}")
-    names = list(METHODS) if methods is None else list(methods)
-    unknown = [n for n in names if n not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; expected names from {', '.join(METHODS)}")
-
+    names = _checked_methods(methods)
     device = torch.device(device)
+    with _deterministic(config, device):
+        results = _run(config, names, device, progress)
+    if output is not None:
+        _write(results, Path(output))
+    return results
+
+
+@contextlib.contextmanager
+def _deterministic(config: ExperimentConfig, device: torch.device):
+    """Deterministic torch algorithms (warn-only on CUDA) and the preset's thread count while the
+    block runs, then the previous settings back (see the module docstring)."""
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled())
+    threads, deterministic, warn_only = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                                         torch.is_deterministic_algorithms_warn_only_enabled())
     try:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-        results = _run(config, names, device, progress)
+        yield
     finally:
-        torch.set_num_threads(previous[0])
-        torch.use_deterministic_algorithms(previous[1], warn_only=previous[2])
-    if output is not None:
-        path = Path(output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1) + "\n")
-        path.with_suffix(".md").write_text(results_table(results))
-    return results
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+
+
+def _write(results: dict, path: Path) -> None:
+    """The results as JSON at ``path`` and as the markdown of :func:`results_table` beside it (.md)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    path.with_suffix(".md").write_text(results_table(results))
 
 
 def _run(config: ExperimentConfig, names: list[str], device: torch.device, progress: bool) -> dict:
+    """Train the models that ``names`` need, evaluate every method at every length: the results dict."""
     started = time.perf_counter()
-
     task = RecallTask(config.task)
     spec = ModelSpec(config.task.vocab_size, config.d_model, config.num_heads, config.num_layers, config.mlp_ratio)
-    needed = {METHODS[n].model for n in names}
-    models, training = {}, {}
-
-    for name in BASE_MODELS:
-        if name not in needed and not (name == "rope" and needed & set(FINETUNED_MODELS)):
-            continue
-        torch.manual_seed(config.seed)
-        model = TinyTransformer(spec).to(device)
-        t0 = time.perf_counter()
-        losses = train(
-            model, METHODS[name].build(_context(config, spec, config.training_length)), task,
-            steps=config.steps, batch_size=config.batch_size, length=config.training_length,
-            learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
-            weight_decay=config.weight_decay, data_seed=PRETRAIN_SEED + config.seed * RUN_SEED_STRIDE, device=device,
-            progress=progress, description=f"train {name}",
-        )
-        models[name], training[name] = model, _summary(losses, time.perf_counter() - t0, config.training_length)
-
-    finetune_length = config.finetune_factor * config.training_length
-    for name, method in FINETUNED_MODELS.items():
-        if name not in needed:
-            continue
-        model = copy.deepcopy(models["rope"])
-        t0 = time.perf_counter()
-        losses = train(
-            model, METHODS[method].build(_context(config, spec, finetune_length)), task,
-            steps=config.finetune_steps, batch_size=max(1, config.batch_size // config.finetune_factor),
-            length=finetune_length, learning_rate=config.finetune_learning_rate,
-            warmup_steps=max(1, config.finetune_steps // 10), weight_decay=config.weight_decay,
-            data_seed=FINETUNE_SEED + config.seed * RUN_SEED_STRIDE, device=device, progress=progress, description=f"fine-tune {name}",
-        )
-        models[name], training[name] = model, _summary(losses, time.perf_counter() - t0, finetune_length)
-
-    lengths = config.eval_lengths
-    eval_sets = {
-        length: task.sample(max(1, config.eval_tokens // length), length, EVAL_SEED + length)
-        for length in lengths
+    models, training = _train_models(config, spec, task, names, device, progress)
+    held_out = _held_out(config, task)
+    t0 = time.perf_counter()
+    methods = _evaluate_methods(config, spec, models, held_out, names, device, progress)
+    eval_seconds = time.perf_counter() - t0
+    return {
+        "preset": config.name,
+        "config": config.to_dict(),
+        "environment": _environment(device),
+        "task": {
+            "vocab_size": config.task.vocab_size,
+            "markov_entropy_rate": task.entropy_rate(),
+            "samples": [describe(task, length) for length in config.eval_lengths],
+        },
+        "training": training,
+        "lengths": config.eval_lengths,
+        "methods": methods,
+        "eval_wall_time_s": eval_seconds,
+        "wall_time_s": time.perf_counter() - started,
     }
+
+
+def _models_to_train(names: list[str]) -> list[str]:
+    """The models the methods ``names`` are evaluated on, in training order: the base models of
+    :data:`BASE_MODELS` first (``rope`` also when a fine-tuned model starts from it), then the
+    fine-tuned ones."""
+    needed = {METHODS[n].model for n in names}
+    if needed & set(FINETUNED_MODELS):
+        needed.add("rope")
+    return [name for name in (*BASE_MODELS, *FINETUNED_MODELS) if name in needed]
+
+
+def _train_models(
+    config: ExperimentConfig, spec: ModelSpec, task: RecallTask, names: list[str], device: torch.device,
+    progress: bool,
+) -> tuple[dict[str, TinyTransformer], dict[str, dict]]:
+    """The trained models that ``names`` need and the :func:`_summary` of each training run, by model name."""
+    models, training = {}, {}
+    for name in _models_to_train(names):
+        if name in FINETUNED_MODELS:
+            models[name], training[name] = _finetune(config, spec, task, models["rope"], name, device, progress)
+        else:
+            models[name], training[name] = _pretrain(config, spec, task, name, device, progress)
+    return models, training
+
+
+def _pretrain(
+    config: ExperimentConfig, spec: ModelSpec, task: RecallTask, name: str, device: torch.device, progress: bool,
+) -> tuple[TinyTransformer, dict]:
+    """Base model ``name`` trained from the run seed's initialization at the training length L,
+    and the :func:`_summary` of its training."""
+    torch.manual_seed(config.seed)
+    model = TinyTransformer(spec).to(device)
+    length = config.training_length
+    t0 = time.perf_counter()
+    losses = train(
+        model, METHODS[name].build(_context(config, spec, length)), task,
+        steps=config.steps, batch_size=config.batch_size, length=length,
+        learning_rate=config.learning_rate, warmup_steps=config.warmup_steps, weight_decay=config.weight_decay,
+        data_seed=PRETRAIN_SEED + config.seed * RUN_SEED_STRIDE, device=device,
+        progress=progress, description=f"train {name}",
+    )
+    return model, _summary(losses, time.perf_counter() - t0, length)
+
+
+def _finetune(
+    config: ExperimentConfig, spec: ModelSpec, task: RecallTask, rope_model: TinyTransformer, name: str,
+    device: torch.device, progress: bool,
+) -> tuple[TinyTransformer, dict]:
+    """A copy of ``rope_model`` fine-tuned at ``finetune_factor`` x L with the method
+    ``FINETUNED_MODELS[name]`` (same tokens per step: the batch shrinks by the factor), and the
+    :func:`_summary` of its fine-tuning."""
+    model = copy.deepcopy(rope_model)
+    length = config.finetune_factor * config.training_length
+    t0 = time.perf_counter()
+    losses = train(
+        model, METHODS[FINETUNED_MODELS[name]].build(_context(config, spec, length)), task,
+        steps=config.finetune_steps, batch_size=max(1, config.batch_size // config.finetune_factor),
+        length=length, learning_rate=config.finetune_learning_rate,
+        warmup_steps=max(1, config.finetune_steps // 10), weight_decay=config.weight_decay,
+        data_seed=FINETUNE_SEED + config.seed * RUN_SEED_STRIDE, device=device,
+        progress=progress, description=f"fine-tune {name}",
+    )
+    return model, _summary(losses, time.perf_counter() - t0, length)
+
+
+def _held_out(config: ExperimentConfig, task: RecallTask) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation sequences and their kinds at each length of ``eval_lengths``: about
+    ``eval_tokens`` tokens drawn with seed ``EVAL_SEED + length``, whatever the run seed."""
+    return {
+        length: task.sample(max(1, config.eval_tokens // length), length, EVAL_SEED + length)
+        for length in config.eval_lengths
+    }
+
+
+def _evaluate_methods(
+    config: ExperimentConfig, spec: ModelSpec, models: dict[str, TinyTransformer],
+    held_out: dict[int, tuple[torch.Tensor, torch.Tensor]], names: list[str], device: torch.device, progress: bool,
+) -> dict[str, dict]:
+    """Every metric of :func:`evaluate` for each method of ``names`` on the sequences of ``held_out``
+    (one list per metric, in the order of ``eval_lengths``), with its label and model."""
     results = {n: {"label": METHODS[n].label, "model": METHODS[n].model, "loss": [], "markov_loss": [],
                    "recall_loss": [], "recall_accuracy": []} for n in names}
-    t0 = time.perf_counter()
-    jobs = [(n, length) for n in names for length in lengths]
-    for name, length in _progress(jobs, progress, desc="evaluate", leave=False):
-        tokens, kinds = eval_sets[length]
+    jobs = [(n, length) for n in names for length in config.eval_lengths]
+    for name, length in progress_bar(jobs, progress, "evaluate"):
+        tokens, kinds = held_out[length]
         metrics = evaluate(
             models[METHODS[name].model], METHODS[name], _context(config, spec, length),
             tokens.to(device), kinds, batch_size=max(1, config.eval_batch_tokens // length),
         )
         for key, value in metrics.items():
             results[name][key].append(value)
-    eval_seconds = time.perf_counter() - t0
+    return results
 
+
+def _environment(device: torch.device) -> dict:
+    """Where and when the run was made: device name, torch and Python versions, platform, threads, UTC time."""
     return {
-        "preset": config.name,
-        "config": config.to_dict(),
-        "environment": {
-            "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "threads": torch.get_num_threads(),
-            "finished_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        },
-        "task": {
-            "vocab_size": config.task.vocab_size,
-            "markov_entropy_rate": task.entropy_rate(),
-            "samples": [describe(task, length) for length in lengths],
-        },
-        "training": training,
-        "lengths": lengths,
-        "methods": results,
-        "eval_wall_time_s": eval_seconds,
-        "wall_time_s": time.perf_counter() - started,
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "finished_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
     }
 
 

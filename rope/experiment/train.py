@@ -16,22 +16,53 @@ far (with keys re-rotated at each block; the granularity is one block of L, not 
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from ..checks import flag, integer, number
+from .._checks import flag, integer, number
 from .data import MARKOV, RECALL, RecallTask
 from .methods import Context, Method, PositionScheme
 from .model import TinyTransformer
 
 
-def _progress(iterable, enabled: bool, **kwargs):
+def progress_bar(iterable, enabled: bool, description: str):
+    """``iterable`` (a sized one: a range, a list) with its progress shown on stderr while it is run
+    through, or ``iterable`` itself when not ``enabled``.
+
+    The display is a tqdm bar, removed when done, if tqdm is installed (``pip install
+    rope-derived[experiment]``); without tqdm it is a plain line at every tenth of the way
+    (:class:`PlainProgress`). Either has ``set_postfix(**values)``, shown with the count.
+    """
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return PlainProgress(iterable, description)
+    return tqdm(iterable, desc=description, leave=False)
 
-    return tqdm(iterable, **kwargs)
+
+class PlainProgress:
+    """Progress without tqdm: iterates over ``iterable`` and writes ``description: done/total``, with
+    the values of the last :meth:`set_postfix`, as a line on stderr after every tenth of the items
+    and after the last."""
+
+    def __init__(self, iterable, description: str):
+        self.iterable, self.description, self.postfix = iterable, description, ""
+
+    def __iter__(self):
+        total = len(self.iterable)
+        every = max(1, total // 10)
+        for done, item in enumerate(self.iterable, start=1):
+            yield item
+            if done % every == 0 or done == total:
+                print(f"{self.description}: {done}/{total}{self.postfix}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, **values) -> None:
+        """Show ``name=value`` for each of ``values`` after the count from the next line on."""
+        self.postfix = "".join(f", {name}={value}" for name, value in values.items())
 
 
 def learning_rate_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -69,7 +100,7 @@ def train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=weight_decay)
     losses = []
     model.train()
-    bar = _progress(range(steps), progress, desc=description, leave=False)
+    bar = progress_bar(range(steps), progress, description)
     for step in bar:
         tokens, _ = task.sample(batch_size, length, data_seed + step)
         tokens = tokens.to(device)
@@ -88,8 +119,10 @@ def train(
     return losses
 
 
-def _scored_logits(model, method: Method, ctx: Context, tokens: torch.Tensor) -> torch.Tensor:
-    """Next-token logits for every position of ``tokens`` under ``method`` at ``ctx``."""
+def scored_logits(model: TinyTransformer, method: Method, ctx: Context, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token logits ``[n, length, vocab]`` for every position of ``tokens`` ``[n, length]``, as
+    :func:`evaluate` scores them: one forward pass with ``method`` built for the length, or for a
+    ``per_prefix`` method one pass per block of L positions (see the module docstring)."""
     length = tokens.shape[1]
     if not method.per_prefix:
         return model(tokens, method.build(ctx.at(length)))
@@ -120,7 +153,7 @@ def evaluate(
     for first in range(0, tokens.shape[0], batch_size):
         batch = tokens[first : first + batch_size]
         target_kinds = kinds[first : first + batch_size, 1:].to(batch.device)
-        logits = _scored_logits(model, method, ctx, batch)[:, :-1].double()
+        logits = scored_logits(model, method, ctx, batch)[:, :-1].double()
         targets = batch[:, 1:]
         nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         correct = logits.argmax(-1) == targets

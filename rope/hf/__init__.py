@@ -1,5 +1,12 @@
 """Drop-in pieces for Hugging Face transformers models.
 
+The one call is :func:`patch`: ``rope.hf.patch(model)`` looks up the model's family
+(``model.config.model_type``) in :data:`FAMILIES`, installs rope's rotary modules and replaces the
+family's apply function in the model's modeling module. It refuses, changing nothing, a model
+it cannot reproduce, and returns a :class:`Patch` record; :func:`unpatch` undoes it. The
+modeling module's function is shared by the process: it is restored when the last patched
+model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts together:
+
 * :class:`RotaryEmbedding` replaces a model's ``rotary_emb`` module: ``forward(x, position_ids)``
   returns ``(cos, sin)`` in ``x.dtype``, already multiplied by the attention factor, the contract
   of transformers' ``LlamaRotaryEmbedding``: ``[batch, seq, rotary_dim]`` in the ``rotate_half``
@@ -20,14 +27,19 @@
   Cohere 2, GLM-4V, ERNIE 4.5 VL), :func:`apply_rotary_pos_emb_pair_tables` (GPT-OSS),
   :func:`apply_rotary_pos_emb_interleave` (DeepSeek-V2/V3), :func:`apply_rotary_pos_emb_single`
   (Gemma 4) and :func:`apply_rotary_emb_complex` (Llama 4).
-* :func:`install` swaps :class:`RotaryEmbedding` into every ``rotary_emb`` of a loaded model,
-  after checking that the new module returns the old one's tables (and in which form). Install
-  before casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
+* :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model, after
+  checking that the new module returns the old one's tables (and in which form;
+  :func:`rotary_replacements` lists the swaps without making them). Install (or patch) before
+  casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
   (transformers issue #29496), which install then names, with the fix.
+* :data:`FAMILIES` maps each ``model_type`` to its :class:`Convention`: which function of the
+  modeling module to replace, by which of the functions above, and the form of its tables
+  (:mod:`rope.hf.families`, with the source of each).
 
 Models with one RoPE configuration per layer type (Gemma 3, OLMo 3, ModernBERT: ``rope_parameters``
 nested as ``{"sliding_attention": {...}, "full_attention": {...}}``) call ``rotary_emb(x,
-position_ids, layer_type)``; :class:`RotaryEmbedding` then holds one module per layer type.
+position_ids, layer_type)``; their module is a :class:`LayerTypeRotaryEmbedding`, one
+:class:`RotaryEmbedding` per layer type (:func:`rotary_embedding` picks the class for a config).
 M-RoPE models (Qwen2-VL and its successors, ``mrope_section`` in the config) pass position ids
 ``[3, batch, seq]``; :class:`RotaryEmbedding` then turns each pair by the t, h or w position its
 section assigns (:mod:`rope.mrope`), and ``apply_rotary_pos_emb`` rotates from those angles.
@@ -39,13 +51,16 @@ has seen until the length falls back below the original context. Both agree on a
 
 from .embedding import (
     TABLE_FORMS,
+    LayerTypeRotaryEmbedding,
     RotaryEmbedding,
     head_dim_of,
     layer_type_head_dim,
     layer_type_parameters,
     rope_parameters_from_config,
+    rotary_embedding,
     rotate_half_tables,
 )
+from .families import FAMILIES, Convention
 from .functions import (
     apply_rotary_emb_complex,
     apply_rotary_pos_emb,
@@ -57,11 +72,17 @@ from .functions import (
     rotate_half,
     rotate_pairs_interleaved,
 )
-from .install import PROBE_TOLERANCE, install
+from .install import PROBE_TOLERANCE, Replacement, install, rotary_replacements
+from .patching import Patch, patch, unpatch
 
 __all__ = [
+    "FAMILIES",
     "PROBE_TOLERANCE",
     "TABLE_FORMS",
+    "Convention",
+    "LayerTypeRotaryEmbedding",
+    "Patch",
+    "Replacement",
     "RotaryEmbedding",
     "apply_rotary_emb_complex",
     "apply_rotary_pos_emb",
@@ -74,8 +95,12 @@ __all__ = [
     "install",
     "layer_type_head_dim",
     "layer_type_parameters",
+    "patch",
     "rope_parameters_from_config",
+    "rotary_embedding",
+    "rotary_replacements",
     "rotate_half",
     "rotate_half_tables",
     "rotate_pairs_interleaved",
+    "unpatch",
 ]

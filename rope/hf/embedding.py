@@ -1,8 +1,10 @@
-"""The rotary module: rope's replacement for a transformers model's ``rotary_emb``.
+"""The rotary modules: rope's replacements for a transformers model's ``rotary_emb``.
 
-:class:`RotaryEmbedding` reads a transformers config (``rope_parameters`` flat, nested by layer
-type, with M-RoPE sections) and returns cos/sin tables laid out as the model's own module lays
-them out (:data:`TABLE_FORMS`), from exactly reduced angles, cos and sin rounded once to the model's dtype
+:class:`RotaryEmbedding` reads a transformers config (flat ``rope_parameters``, with M-RoPE
+sections or without) and :class:`LayerTypeRotaryEmbedding` one whose ``rope_parameters`` are nested
+by layer type (one :class:`RotaryEmbedding` per type; :func:`rotary_embedding` picks the class).
+Both return cos/sin tables laid out as the model's own module lays them out
+(:data:`TABLE_FORMS`), from exactly reduced angles, cos and sin rounded once to the model's dtype
 (:func:`rope.apply.round_once`: torch's own conversion rounds float64 to bfloat16 or float16
 through float32, twice). Each pair of tables records the positions and frequencies it was made
 from (:mod:`rope.hf.provenance`), from which the functions of :mod:`rope.hf.functions` rotate
@@ -15,12 +17,13 @@ transformers' own modules (transformers issue #29496).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from .. import checks
+from .. import _checks
 from ..apply import exact_cos_sin, round_once
 from ..config import parse_config
 from ..frequencies import inv_freq
@@ -71,12 +74,12 @@ def head_dim_of(config: Any) -> int:
     """``config.head_dim``, else ``hidden_size // num_attention_heads`` (as transformers reads it)."""
     head_dim = getattr(config, "head_dim", None)
     if head_dim is not None:
-        return checks.integer("config.head_dim", head_dim, minimum=1)
+        return _checks.integer("config.head_dim", head_dim, minimum=1)
     hidden_size, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
     if hidden_size is None or heads is None:
         raise ValueError("config needs head_dim or hidden_size and num_attention_heads")
-    return (checks.integer("config.hidden_size", hidden_size, minimum=1)
-            // checks.integer("config.num_attention_heads", heads, minimum=1))
+    return (_checks.integer("config.hidden_size", hidden_size, minimum=1)
+            // _checks.integer("config.num_attention_heads", heads, minimum=1))
 
 
 TABLE_FORMS = ("rotate_half", "interleaved", "pairs", "complex")
@@ -97,19 +100,34 @@ def layer_type_head_dim(config: Any, layer_type: str) -> int:
     return head_dim_of(config)
 
 
+def _parameters(name: str, config: Any, rope_parameters: Mapping | None,
+                head_dim: int | None) -> dict[str, Any]:
+    """The ``rope_parameters`` a rotary module of class ``name`` is built from: the config's
+    (:func:`rope_parameters_from_config`) or the mapping given, which then needs ``head_dim``."""
+    if config is not None and rope_parameters is not None:
+        raise ValueError(f"{name} takes a config or rope_parameters, not both (the config's rope_parameters would "
+                         "be used)")
+    if config is not None:
+        return rope_parameters_from_config(config)
+    if rope_parameters is None or head_dim is None:
+        raise ValueError(f"{name} needs a config, or both rope_parameters and head_dim")
+    if not isinstance(rope_parameters, Mapping):
+        raise TypeError(f"rope_parameters must be a mapping, got {type(rope_parameters).__name__}")
+    return dict(rope_parameters)
+
+
 class RotaryEmbedding(nn.Module):
-    """``(cos, sin)`` tables for transformers models, from a transformers config or explicit
-    ``rope_parameters`` and ``head_dim``, laid out as ``tables`` says (:data:`TABLE_FORMS`).
+    """``(cos, sin)`` tables for transformers models, from a transformers config or explicit flat
+    ``rope_parameters`` and ``head_dim``, laid out as ``tables`` says (:data:`TABLE_FORMS`): the
+    drop-in for modules such as transformers' ``LlamaRotaryEmbedding``.
 
     ``forward(x, position_ids)`` takes integer ``position_ids`` ``[batch, seq]`` (M-RoPE: also
     ``[3, batch, seq]``) on x's device and returns tables ``[batch, seq, width]`` in x's dtype
     (Llama 4's form: complex64), each entry cos or sin of the float64 angle times the attention
     factor, rounded once. The tables carry their source (:mod:`rope.hf.provenance`).
 
-    With ``rope_parameters`` nested by layer type (Gemma 3, OLMo 3, ModernBERT: one configuration
-    for sliding-window layers, another for full attention), it holds one module per type in
-    :attr:`layer_types` and ``forward(x, position_ids, layer_type)`` picks one, as transformers'
-    module for those models does.
+    ``rope_parameters`` nested by layer type belong to :class:`LayerTypeRotaryEmbedding`, and are
+    refused here; :func:`rotary_embedding` picks the class for a config.
 
     ``inv_freq`` stays float32 whatever the module is cast to (:meth:`_apply`).
     """
@@ -117,28 +135,13 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: Any = None, *, rope_parameters: Mapping | None = None, head_dim: int | None = None,
                  tables: str = "rotate_half"):
         super().__init__()
-        self.tables = checks.choice("tables", tables, TABLE_FORMS)
-        head_dim = checks.optional_integer("head_dim", head_dim, minimum=1)
-        if config is not None and rope_parameters is not None:
-            raise ValueError("RotaryEmbedding takes a config or rope_parameters, not both (the config's "
-                             "rope_parameters would be used)")
-        if config is not None:
-            rope_parameters = rope_parameters_from_config(config)
-        if rope_parameters is None or (config is None and head_dim is None):
-            raise ValueError("RotaryEmbedding needs a config, or both rope_parameters and head_dim")
-        if not isinstance(rope_parameters, Mapping):
-            raise TypeError(f"rope_parameters must be a mapping, got {type(rope_parameters).__name__}")
+        self.tables = _checks.choice("tables", tables, TABLE_FORMS)
+        head_dim = _checks.optional_integer("head_dim", head_dim, minimum=1)
+        rope_parameters = _parameters("RotaryEmbedding", config, rope_parameters, head_dim)
         per_type = layer_type_parameters(rope_parameters)
-        used = getattr(config, "layer_types", None)
-        if per_type is not None and used:  # as transformers: a module for each type the layers use
-            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
-        self.layer_types = None if per_type is None else nn.ModuleDict(
-            {layer_type: RotaryEmbedding(rope_parameters=p, tables=tables,
-                                         head_dim=head_dim or layer_type_head_dim(config, layer_type))
-             for layer_type, p in per_type.items()}
-        )
-        if self.layer_types is not None:
-            return
+        if per_type is not None:
+            raise ValueError(f"rope_parameters are nested by layer type ({sorted(per_type)}): use "
+                             "rope.hf.LayerTypeRotaryEmbedding (rope.hf.rotary_embedding(config) picks the class)")
         head_dim = head_dim or head_dim_of(config)
         self.rope_config = parse_config(rope_parameters)
         self.head_dim = head_dim
@@ -151,10 +154,9 @@ class RotaryEmbedding(nn.Module):
         frequencies move to the new device but keep their float32 values. nn.Module would cast them
         with the model, rounding theta_i to 8 significant bits in bfloat16 (transformers issue
         #29496: at position 1000 the angles are then off by whole radians)."""
-        theta = self._buffers.get("inv_freq")
+        theta = self._buffers["inv_freq"]
         super()._apply(fn, recurse)
-        if theta is not None:
-            self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
+        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
         return self
 
     def frequencies(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -182,9 +184,9 @@ class RotaryEmbedding(nn.Module):
     def _checked_positions(self, x, position_ids) -> torch.Tensor:
         """``position_ids`` checked against x and the configuration; M-RoPE's ``[batch, seq]``
         expanded to its three rows (the same position on t, h, w, as transformers expands it)."""
-        checks.float_tensor("x", x)
-        checks.integer_tensor("position_ids", position_ids)
-        checks.same_device("x", x, position_ids=position_ids)
+        _checks.float_tensor("x", x)
+        _checks.integer_tensor("position_ids", position_ids)
+        _checks.same_device("x", x, position_ids=position_ids)
         if self.mrope_axes is None and position_ids.dim() == 3:
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} look like M-RoPE's [3, batch, seq], "
                              "but the rope_parameters have no mrope_section")
@@ -196,12 +198,7 @@ class RotaryEmbedding(nn.Module):
         return position_ids if self.mrope_axes is None else position_ids.expand(3, -1, -1)
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
-                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.layer_types is not None:
-            return self.layer_types[checks.choice("layer_type", layer_type, self.layer_types)](x, position_ids)
-        if layer_type is not None:
-            raise ValueError(f"layer_type {layer_type!r} given, but the rope_parameters are not nested by layer type")
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         position_ids = self._checked_positions(x, position_ids)
         theta, attention = self.frequencies(position_ids)
         theta = theta.to(position_ids.device)
@@ -214,6 +211,55 @@ class RotaryEmbedding(nn.Module):
             provenance.attach(tables, position_ids=position_ids, inv_freq=theta, attention_factor=attention,
                               mrope_axes=self.mrope_axes, form=self.tables)
         return tables[0] if self.tables == "complex" else tables
+
+
+class LayerTypeRotaryEmbedding(nn.Module):
+    """The rotary module of models with one RoPE configuration per layer type (Gemma 3, OLMo 3,
+    ModernBERT: ``rope_parameters`` nested as ``{"sliding_attention": {...}, "full_attention":
+    {...}}``): one :class:`RotaryEmbedding` per type in :attr:`layer_types`, built from a
+    transformers config or explicit nested ``rope_parameters`` and ``head_dim``.
+
+    ``forward(x, position_ids, layer_type)`` returns the tables of ``layer_type``'s module, the
+    contract of transformers' ``Gemma3RotaryEmbedding``. As there, a config's ``layer_types``
+    limits the modules to the types its layers use, layer types set to ``None`` have no RoPE, and
+    each type's head dimension is :func:`layer_type_head_dim` (Gemma 4's full-attention layers
+    have wider heads).
+    """
+
+    def __init__(self, config: Any = None, *, rope_parameters: Mapping | None = None, head_dim: int | None = None,
+                 tables: str = "rotate_half"):
+        super().__init__()
+        self.tables = _checks.choice("tables", tables, TABLE_FORMS)
+        head_dim = _checks.optional_integer("head_dim", head_dim, minimum=1)
+        per_type = layer_type_parameters(_parameters("LayerTypeRotaryEmbedding", config, rope_parameters, head_dim))
+        if per_type is None:
+            raise ValueError("rope_parameters are not nested by layer type: use rope.hf.RotaryEmbedding "
+                             "(rope.hf.rotary_embedding(config) picks the class)")
+        used = getattr(config, "layer_types", None)
+        if used:  # as transformers: a module for each type the layers use
+            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
+        self.layer_types = nn.ModuleDict(
+            {layer_type: RotaryEmbedding(rope_parameters=p, tables=tables,
+                                         head_dim=head_dim or layer_type_head_dim(config, layer_type))
+             for layer_type, p in per_type.items()}
+        )
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tables of ``layer_type``'s :class:`RotaryEmbedding` (its ``forward``)."""
+        return self.layer_types[_checks.choice("layer_type", layer_type, self.layer_types)](x, position_ids)
+
+
+ROTARY_MODULES = (RotaryEmbedding, LayerTypeRotaryEmbedding)
+"""rope's rotary module classes: what :func:`rope.hf.install` puts in place of a ``rotary_emb``."""
+
+
+def rotary_embedding(config: Any, *, tables: str = "rotate_half") -> RotaryEmbedding | LayerTypeRotaryEmbedding:
+    """The rotary module of a transformers config, laid out as ``tables``: a
+    :class:`LayerTypeRotaryEmbedding` where its ``rope_parameters`` are nested by layer type, else a
+    :class:`RotaryEmbedding`."""
+    nested = layer_type_parameters(rope_parameters_from_config(config)) is not None
+    return (LayerTypeRotaryEmbedding if nested else RotaryEmbedding)(config, tables=tables)
 
 
 def _tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,
@@ -234,9 +280,9 @@ def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attentio
     """``(cos, sin)`` of shape ``positions.shape + (2 len(inv_freq),)`` for the ``rotate_half``
     formula: cos and sin of m theta_i reduced modulo 2 pi exactly (each repeated for both
     halves), times ``attention_factor``, rounded once to ``dtype``."""
-    checks.integer_tensor("positions", positions)
-    checks.finite_frequencies("inv_freq", inv_freq)
-    checks.same_device("positions", positions, inv_freq=inv_freq)
-    attention_factor = checks.number("attention_factor", attention_factor, positive=True)
-    checks.dtype_choice("dtype", dtype, checks.FLOAT_DTYPES)
+    _checks.integer_tensor("positions", positions)
+    _checks.finite_frequencies("inv_freq", inv_freq)
+    _checks.same_device("positions", positions, inv_freq=inv_freq)
+    attention_factor = _checks.number("attention_factor", attention_factor, positive=True)
+    _checks.dtype_choice("dtype", dtype, _checks.FLOAT_DTYPES)
     return _tables(*exact_cos_sin(positions, inv_freq), attention_factor, dtype)

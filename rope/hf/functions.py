@@ -37,12 +37,12 @@ function that reads them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from .. import checks
+from .. import _checks
 from ..apply import apply_rotary, round_once
 from ..layouts import interleaved_to_half
 from ..mrope import apply_mrope
@@ -225,16 +225,16 @@ def _check_tables(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) ->
     """Raise unless the inputs and tables fit ``convention`` (README, "Errors"); return
     ``unsqueeze_dim`` as an int and the number of rotated coordinates."""
     for name, x in xs.items():
-        checks.float_tensor(name, x)
-    checks.float_tensor("cos", cos)
-    checks.float_tensor("sin", sin)
+        _checks.float_tensor(name, x)
+    _checks.float_tensor("cos", cos)
+    _checks.float_tensor("sin", sin)
     first = next(iter(xs))
-    checks.same_device(first, xs[first], **{name: x for name, x in xs.items() if name != first}, cos=cos, sin=sin)
+    _checks.same_device(first, xs[first], **{name: x for name, x in xs.items() if name != first}, cos=cos, sin=sin)
     if cos.dim() == 0:
         raise ValueError("cos must have at least one dimension (the table width), got a 0-D tensor")
     if sin.shape != cos.shape:
         raise ValueError(f"sin {tuple(sin.shape)} must have the shape of cos {tuple(cos.shape)}")
-    unsqueeze_dim = checks.integer("unsqueeze_dim", unsqueeze_dim, minimum=-cos.dim() - 1, maximum=cos.dim())
+    unsqueeze_dim = _checks.integer("unsqueeze_dim", unsqueeze_dim, minimum=-cos.dim() - 1, maximum=cos.dim())
     form = provenance.recorded_form(cos)
     if form is not None and form != convention.form:
         raise ValueError(f"cos holds {_FORM_NAMES[form]}, which rope.hf.{convention.function} does not read: "
@@ -258,11 +258,11 @@ def _check_tables(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) ->
 def _check_complex(xs: dict, freqs_cis) -> None:
     """Raise unless xq, xk are ``[batch, seq, heads, head_dim]`` float tensors and ``freqs_cis`` a
     complex ``[batch, seq, head_dim / 2]`` tensor that broadcasts to them."""
-    checks.head_tensors(**xs)
-    checks.tensor("freqs_cis", freqs_cis)
+    _checks.head_tensors(**xs)
+    _checks.tensor("freqs_cis", freqs_cis)
     if not freqs_cis.dtype.is_complex:
         raise TypeError(f"freqs_cis must be a complex tensor (complex64 or complex128), got {freqs_cis.dtype}")
-    checks.same_device("xq", xs["xq"], xk=xs["xk"], freqs_cis=freqs_cis)
+    _checks.same_device("xq", xs["xq"], xk=xs["xk"], freqs_cis=freqs_cis)
     if freqs_cis.dim() != 3:
         raise ValueError(f"freqs_cis must have shape [batch, seq, head_dim / 2], got {tuple(freqs_cis.shape)}")
     for name, x in xs.items():

@@ -3,13 +3,23 @@ the model's own tables."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..mrope import MROPE_STYLES
-from .embedding import TABLE_FORMS, RotaryEmbedding, head_dim_of, layer_type_parameters, rope_parameters_from_config
+from .embedding import (
+    ROTARY_MODULES,
+    TABLE_FORMS,
+    LayerTypeRotaryEmbedding,
+    RotaryEmbedding,
+    head_dim_of,
+    layer_type_parameters,
+    rope_parameters_from_config,
+    rotary_embedding,
+)
 
 PROBE_TOLERANCE = 1e-5
 """How far install's probe lets the old and new tables differ: transformers' float32 angles at
@@ -47,12 +57,12 @@ def _gap(theirs, ours) -> float | None:
     return max(float((a.to(b.dtype) - b).abs().max()) for a, b in zip(theirs, ours))
 
 
-def _table_gap(name: str, old: nn.Module, new: RotaryEmbedding, device) -> float | None:
+def _table_gap(name: str, old: nn.Module, new: nn.Module, device) -> float | None:
     """The largest difference between the tables of ``old`` and ``new`` at probe positions, over
     every layer type; ``None`` where they differ in shape or in what position ids they take. A
     module that takes M-RoPE's three rows of position ids must be matched by an M-RoPE module,
     which the three-row probe checks whichever kind ``new`` is. Raises if ``old`` cannot be called."""
-    cases = [(None, new)] if new.layer_types is None else list(new.layer_types.items())
+    cases = list(new.layer_types.items()) if isinstance(new, LayerTypeRotaryEmbedding) else [(None, new)]
     worst = 0.0
     for layer_type, embedding in cases:
         mrope = embedding.mrope_axes is not None
@@ -75,7 +85,7 @@ def _candidates(config: Any, old: nn.Module, form: str):
     """Modules to try for one table form: from the config as it is; and where the old module has
     M-RoPE sections the config does not name (transformers' per-model default), with those
     sections, in each of :data:`rope.mrope.MROPE_STYLES`."""
-    yield RotaryEmbedding(config, tables=form)
+    yield rotary_embedding(config, tables=form)
     sections = getattr(old, "mrope_section", None)
     params = rope_parameters_from_config(config)
     if sections is not None and layer_type_parameters(params) is None and params.get("mrope_section") is None:
@@ -105,8 +115,7 @@ def _rounded_frequencies(old: nn.Module, config: Any) -> tuple[str, torch.dtype]
     for name, buffer in buffers.items():
         if buffer.dtype in _HALF_DTYPES:
             return name, buffer.dtype
-    reference = RotaryEmbedding(config)
-    thetas = [m.inv_freq for m in reference.modules() if isinstance(m, RotaryEmbedding) and m.layer_types is None]
+    thetas = [m.inv_freq for m in rotary_embedding(config).modules() if isinstance(m, RotaryEmbedding)]
     for name, buffer in buffers.items():
         values = buffer.detach().to("cpu", torch.float64)
         for theta in thetas:
@@ -135,8 +144,9 @@ def _cast_error(name: str, old: nn.Module, buffer: str, dtype: torch.dtype, devi
     )
 
 
-def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbedding:
-    """The :class:`RotaryEmbedding` of ``config`` whose tables reproduce ``old``, or an error
+def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
+    """The rope rotary module of ``config`` (:func:`rotary_embedding`, or with M-RoPE sections
+    :func:`_candidates` tries) whose tables reproduce ``old``, or an error
     (naming the cast that rounded ``old``'s frequencies, where that is the cause)."""
     found = []
     for form in TABLE_FORMS:
@@ -145,7 +155,7 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbeddin
             gap = _table_gap(name, old, new, device)
             if gap is not None and gap <= PROBE_TOLERANCE:
                 return new
-            label = form if new.layer_types is not None or new.mrope_axes is None else (
+            label = form if isinstance(new, LayerTypeRotaryEmbedding) or new.mrope_axes is None else (
                 f"{form} with {new.rope_config.mrope_style} mrope_section {list(new.rope_config.mrope_section)}")
             found.append(f"{label}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
     rounded = _rounded_frequencies(old, config)
@@ -158,9 +168,55 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> RotaryEmbeddin
     )
 
 
+@dataclass(frozen=True, eq=False)
+class Replacement:
+    """One rotary module :func:`install` swaps: ``model.get_submodule(owner).rotary_emb``, from
+    ``old`` (the model's) to ``new`` (rope's, checked to reproduce ``old``). ``owner`` is the
+    owner's qualified name, ``""`` for the model itself: a record does not keep the model alive."""
+
+    owner: str
+    old: nn.Module
+    new: nn.Module
+
+    @property
+    def name(self) -> str:
+        """The qualified name of the rotary module in the model (``model.rotary_emb``)."""
+        return _rotary_name(self.owner)
+
+
+def _rotary_name(owner: str) -> str:
+    return f"{owner}.rotary_emb" if owner else "rotary_emb"
+
+
+def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
+    """What :func:`install` would swap in ``model``, each replacement checked, the model untouched:
+    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already. Raises as
+    :func:`install` does."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    found = [(owner, module.rotary_emb) for owner, module in model.named_modules()
+             if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+    if not found:
+        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb: nothing to replace "
+                         "(install swaps the rotary_emb modules of transformers models)")
+    replacements = []
+    for owner, old in found:
+        if isinstance(old, ROTARY_MODULES):
+            continue
+        name = _rotary_name(owner)
+        config = getattr(old, "config", None) or getattr(model, "config", None)
+        if config is None:
+            raise ValueError(f"install: {name} has no config, and neither has the model; nothing was replaced")
+        device = next((buffer.device for buffer in old.buffers()), None)
+        replacements.append(Replacement(owner, old, _reproduce(name, old, config, device)))
+    return tuple(replacements)
+
+
 def install(model: nn.Module) -> int:
-    """Replace every ``rotary_emb`` submodule of a transformers model by :class:`RotaryEmbedding`
-    built from the model's config; returns how many were replaced.
+    """Replace every ``rotary_emb`` submodule of a transformers model by rope's rotary module
+    built from the model's config (:func:`rotary_embedding`: :class:`RotaryEmbedding`, or
+    :class:`LayerTypeRotaryEmbedding` for ``rope_parameters`` nested by layer type); returns how
+    many were replaced.
 
     Every replacement is first checked: the old and new modules must return the same ``(cos,
     sin)`` at a few probe positions (shuffled per axis for M-RoPE, for every layer type if the
@@ -175,24 +231,9 @@ def install(model: nn.Module) -> int:
     fix), or where the model has no ``rotary_emb`` submodule at all. A model whose rotary modules
     are all rope's already is left as it is: install returns 0 (installing twice is harmless).
     Install before casting a model: rope's module keeps float32 frequencies through casts.
+    :func:`rope.hf.patch` installs and also replaces the model's apply function, undoably.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    found = [(owner_name, module, module.rotary_emb) for owner_name, module in model.named_modules()
-             if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
-    if not found:
-        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb: nothing to replace "
-                         "(install swaps the rotary_emb modules of transformers models)")
-    replacements = []
-    for owner_name, module, old in found:
-        if isinstance(old, RotaryEmbedding):
-            continue
-        name = f"{owner_name}.rotary_emb" if owner_name else "rotary_emb"
-        config = getattr(old, "config", None) or getattr(model, "config", None)
-        if config is None:
-            raise ValueError(f"install: {name} has no config, and neither has the model; nothing was replaced")
-        device = next((buffer.device for buffer in old.buffers()), None)
-        replacements.append((module, _reproduce(name, old, config, device)))
-    for module, new in replacements:
-        module.rotary_emb = new
+    replacements = rotary_replacements(model)
+    for replacement in replacements:
+        model.get_submodule(replacement.owner).rotary_emb = replacement.new
     return len(replacements)

@@ -17,7 +17,7 @@ Importing this module imports Triton; :func:`rope.apply_rotary` does so only whe
 
 Checks. Users call these operators directly, and the kernel trusts its arguments (a wrong width
 or a short ``positions`` reads and writes out of bounds), so both operators check everything
-first, with the errors of the package's policy (:mod:`rope.checks`, README "Errors"):
+first, with the errors of the package's policy (:mod:`rope._checks`, README "Errors"):
 
 * PyTorch's dispatcher converts the arguments to the schema's types before any of this code
   runs, and refuses what it cannot convert (a list for a tensor, a ``str`` or ``None`` for a
@@ -31,7 +31,7 @@ first, with the errors of the package's policy (:mod:`rope.checks`, README "Erro
   tracing, with the same message;
 * values (finite ``inv_freq``, below :data:`MAX_FREQUENCY` with float32 math; axes in
   {0, 1, 2}) only exist in the real implementation: an eager ``ValueError``, or on CUDA an
-  asynchronous device assertion (:func:`rope.checks.assert_values`), also when the operator runs
+  asynchronous device assertion (:func:`rope._checks.assert_values`), also when the operator runs
   inside a compiled graph;
 * ``rotary_`` writes what it reads, so it refuses q and k that share an element, a q or k
   holding an element twice (a stride-0, expanded dimension), and a q or k sharing memory with
@@ -52,22 +52,22 @@ try:
 except ImportError:  # older torch (2.4, the oldest supported) calls it hint_int
     from torch.fx.experimental.symbolic_shapes import hint_int as _example_value
 
-from . import checks, triton_rotary
-from .apply import KERNEL_MAX_HEAD_DIM
-from .mrope import AXES
+from .. import _checks
+from ..apply import KERNEL_MAX_HEAD_DIM, MROPE_AXES
+from . import triton_rotary
 
-POSITION_AXES = len(AXES)
+POSITION_AXES = len(MROPE_AXES)
 """M-RoPE position rows: t, h, w."""
 
 MAX_FREQUENCY = 2.0**16
 """With float32 math (q and k other than float64) the kernel reduces the angles exactly only for
-|theta_i| below 2^16 (:func:`rope.triton_rotary.launch`); larger frequencies give wrong angles."""
+|theta_i| below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles."""
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     """q ``[batch, seq, heads_q, head_dim]`` and k ``[batch, seq, heads_k, head_dim]`` of one
     floating dtype, head_dim at most the kernel's limit."""
-    checks.head_tensors(q=q, k=k)
+    _checks.head_tensors(q=q, k=k)
     if k.dtype != q.dtype:
         raise TypeError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
     if (k.shape[0], k.shape[1], k.shape[3]) != (q.shape[0], q.shape[1], q.shape[3]):
@@ -79,7 +79,7 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
 
 def _check_positions(positions: torch.Tensor, q: torch.Tensor, axes: torch.Tensor | None) -> None:
     """Integer positions ``[seq]`` or ``[batch, seq]``, with ``axes`` ``[3, seq]`` or ``[3, batch, seq]``."""
-    checks.integer_tensor("positions", positions)
+    _checks.integer_tensor("positions", positions)
     batch, seq = q.shape[0], q.shape[1]
     shapes = ((seq,), (batch, seq))
     names = ("[seq]", "[batch, seq]")
@@ -97,7 +97,7 @@ def _check_width(inv_freq: torch.Tensor, rotary_dim, head_dim) -> None:
     an int (a SymInt when traced with dynamic shapes): the schema converted it."""
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even, >= 2 and <= head_dim = {head_dim}, got {rotary_dim}")
-    checks.float_tensor("inv_freq", inv_freq, dtypes=(torch.float32,), dim=1)
+    _checks.float_tensor("inv_freq", inv_freq, dtypes=(torch.float32,), dim=1)
     if inv_freq.shape[0] != rotary_dim // 2:
         raise ValueError(f"inv_freq must have rotary_dim / 2 = {rotary_dim // 2} entries, got {inv_freq.shape[0]}")
 
@@ -106,7 +106,7 @@ def _check_axes(axes: torch.Tensor | None, rotary_dim) -> None:
     """None, or an integer ``[rotary_dim / 2]`` tensor (its values: :func:`_check_values`)."""
     if axes is None:
         return
-    checks.integer_tensor("axes", axes, dim=1)
+    _checks.integer_tensor("axes", axes, dim=1)
     if axes.shape[0] != rotary_dim // 2:
         raise ValueError(f"axes must have rotary_dim / 2 = {rotary_dim // 2} entries (one per pair), "
                          f"got {axes.shape[0]}")
@@ -115,27 +115,27 @@ def _check_axes(axes: torch.Tensor | None, rotary_dim) -> None:
 def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags) -> None:
     """Everything but tensor values, in the real and the fake implementations alike."""
     for name, value in flags.items():
-        checks.flag(name, value)
+        _checks.flag(name, value)
     _check_heads(q, k)
     read_only = dict(positions=positions, inv_freq=inv_freq, **({} if axes is None else {"axes": axes}))
-    checks.same_device("q", q, k=k, **read_only)
+    _checks.same_device("q", q, k=k, **read_only)
     _check_positions(positions, q, axes)
     _check_width(inv_freq, rotary_dim, q.shape[3])
     _check_axes(axes, rotary_dim)
-    checks.number("scale", scale, positive=True, minimum=triton_rotary.SCALE_RANGE[0],
+    _checks.number("scale", scale, positive=True, minimum=triton_rotary.SCALE_RANGE[0],
                   maximum=triton_rotary.SCALE_RANGE[1])
 
 
 def _check_values(q: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor | None) -> None:
     """Finite frequencies (below :data:`MAX_FREQUENCY` with float32 math) and axes in {0, 1, 2}:
     eager off CUDA, device assertions on it."""
-    checks.finite_frequencies("inv_freq", inv_freq)
+    _checks.finite_frequencies("inv_freq", inv_freq)
     if q.dtype != torch.float64 and inv_freq.numel():
-        checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
+        _checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
                              f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)")
     if axes is not None:
         in_range = ((axes >= 0) & (axes < POSITION_AXES)).all()
-        checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")
+        _checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")
 
 
 def _sum_reaches(lo: int, hi: int, terms: list[tuple[int, int, int]]) -> bool:
@@ -257,7 +257,7 @@ def rotary(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors. ``grad_in_place``
     only changes the backward (see the module docstring); ``axes`` makes it M-RoPE (positions
-    ``[3, ...]``, see :func:`rope.triton_rotary.launch`). q and k may overlap (they are only read).
+    ``[3, ...]``, see :func:`rope.kernels.triton_rotary.launch`). q and k may overlap (they are only read).
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
@@ -281,7 +281,7 @@ def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad
 def _setup_context(ctx, inputs, output):
     _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad_in_place, axes = inputs  # defaults in
     ctx.save_for_backward(positions, inv_freq, axes)
-    ctx.options = (interleaved, rotary_dim, scale, not conjugate)
+    ctx.options = dict(interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=not conjugate)
     ctx.grad_in_place = grad_in_place
 
 
@@ -294,10 +294,11 @@ def _rotatable_in_place(grad_q: torch.Tensor, grad_k: torch.Tensor) -> bool:
 
 def _backward(ctx, grad_q, grad_k):
     positions, inv_freq, axes = ctx.saved_tensors
+    tensors = dict(q=grad_q, k=grad_k, positions=positions, inv_freq=inv_freq, axes=axes)
     if ctx.grad_in_place and _rotatable_in_place(grad_q, grad_k):
-        rotary_(grad_q, grad_k, positions, inv_freq, *ctx.options, axes)
+        rotary_(**tensors, **ctx.options)
     else:
-        grad_q, grad_k = rotary(grad_q, grad_k, positions, inv_freq, *ctx.options, False, axes)
+        grad_q, grad_k = rotary(**tensors, **ctx.options, grad_in_place=False)
     return grad_q, grad_k, None, None, None, None, None, None, None, None
 
 

@@ -22,8 +22,8 @@ every other device.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from numbers import Integral, Real
-from typing import Iterable
 
 import torch
 

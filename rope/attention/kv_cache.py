@@ -22,15 +22,16 @@ no-cache reference. Everything is float64 and unscaled (no 1/sqrt(d), no mask).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-from .apply import apply_rotary
-from .config import RopeConfig, parse_config
-from .frequencies import inv_freq
-from .layouts import check_layout
-from .checks import choice, integer, integer_tensor
+from .._checks import choice, integer, integer_tensor
+from ..apply import apply_rotary
+from ..config import RopeConfig, parse_config
+from ..frequencies import inv_freq
+from ..layouts import check_layout
 from .rerope import check_qk, rotary_scores
 
 STORES = ("unrotated", "rotated")

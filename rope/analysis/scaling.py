@@ -50,9 +50,9 @@ import sys
 
 import torch
 
-from . import frequencies
-from .checks import flag, float_tensor, integer, number, same_device
-from .frequencies import yarn_mscale
+from .. import frequencies
+from .._checks import flag, float_tensor, integer, number, same_device
+from ..frequencies import yarn_mscale
 
 
 def _real(name: str, value, *, minimum: float | None = None, above: float | None = None) -> float:

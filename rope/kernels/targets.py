@@ -1,6 +1,6 @@
 """Compile the fused RoPE kernel to machine code for named GPU architectures, without a GPU.
 
-    python -m rope.kernel_targets 75 80 90
+    python -m rope.kernels.targets 75 80 90
 
 Triton's NVIDIA backend and the ptxas it bundles build a cubin for any target on any machine,
 so a machine without a GPU can check what only a GPU would otherwise show: that the kernel uses
@@ -9,7 +9,7 @@ the A100; sm_90 the H100). Run it as a separate process with ``TRITON_INTERPRET`
 interpreter, which the CPU test suite switches on, replaces the compiler. Prints one line per
 variant and exits non-zero if any fails. Not imported by ``import rope`` (it imports Triton).
 
-    python -m rope.kernel_targets --code 90
+    python -m rope.kernels.targets --code 90
 
 prints instead, for each launch size the autotuner may pick, the machine code Triton's bundled
 ``cuobjdump`` disassembles from the cubin: SASS instructions (there are no loops, so a thread
@@ -33,7 +33,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .triton_rotary import _CANDIDATES, _rotary_kernel, kernel_constants
+from .triton_rotary import TUNING_CANDIDATES, kernel_constants, rotary_kernel
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
@@ -47,20 +47,21 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     with no contraction of multiplies and adds into fused multiply-adds."""
     block_s, block_h, group, warps = sizes
     table = float64_math or dtype == "fp64"
-    signature = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
-    signature.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32", CS="*fp64" if table else "*fp32",
-                     seq_len="i32", heads_q="i32", heads_k="i32", scale="fp32", power="fp32", scale64="fp64",
-                     power64="fp64", tokens_bucket="i32")
-    signature.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a", "sc_b", "sc_s"]})
+    types = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
+    types.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32", CS="*fp64" if table else "*fp32",
+                 seq_len="i32", heads_q="i32", heads_k="i32", tokens_bucket="i32", scale="fp32", power="fp32",
+                 scale64="fp64", power64="fp64")
+    types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a", "sc_b", "sc_s"]})
     constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, table=table,
                                  copy_tail=True, mrope=mrope, scale_after=scale_after)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
-    signature.update({name: "constexpr" for name in constants})
-    names = list(signature)
+    types.update({name: "constexpr" for name in constants})
+    names = rotary_kernel.arg_names  # the signature in the kernel's order
+    signature = {name: types[name] for name in names}
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
     aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "CS"] + STRIDES
     source = ASTSource(
-        fn=_rotary_kernel, signature=signature,
+        fn=rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned},
     )
@@ -91,7 +92,7 @@ def print_machine_code(arch: int) -> None:
     print("| BLOCK_S, BLOCK_H, GROUP, warps | SASS instructions | registers | shared bytes "
           "| q/k loads before the angle |")
     print("| --- | --- | --- | --- | --- |")
-    for sizes in _CANDIDATES:
+    for sizes in TUNING_CANDIDATES:
         code = machine_code(arch, sizes)
         print(f"| {', '.join(map(str, sizes))} | {code['instructions']} | {code['registers']} | {code['shared']} "
               f"| {code['loads_before_angle']} of {code['vector_loads']} |")
@@ -102,11 +103,12 @@ def main(arches: list[int]) -> int:
     failures = 0
     # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): the float32-math variants
     # with a tail also take an attention factor above 1; the last one is bfloat16 in float64 math.
+    first, last = TUNING_CANDIDATES[0], TUNING_CANDIDATES[-1]
     variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype != "fp64", False)
                 for dtype, sizes, interleaved, tail in itertools.product(
-                    ("bf16", "fp16", "fp32", "fp64"), (_CANDIDATES[0], _CANDIDATES[-1]), (False, True), (0, 64))]
-    variants += [(dtype, _CANDIDATES[-1], False, 0, True, False, False) for dtype in ("bf16", "fp16", "fp32")]
-    variants += [("bf16", _CANDIDATES[-1], False, 0, False, False, True)]
+                    ("bf16", "fp16", "fp32", "fp64"), (first, last), (False, True), (0, 64))]
+    variants += [(dtype, last, False, 0, True, False, False) for dtype in ("bf16", "fp16", "fp32")]
+    variants += [("bf16", last, False, 0, False, False, True)]
     for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math) in itertools.product(arches,
                                                                                                         variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"

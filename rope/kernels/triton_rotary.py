@@ -12,7 +12,7 @@ Two compile-time variants of the arithmetic:
 * **float32 math** (float16, bfloat16 and float32 inputs). The angle is reduced exactly (see
   :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point turns T_i,
   multiplies by the int64 position (wrapping modulo 2^64), and evaluates cos/sin of the angle,
-  already in [-pi, pi), from its quarter turn and Taylor polynomials (:func:`_cos_sin_of_turns`).
+  already in [-pi, pi), from its quarter turn and Taylor polynomials (:func:`cos_sin_of_int32_turns`).
   No table is read.
 * **float64 math** (float64 inputs, or ``launch(..., float64_math=True)`` for any dtype): the
   launcher computes float64 cos/sin of the exactly reduced angles with :func:`rope.angles.cos_sin`
@@ -69,7 +69,7 @@ decode (one token per sequence) the batch is read as the token axis, so that a p
 holds BLOCK_S tokens. q and k may be strided views (e.g. slices of a packed qkv projection);
 only the last dimension must be contiguous.
 
-No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernel_targets``
+No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernels.targets``
 that it compiles for sm_75/80/90; speed (the float32 path's instruction count is that of the
 previous version, plus three instructions per angle and, for s > 1, one multiply per output)
 is untimed.
@@ -79,16 +79,16 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from fractions import Fraction
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from . import checks
-from .angles import INV_TWO_PI_PIECES, TWO_PI, cos_sin
-from .apply import KERNEL_SCALE_RANGE
+from .. import _checks
+from ..angles import INV_TWO_PI_PIECES, TWO_PI, cos_sin
+from ..apply import KERNEL_SCALE_RANGE, per_pair_positions
 
 SCALE_RANGE = KERNEL_SCALE_RANGE
 """The attention factors the kernel takes: float32 math represents s, or s 2^-k, as a normal
@@ -96,8 +96,8 @@ float32 number with room to spare (smaller or larger factors belong to the torch
 
 
 def _float32(value) -> float:
-    """``value`` rounded to the nearest float32 number."""
-    return float(np.float32(value))
+    """``value`` rounded to the nearest float32 number (IEEE 754 round-to-nearest-even of the packing)."""
+    return struct.unpack("f", struct.pack("f", float(value)))[0]
 
 
 # The four pieces of 1/(2 pi), compiled in as float64 immediates (no load on the angle's path).
@@ -107,7 +107,7 @@ _PIECE_0, _PIECE_1, _PIECE_2, _PIECE_3 = (tl.constexpr(piece) for piece in INV_T
 _UNIT_HI = tl.constexpr(_float32(TWO_PI / 2**32))
 _UNIT_LO = tl.constexpr(_float32(TWO_PI / 2**32 - Fraction(_UNIT_HI.value)))
 
-# Taylor coefficients of _cos_sin_of_turns, +-1/n! rounded to float32.
+# Taylor coefficients of cos_sin_of_int32_turns, +-1/n! rounded to float32.
 _S3, _S5, _S7, _S9 = (tl.constexpr(_float32((-1) ** (n // 2) / math.factorial(n))) for n in (3, 5, 7, 9))
 _C2, _C4, _C6, _C8, _C10 = (tl.constexpr(_float32((-1) ** (n // 2) / math.factorial(n))) for n in (2, 4, 6, 8, 10))
 
@@ -129,8 +129,9 @@ def _fixed_point_phase(theta):
 
 
 @triton.jit
-def _cos_sin_of_turns(turns):
-    """float32 cos and sin of 2 pi turns / 2^32, for int64 ``turns`` in [-2^31, 2^31).
+def cos_sin_of_int32_turns(turns):
+    """float32 cos and sin of 2 pi turns / 2^32, for int64 ``turns`` in [-2^31, 2^31): the
+    kernel's cos and sin (a device function, for ``@triton.jit`` code).
 
     The quadrant q = round(turns / 2^30) comes from the integer, exactly; the rest r, |r| <= 2^29,
     is split into a multiple of 256 and the low byte (both exact in float32) so that the angle
@@ -164,7 +165,7 @@ def _computed_cos_sin(pos, FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
     turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
-    return _cos_sin_of_turns(turns >> 32)  # the top 32 bits suffice for float32
+    return cos_sin_of_int32_turns(turns >> 32)  # the top 32 bits suffice for float32
 
 
 @triton.jit
@@ -238,8 +239,12 @@ def _widened(x, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
 
 
 @triton.jit
-def _rounded(y, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
-    """float32 or float64 ``y`` rounded once to ``dtype``, to nearest even."""
+def round_to_dtype(y, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """float32 or float64 ``y`` rounded once to ``dtype``, to nearest even: how the kernel writes
+    its outputs (a device function, for ``@triton.jit`` code). float64 to float16 or bfloat16
+    goes through float32 rounded to odd (:func:`_round_to_odd_float32`), which makes the second
+    rounding exact; ``BF16_BY_BITS`` converts to bfloat16 by integer arithmetic
+    (:func:`_bfloat16_by_bits`), as Triton's interpreter must."""
     if y.dtype == tl.float64:
         if dtype == tl.float16 or dtype == tl.bfloat16:
             y = _round_to_odd_float32(y, dtype == tl.bfloat16)
@@ -310,8 +315,8 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
         if SCALE_AFTER:
             ya = ya * power
             yb = yb * power
-    tl.store(o_row + a, _rounded(ya, xa.dtype, BF16_BY_BITS), mask=mask)
-    tl.store(o_row + b, _rounded(yb, xb.dtype, BF16_BY_BITS), mask=mask)
+    tl.store(o_row + a, round_to_dtype(ya, xa.dtype, BF16_BY_BITS), mask=mask)
+    tl.store(o_row + b, round_to_dtype(yb, xb.dtype, BF16_BY_BITS), mask=mask)
     if COPY_TAIL:
         t = 2 * HALF + tl.arange(0, TAIL_PAD)
         tail_mask = row_mask & (t < 2 * HALF + TAIL)[None, None, :]
@@ -332,7 +337,7 @@ def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr
     """int64 [BLOCK_S, HALF_PAD]: the position pair i of each token turns by, the token's own, or
     with M-RoPE row AXES[i] (0 t, 1 h, 2 w) of the [3, ...] position ids. Loaded in the shape of
     the angles, the positions need no layout conversion through shared memory before the product
-    with the turns (``python -m rope.kernel_targets --code`` shows the machine code)."""
+    with the turns (``python -m rope.kernels.targets --code`` shows the machine code)."""
     j = tl.arange(0, HALF_PAD)
     if MROPE:
         row_of_pair = tl.load(AXES + j, mask=j < HALF, other=0).to(tl.int64) * sp_a
@@ -367,23 +372,41 @@ def _coefficients(POS, FREQ, AXES, CS, batch, s, s_mask, sp_b, sp_s, sp_a, sc_b,
 
 
 @triton.jit
-def _rotary_kernel(
-    Q, K, QO, KO, POS, FREQ, AXES, CS,
-    seq_len, heads_q, heads_k, scale, power, scale64: tl.float64, power64: tl.float64, tokens_bucket,
-    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
-    sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h,
-    sp_b, sp_s, sp_a, sc_b, sc_s,
+def rotary_kernel(
+    # Tensors: q and k; their outputs (q and k themselves in place); what the angles are made of
+    # (float32 math: the positions, the frequencies and with MROPE each pair's row of the
+    # positions; float64 math: the cos/sin table)
+    Q, K,
+    QO, KO,
+    POS, FREQ, AXES,
+    CS,
+    # Strides (batch, token, head) of q, k, q_out and k_out, in elements; their last dimension is contiguous
+    sq_b, sq_s, sq_h,
+    sk_b, sk_s, sk_h,
+    sqo_b, sqo_s, sqo_h,
+    sko_b, sko_s, sko_h,
+    # Strides of the positions (batch, token, M-RoPE row) and of the table (batch, token)
+    sp_b, sp_s, sp_a,
+    sc_b, sc_s,
+    # Sizes
+    seq_len, heads_q, heads_k,
+    tokens_bucket,  # batch * seq_len rounded up to a power of two: only keys the autotuning cache
+    # The attention factor: float32 math (scale, power = 2^k), float64 math (scale64, power64)
+    scale, power,
+    scale64: tl.float64, power64: tl.float64,
+    # Compile time: widths, layout, variants of the arithmetic (kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, TABLE: tl.constexpr,
     SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+    # Launch sizes (autotuned on a GPU)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
     [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
-    issued before the angle arithmetic, so that memory latency and the math overlap.
-    ``tokens_bucket`` only keys the autotuning cache. float32 math reads POS, FREQ (and AXES with
-    MROPE) and the float32 ``scale`` and ``power``; float64 math (TABLE) reads the cos/sin table
-    CS and the float64 ``scale64`` and ``power64``."""
+    issued before the angle arithmetic, so that memory latency and the math overlap. float32 math
+    reads POS, FREQ (and AXES with MROPE) and the float32 ``scale`` and ``power``; float64 math
+    (TABLE) reads the cos/sin table CS and the float64 ``scale64`` and ``power64``. Launched by
+    :func:`launch`, which documents the arguments."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s < seq_len
@@ -411,10 +434,10 @@ def _rotary_kernel(
                               BF16_BY_BITS)
 
 
-# (BLOCK_S, BLOCK_H, GROUP, num_warps) tried on first use of a shape on a GPU: the leaders of a
-# sweep over the benchmark shapes on an H100 (benchmarks/tune_blocks.py).
-_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (4, 4, 1, 2), (8, 4, 1, 2), (2, 16, 1, 4), (2, 32, 1, 4),
-               (2, 16, 4, 4), (4, 8, 2, 4)]
+TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (4, 4, 1, 2), (8, 4, 1, 2), (2, 16, 1, 4), (2, 32, 1, 4),
+                     (2, 16, 4, 4), (4, 8, 2, 4)]
+"""(BLOCK_S, BLOCK_H, GROUP, num_warps) tried on first use of a shape on a GPU: the leaders of a
+sweep over the benchmark shapes on an H100 (benchmarks/tune_blocks.py)."""
 
 
 def _small_problems_take_the_first(configs, named_args, **kwargs):
@@ -422,17 +445,26 @@ def _small_problems_take_the_first(configs, named_args, **kwargs):
     return configs[:1] if named_args["tokens_bucket"] < 256 else configs
 
 
-_tuned_kernel = triton.autotune(
-    configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w) for s, h, g, w in _CANDIDATES],
+tuned_kernel = triton.autotune(
+    configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w)
+             for s, h, g, w in TUNING_CANDIDATES],
     key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "TABLE", "MROPE"],
     prune_configs_by={"early_config_prune": _small_problems_take_the_first},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
-)(_rotary_kernel)
+)(rotary_kernel)
+""":func:`rotary_kernel` with its launch sizes autotuned over :data:`TUNING_CANDIDATES` (on a GPU;
+``tuned_kernel.best_config`` is the last choice)."""
 
 
-def _launch_sizes(batch: int, seq_len: int, heads: int) -> tuple[int, int, int]:
-    """(BLOCK_S, BLOCK_H, GROUP) where no autotuning runs (Triton's interpreter on CPU)."""
-    block_h = min(triton.next_power_of_2(heads), 16)
+def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, interpreted: bool) -> tuple[int, int, int]:
+    """(BLOCK_S, BLOCK_H, GROUP) where no autotuning runs: the sizes a caller of :func:`launch`
+    leaves open on a GPU, and all of them in Triton's interpreter. The interpreter runs every
+    program in Python at a fixed cost, so there one program takes up to 16 tokens and all their
+    heads (the results do not depend on the sizes: each output is computed on its own)."""
+    block_h = min(triton.next_power_of_2(max(heads_q, heads_k)), 16)
+    if interpreted:
+        head_blocks = triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h)
+        return min(triton.next_power_of_2(seq_len), 16), block_h, head_blocks
     return (2 if batch * seq_len >= 2048 else 1), block_h, 1
 
 
@@ -444,7 +476,7 @@ def _interpreted() -> bool:
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, table: bool,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
                      bf16_by_bits: bool = False) -> dict:
-    """The ``tl.constexpr`` arguments of :func:`_rotary_kernel` other than the launch sizes.
+    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes.
     ``table``: float64 math from a cos/sin table (M-RoPE is then in the table, not the kernel)."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
@@ -462,7 +494,7 @@ def scale_arguments(scale: float, *, table: bool) -> tuple[float, float, float, 
     no intermediate overflows. float64 math: s = ``scale64`` * ``power64`` exactly, with
     ``scale64`` in [1/4, 1/2) (the exact products then stay finite too).
     """
-    scale = checks.number("scale (the attention factor)", scale, minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1])
+    scale = _checks.number("scale (the attention factor)", scale, minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1])
     fraction, exponent = math.frexp(scale)  # scale = fraction 2^exponent, fraction in [1/2, 1)
     if table:
         return 1.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
@@ -478,7 +510,7 @@ def _cos_sin_table(positions: torch.Tensor, inv_freq: torch.Tensor, axes: torch.
     if axes is None:
         cos, sin = cos_sin(positions, inv_freq)
     else:
-        cos, sin = cos_sin(positions[axes.to(positions.device)].movedim(0, -1), inv_freq, per_pair=True)
+        cos, sin = cos_sin(per_pair_positions(positions, axes), inv_freq, per_pair=True)
     return torch.stack((cos, sin), dim=-2)
 
 
@@ -486,6 +518,46 @@ def _row_strides(t: torch.Tensor, dims: int) -> tuple[int, int]:
     """(batch, token) strides of a ``[seq, ...]`` or ``[batch, seq, ...]`` tensor with ``dims``
     trailing dimensions past those (0 for a shared batch)."""
     return (0, t.stride(0)) if t.dim() == 1 + dims else (t.stride(0), t.stride(1))
+
+
+def _decode_as_tokens(q, k, q_out, k_out, positions, *, mrope: bool):
+    """Decode, one token per sequence (seq = 1): q, k, q_out, k_out and the positions with the batch
+    read as the token axis (views, no copies), so that one program rotates BLOCK_S sequences and
+    builds the turns T_i once for all of them."""
+    batch = q.shape[0]
+    q, k, q_out, k_out = (t.transpose(0, 1) for t in (q, k, q_out, k_out))
+    shared = positions.dim() == (2 if mrope else 1)  # [seq] or [3, seq]: one row for the batch
+    positions = positions.expand(*positions.shape[:-1], batch) if shared else positions.transpose(-2, -1)
+    return q, k, q_out, k_out, positions
+
+
+def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, table: bool, factor) -> tuple:
+    """The runtime arguments of :func:`rotary_kernel`, in its order and groups; ``factor`` is
+    (scale, power, scale64, power64) from :func:`scale_arguments`. An unused pointer (AXES without
+    M-RoPE, CS with float32 math) is given inv_freq, and unused strides 0."""
+    batch, seq_len, heads_q = q.shape[:3]
+    token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
+    cos_sin_table = _cos_sin_table(positions, inv_freq, axes) if table else inv_freq
+    return (
+        # Tensors
+        q, k,
+        q_out, k_out,
+        positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
+        cos_sin_table,
+        # Strides of q, k, q_out, k_out
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *q_out.stride()[:3],
+        *k_out.stride()[:3],
+        # Strides of the positions and of the table
+        *_row_strides(token_positions, 0), 0 if axes is None else positions.stride(0),
+        *(_row_strides(cos_sin_table, 2) if table else (0, 0)),
+        # Sizes
+        seq_len, heads_q, k.shape[2],
+        triton.next_power_of_2(batch * seq_len),
+        # The attention factor
+        *factor,
+    )
 
 
 def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate, axes=None,
@@ -503,14 +575,10 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
     table = float64_math or q.dtype == torch.float64
-    scale, power, scale64, power64, scale_after = scale_arguments(scale, table=table)
+    *factor, scale_after = scale_arguments(scale, table=table)
     batch, seq_len, heads_q, head_dim = q.shape
     if seq_len == 1 and batch > 1:
-        # Decode, one token per sequence: read the batch as the token axis (views, no copies), so
-        # that one program rotates BLOCK_S sequences and builds the turns T_i once for all of them.
-        q, k, q_out, k_out = (t.transpose(0, 1) for t in (q, k, q_out, k_out))
-        shared = positions.dim() == (1 if axes is None else 2)  # [seq] or [3, seq]: one row for the batch
-        positions = positions.expand(*positions.shape[:-1], batch) if shared else positions.transpose(-2, -1)
+        q, k, q_out, k_out, positions = _decode_as_tokens(q, k, q_out, k_out, positions, mrope=axes is not None)
         batch, seq_len = 1, batch
     heads_k = k.shape[2]
 
@@ -518,17 +586,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
         return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
-    token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
-    cos_sin_table = _cos_sin_table(positions, inv_freq, axes) if table else inv_freq
-    table_strides = _row_strides(cos_sin_table, 2) if table else (0, 0)
-    axis_stride = 0 if axes is None else positions.stride(0)
-    args = (
-        q, k, q_out, k_out, positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
-        cos_sin_table, seq_len, heads_q, heads_k, scale, power, scale64, power64,
-        triton.next_power_of_2(batch * seq_len),
-        *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
-        *_row_strides(token_positions, 0), axis_stride, *table_strides,
-    )
+    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, table=table, factor=factor)
     options = kernel_constants(
         head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, table=table,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
@@ -536,8 +594,8 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not _interpreted():
-        _tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
+        tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
         return
-    default = _launch_sizes(batch, seq_len, max(heads_q, heads_k))
+    default = _launch_sizes(batch, seq_len, heads_q, heads_k, interpreted=_interpreted())
     sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
-    _rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)
+    rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)

@@ -24,15 +24,15 @@ prefix sums hold one d x v_dim matrix per token and key head: O(N d v_dim) time 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .apply import check_inputs, apply_rotary
-from .checks import flag, same_device, tensor
-from .layouts import check_layout
-from .reference import rotate_by_matrix
+from .._checks import flag, same_device, tensor
+from ..apply import apply_rotary, check_inputs
+from ..layouts import check_layout
+from ..reference import rotate_by_matrix
 
 FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 

@@ -20,8 +20,8 @@ from numbers import Integral
 
 import torch
 
-from .checks import integer, number, tensor
-from .reference import rotation_matrix
+from .._checks import integer, number, tensor
+from ..reference import rotation_matrix
 
 _INT64_MIN, _INT64_MAX = -(2**63) + 1, 2**63 - 1
 SKEW_TOLERANCE = 1e-10

@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from .checks import float_tensor, integer, number, same_device
+from .._checks import float_tensor, integer, number, same_device
 
 
 def _frequencies(inv_freq) -> torch.Tensor:

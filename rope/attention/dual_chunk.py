@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import integer
+from .._checks import integer
 
 
 def dual_chunk_relative_positions(q_len: int, k_len: int, *, chunk_size: int, local_window: int) -> torch.Tensor:

@@ -35,33 +35,32 @@ and the softmax yourself. GQA/MQA: query head h reads key head ``h // (heads_q /
 
 from __future__ import annotations
 
-
 import torch
 
-from .apply import exact_cos_sin, rotate_pairs
-from . import checks
-from .layouts import check_layout, pair_indices
+from .. import _checks
+from ..apply import exact_cos_sin, rotate_pairs
+from ..layouts import check_layout, pair_indices
 
 
 def _check_window(window, leaky_scale) -> tuple[int, float | None]:
-    window = checks.integer("window", window, minimum=1)
+    window = _checks.integer("window", window, minimum=1)
     if leaky_scale is not None:
-        leaky_scale = checks.number("leaky_scale", leaky_scale, positive=True)
+        leaky_scale = _checks.number("leaky_scale", leaky_scale, positive=True)
     return window, leaky_scale
 
 
 def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
     """Validate query/key tensors (``[batch, seq, heads, head_dim]``, seq may differ), their 1-D
     integer positions and the frequencies; return the number of query heads per key head."""
-    checks.head_tensors(q=q, k=k)
+    _checks.head_tensors(q=q, k=k)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q = {q.shape[2]} must be a multiple of heads_k = {k.shape[2]} (GQA)")
-    checks.integer_tensor("q_positions", q_positions, dim=1, length=q.shape[1])
-    checks.integer_tensor("k_positions", k_positions, dim=1, length=k.shape[1])
-    checks.finite_frequencies("inv_freq", inv_freq, dtypes=checks.FREQUENCY_DTYPES)
-    checks.same_device("q", q, k=k, q_positions=q_positions, k_positions=k_positions, inv_freq=inv_freq)
+    _checks.integer_tensor("q_positions", q_positions, dim=1, length=q.shape[1])
+    _checks.integer_tensor("k_positions", k_positions, dim=1, length=k.shape[1])
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.same_device("q", q, k=k, q_positions=q_positions, k_positions=k_positions, inv_freq=inv_freq)
     if inv_freq.numel() == 0:
         raise ValueError("inv_freq must hold at least one frequency")
     if 2 * inv_freq.numel() > q.shape[3]:
@@ -91,7 +90,7 @@ def _logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
 def rotary_scores(q, k, q_positions, k_positions, inv_freq, *, layout: str = "half") -> torch.Tensor:
     """Plain RoPE logits ``(R_m q)^T (R_n k) = q^T R_{n-m} k`` in float64, ``[batch, heads_q, q_len, k_len]``.
 
-    The building block of the two-pass form and of :mod:`rope.kv_cache`. q and k are
+    The building block of the two-pass form and of :mod:`rope.attention.kv_cache`. q and k are
     ``[batch, seq, heads, head_dim]`` with their own lengths and 1-D integer positions.
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
@@ -106,8 +105,8 @@ def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: floa
     (``leaky_scale`` = k) ``r' = r`` for r < w and ``w + (r - w) / k`` beyond. Entries with r < 0
     (keys after the query, removed by the causal mask) keep r' = r.
     """
-    checks.integer_tensor("q_positions", q_positions, dim=1)
-    checks.integer_tensor("k_positions", k_positions, dim=1)
+    _checks.integer_tensor("q_positions", q_positions, dim=1)
+    _checks.integer_tensor("k_positions", k_positions, dim=1)
     window, leaky_scale = _check_window(window, leaky_scale)
     r = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
     beyond = window + (r - window) / leaky_scale if leaky_scale is not None else torch.full_like(r, float(window))

@@ -26,12 +26,13 @@ of admissible bases is not an interval: a larger base can fail where a smaller o
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
 
-from .checks import choice, float_tensor, integer, number, same_device
-from .frequencies import default_theta
+from .._checks import choice, float_tensor, integer, number, same_device
+from ..frequencies import default_theta
 
 # The scan evaluates C(s) in blocks of _BLOCK consecutive distances, starting with one block and
 # doubling the number of blocks per step up to _MAX_BLOCKS (about a million distances per step).
@@ -186,39 +187,63 @@ def min_bases_for_lengths(
     to ``upper`` is admissible for some L ("first"), or if the top grid point fails ("stable").
     """
     choice("rule", rule, RULES)
-    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
-        raise TypeError(f"lengths must be a sequence of positive ints, got {lengths!r}")
-    lengths = [integer(f"lengths[{i}]", length, minimum=1) for i, length in enumerate(lengths)]
+    lengths = _lengths(lengths)
     dim = integer("dim", dim, minimum=2, even=True)
     grid = base_grid(lower, upper, points_per_decade).tolist()
-    answers: dict[int, float] = {}
     waiting = sorted(set(lengths))
     if rule == "first":
-        for base in grid:
-            if not waiting:
-                break
-            first_negative = first_negative_distance(base, dim, limit=waiting[-1])
-            passed = len(waiting) if first_negative is None else sum(length <= first_negative for length in waiting)
-            answers.update((length, base) for length in waiting[:passed])
-            waiting = waiting[passed:]
-        if waiting:
-            raise ValueError(
-                f"no base on the grid up to upper={upper!r} is admissible for length {waiting[0]}; raise upper"
-            )
+        answers = _first_admissible(grid, dim, waiting, upper)
     else:
-        above = None
-        for base in reversed(grid):
-            if not waiting:
-                break
-            first_negative = first_negative_distance(base, dim, limit=waiting[-1])
-            passed = len(waiting) if first_negative is None else sum(length <= first_negative for length in waiting)
-            if passed < len(waiting) and above is None:
-                raise ValueError(f"upper={upper!r} is not admissible for length {waiting[-1]}; raise upper")
-            answers.update((length, above) for length in waiting[passed:])
-            waiting = waiting[:passed]
-            above = base
-        answers.update((length, grid[0]) for length in waiting)
+        answers = _stable_admissible(grid, dim, waiting, upper)
     return [answers[length] for length in lengths]
+
+
+def _lengths(lengths) -> list[int]:
+    """``lengths`` as a list of positive ints; TypeError for a string or a non-iterable."""
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise TypeError(f"lengths must be a sequence of positive ints, got {lengths!r}")
+    return [integer(f"lengths[{i}]", length, minimum=1) for i, length in enumerate(lengths)]
+
+
+def _admissible_count(base: float, dim: int, waiting: list[int]) -> int:
+    """How many of the increasing lengths ``waiting`` the base is admissible for: those L <= s*,
+    s* its first negative distance below ``waiting[-1]`` (all of them if there is none), a prefix."""
+    first_negative = first_negative_distance(base, dim, limit=waiting[-1])
+    return len(waiting) if first_negative is None else bisect.bisect_right(waiting, first_negative)
+
+
+def _first_admissible(grid: list[float], dim: int, waiting: list[int], upper: float) -> dict[int, float]:
+    """Rule "first" of :func:`min_bases_for_lengths` for the increasing lengths ``waiting``: one walk
+    up ``grid``, each grid point settling the lengths still waiting that it is admissible for."""
+    answers = {}
+    for base in grid:
+        if not waiting:
+            break
+        passed = _admissible_count(base, dim, waiting)
+        answers.update((length, base) for length in waiting[:passed])
+        waiting = waiting[passed:]
+    if waiting:
+        raise ValueError(
+            f"no base on the grid up to upper={upper!r} is admissible for length {waiting[0]}; raise upper"
+        )
+    return answers
+
+
+def _stable_admissible(grid: list[float], dim: int, waiting: list[int], upper: float) -> dict[int, float]:
+    """Rule "stable" of :func:`min_bases_for_lengths` for the increasing lengths ``waiting``: one walk
+    down ``grid``; the first grid point that fails a length settles it with the grid point above."""
+    answers, above = {}, None
+    for base in reversed(grid):
+        if not waiting:
+            break
+        passed = _admissible_count(base, dim, waiting)
+        if passed < len(waiting) and above is None:
+            raise ValueError(f"upper={upper!r} is not admissible for length {waiting[-1]}; raise upper")
+        answers.update((length, above) for length in waiting[passed:])
+        waiting = waiting[:passed]
+        above = base
+    answers.update((length, grid[0]) for length in waiting)
+    return answers
 
 
 def min_base_for_length(length: int, dim: int, **grid_options) -> float:

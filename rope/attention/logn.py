@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .checks import float_tensor, integer, integer_tensor
+from .._checks import float_tensor, integer, integer_tensor
 
 
 def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:

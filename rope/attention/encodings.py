@@ -17,7 +17,17 @@ import math
 
 import torch
 
-from .checks import FLOAT_DTYPES, dtype_choice, flag, float_tensor, integer, integer_tensor, number, same_device, tensor
+from .._checks import (
+    FLOAT_DTYPES,
+    dtype_choice,
+    flag,
+    float_tensor,
+    integer,
+    integer_tensor,
+    number,
+    same_device,
+    tensor,
+)
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:

@@ -17,7 +17,7 @@ The functions here:
   tables rounded to a storage dtype (bfloat16 as many stacks keep them);
 * :func:`reference_cos_sin`: float64 cos/sin of angles reduced with 96-bit fixed-point turns
   (the method of :mod:`rope.angles` with 32 more bits), accurate to float64 rounding;
-* :func:`fixed_point_cos_sin`: the float32 path of the Triton kernel (:mod:`rope.triton_rotary`),
+* :func:`fixed_point_cos_sin`: the float32 path of the Triton kernel (:mod:`rope.kernels.triton_rotary`),
   in torch: 64-bit fixed-point turns, top 32 bits to float32, cos/sin of an angle in [-pi, pi);
 * :func:`digit_table_cos_sin`: m written in base beta, m = sum_k d_k beta^k, and
   e^{i m theta} = prod_k e^{i d_k beta^k theta} from small tables, combined by angle addition;
@@ -32,9 +32,9 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from .angles import PHASE_BITS, TWO_PI, fixed_point_phases
-from .checks import FLOAT_DTYPES, dtype_choice, finite_frequencies, float_tensor, integer, integer_tensor, same_device
-from .layouts import pair_indices
+from .._checks import FLOAT_DTYPES, dtype_choice, finite_frequencies, float_tensor, integer, integer_tensor, same_device
+from ..angles import PHASE_BITS, TWO_PI, fixed_point_phases
+from ..layouts import pair_indices
 
 _COLLISION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _COLLISION_BLOCK = 2**20
@@ -44,7 +44,7 @@ _REFERENCE_CHUNKS = 2  # |m| < 2^62
 
 
 def _check_inv_freq(inv_freq) -> None:
-    """The theta_i are float32 numbers (:func:`rope.checks.finite_frequencies`), at least one."""
+    """The theta_i are float32 numbers (:func:`rope._checks.finite_frequencies`), at least one."""
     finite_frequencies("inv_freq", inv_freq)
     if inv_freq.numel() == 0:
         raise ValueError("inv_freq must hold at least one frequency")

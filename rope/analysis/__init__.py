@@ -1,0 +1,12 @@
+"""What the book derives and measures; not needed to use RoPE (``import rope`` does not load it).
+
+* :mod:`.decay` — the long-term decay bound and the base needed for a context length;
+* :mod:`.precision` — the usual float32 recipe, bf16 tables and position-digit tables;
+* :mod:`.scaling` — what frequency scaling does to each pair: NTK bases, YaRN ramps, temperatures;
+* :mod:`.extrapolation` — unseen angles and the interpolation bounds of length extension;
+* :mod:`.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B.
+"""
+
+from . import decay, extrapolation, general, precision, scaling
+
+__all__ = ["decay", "extrapolation", "general", "precision", "scaling"]

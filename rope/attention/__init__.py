@@ -1,0 +1,13 @@
+"""Attention-side position methods: what changes the scores rather than rotating q and k alone.
+
+* :mod:`.rerope` — ReRoPE and Leaky ReRoPE: relative positions clipped at a window;
+* :mod:`.logn` — log-n attention scaling;
+* :mod:`.dual_chunk` — Dual Chunk Attention's relative positions;
+* :mod:`.kv_cache` — dynamic NTK with a KV cache: keys cached before or after rotation;
+* :mod:`.linear_attention` — RoPE in linear attention, O(N) and the O(N^2) reference;
+* :mod:`.encodings` — the encodings before RoPE: sinusoidal, Shaw, T5 buckets, DeBERTa, ALiBi.
+"""
+
+from . import dual_chunk, encodings, kv_cache, linear_attention, logn, rerope
+
+__all__ = ["dual_chunk", "encodings", "kv_cache", "linear_attention", "logn", "rerope"]

@@ -1,0 +1,101 @@
+"""The family table: how each transformers model family applies RoPE, and rope's replacement.
+
+:data:`FAMILIES` maps a transformers ``model_type`` (``model.config.model_type``) to its
+:class:`Convention`: the module-level function(s) of the family's modeling module
+(``transformers/models/<family>/modeling_<family>.py``) that its attention calls to rotate q and
+k, rope's function with the same signature and result (:mod:`rope.hf.functions`), and the form
+of the tables the family's ``rotary_emb`` returns (:data:`rope.hf.TABLE_FORMS`), which
+:func:`rope.hf.install` finds by probing and :func:`rope.hf.patch` checks against this table.
+
+Each convention was read from the transformers 5.23 source of the families it lists, and each
+family is checked logit for logit on a tiny model (``tests/test_hf_families.py``,
+``tests/test_hf_patch.py``):
+
+* :data:`LLAMA`: ``apply_rotary_pos_emb``, ``q * cos + rotate_half(q) * sin`` with
+  ``rotate_half`` splitting the head in halves, pairs (i, i + d/2) (``modeling_llama.py``, and
+  the same function in the modeling file of every family listed with it; where the rotary part is
+  narrower than the head, in Phi, GPT-NeoX, StableLM and Persimmon, the attention or the function
+  passes the rest of the head through).
+* :data:`GLM`: ``apply_rotary_pos_emb`` reading the first half of ``rotate_half`` tables, each
+  entry twice (``cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)``), with a
+  ``rotate_half`` that pairs (2i, 2i + 1) (``modeling_glm.py``, ``modeling_glm4.py``,
+  ``modeling_ernie4_5.py``, ``modeling_helium.py``).
+* :data:`COHERE`: ``apply_rotary_pos_emb`` with pairs (2i, 2i + 1) on tables whose rotary module
+  repeats each angle twice in a row (``repeat_interleave``; ``modeling_cohere.py``,
+  ``modeling_cohere2.py``).
+* :data:`GPT_OSS`: ``apply_rotary_pos_emb`` calling ``_apply_rotary_emb``: the halves (x1, x2)
+  become (x1 cos - x2 sin, x2 cos + x1 sin), tables with each angle once (``modeling_gpt_oss.py``).
+* :data:`DEEPSEEK_V3`: ``apply_rotary_pos_emb`` (Llama's, with ``rope_interleave=False``) and
+  ``apply_rotary_pos_emb_interleave`` (the default: pairs (2i, 2i + 1) turned and returned
+  half-split) on the ``qk_rope_head_dim`` coordinates (``modeling_deepseek_v3.py``).
+* :data:`GEMMA4`: ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)``, Llama's formula on one
+  tensor (``modeling_gemma4.py``).
+* :data:`LLAMA4`: ``apply_rotary_emb(xq, xk, freqs_cis)``, pairs (2i, 2i + 1) as complex numbers
+  times ``freqs_cis`` (``modeling_llama4.py``).
+
+Families not in the table (other model types, or the same family under another name, such as a
+multimodal wrapper's ``model_type``) are refused by :func:`rope.hf.patch`; the functions and
+:func:`rope.hf.install` remain usable for them by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .. import _checks
+from .embedding import TABLE_FORMS
+from .functions import (
+    apply_rotary_emb_complex,
+    apply_rotary_pos_emb,
+    apply_rotary_pos_emb_interleave,
+    apply_rotary_pos_emb_interleaved,
+    apply_rotary_pos_emb_interleaved_tables,
+    apply_rotary_pos_emb_pair_tables,
+    apply_rotary_pos_emb_single,
+)
+
+
+@dataclass(frozen=True)
+class Convention:
+    """How one family's modeling module rotates q and k: ``name``, the family it was read from;
+    ``functions``, ``(name, replacement)`` pairs: the module-level function its attention calls by
+    that name, and rope's function with the same signature and result; ``tables``, the
+    :data:`rope.hf.TABLE_FORMS` entry of the tables its rotary module returns."""
+
+    name: str
+    functions: tuple[tuple[str, Callable], ...]
+    tables: str
+
+    def __post_init__(self):
+        _checks.choice("tables", self.tables, TABLE_FORMS)
+
+
+LLAMA = Convention("llama", (("apply_rotary_pos_emb", apply_rotary_pos_emb),), "rotate_half")
+GLM = Convention("glm", (("apply_rotary_pos_emb", apply_rotary_pos_emb_interleaved),), "rotate_half")
+COHERE = Convention("cohere", (("apply_rotary_pos_emb", apply_rotary_pos_emb_interleaved_tables),), "interleaved")
+GPT_OSS = Convention("gpt_oss", (("apply_rotary_pos_emb", apply_rotary_pos_emb_pair_tables),), "pairs")
+DEEPSEEK_V3 = Convention("deepseek_v3", (("apply_rotary_pos_emb", apply_rotary_pos_emb),
+                                         ("apply_rotary_pos_emb_interleave", apply_rotary_pos_emb_interleave)),
+                         "rotate_half")
+GEMMA4 = Convention("gemma4", (("apply_rotary_pos_emb", apply_rotary_pos_emb_single),), "rotate_half")
+LLAMA4 = Convention("llama4", (("apply_rotary_emb", apply_rotary_emb_complex),), "complex")
+
+_LLAMA_FAMILIES = (
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "gpt_neox",
+    "stablelm", "persimmon", "olmo2", "olmo3", "granite", "starcoder2", "falcon", "smollm3", "seed_oss", "exaone4",
+    "nemotron", "lfm2", "minimax", "hunyuan_v1_dense", "apertus", "vaultgemma",
+)
+
+FAMILIES = MappingProxyType({
+    **{model_type: LLAMA for model_type in _LLAMA_FAMILIES},
+    **{model_type: GLM for model_type in ("glm", "glm4", "ernie4_5", "helium")},
+    **{model_type: COHERE for model_type in ("cohere", "cohere2")},
+    "gpt_oss": GPT_OSS,
+    "deepseek_v3": DEEPSEEK_V3,
+    "gemma4_text": GEMMA4,
+    "llama4_text": LLAMA4,
+})
+"""transformers ``model_type`` -> its :class:`Convention` (read-only; module docstring for the
+source of each)."""

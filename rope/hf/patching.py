@@ -1,0 +1,257 @@
+"""One call to put rope into a transformers model, and one to take it out again.
+
+:func:`patch` follows Liger-Kernel's ``apply_liger_kernel_to_llama`` and its siblings
+(``liger_kernel/transformers/monkey_patch.py``), which replace ``apply_rotary_pos_emb`` by name
+in the family's modeling module, where the attention looks it up at every call. Here the family
+comes from ``model.config.model_type`` and :data:`rope.hf.FAMILIES`, and the model's rotary
+modules are swapped too (:func:`rope.hf.install`). Unlike Liger, everything is checked before
+anything changes: a model :func:`patch` cannot reproduce is refused, untouched. The record it
+returns says what changed, and :func:`unpatch` undoes it.
+
+The modeling module belongs to the whole process, so replacing its function affects every model
+of that module, patched or not. A model that is not patched hands rope's function transformers'
+own tables, and gets transformers' formula on them, computed in float32 and rounded once. The
+original functions come back when the last patched model of the module is unpatched, or is
+garbage-collected while patched. In that second case, a function someone else has replaced since
+is left as it is, because there is no caller to tell.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+from torch import nn
+
+from .families import FAMILIES, Convention
+from .install import Replacement, rotary_replacements
+
+
+@dataclass(frozen=True, eq=False)
+class Patch:
+    """What :func:`patch` changed in one model.
+
+    * ``model_type`` and ``convention``: the model's row of :data:`rope.hf.FAMILIES`.
+    * ``module``: the modeling module whose functions were replaced.
+    * ``originals``: ``(name, function)`` pairs as they were before that module's first patch,
+      which the last :func:`unpatch` restores.
+    * ``rotary_modules``: the :class:`rope.hf.Replacement` of each rotary module swapped. A
+      module that was already rope's has none.
+
+    The record holds no reference to the model."""
+
+    model_type: str
+    convention: Convention
+    module: ModuleType
+    originals: tuple[tuple[str, Callable], ...]
+    rotary_modules: tuple[Replacement, ...]
+
+
+@dataclass(eq=False)
+class _ModuleState:
+    """A patched modeling module: the functions it had, the convention set in, and how many
+    patched models of it are alive."""
+
+    module: ModuleType
+    originals: tuple[tuple[str, Callable], ...]
+    convention: Convention
+    models: int = 0
+
+
+_MODULES: dict[str, _ModuleState] = {}
+_PATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (Patch, weakref.finalize)
+
+
+def patch(model: nn.Module) -> Patch:
+    """Make a transformers model compute RoPE with rope: install rope's rotary modules (checked
+    against the model's own, :func:`rope.hf.install`) and replace the function(s) its family
+    rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module. The module is
+    the one that defines the classes holding ``rotary_emb``. Returns the :class:`Patch` record.
+
+    Raises ``TypeError`` for a model that is not an ``nn.Module`` or whose ``config.model_type``
+    is not a str. Raises ``ValueError`` when patching would not reproduce the model: no
+    ``config.model_type``, or one that is not in :data:`rope.hf.FAMILIES`; rotary modules that
+    :func:`rope.hf.install` refuses; tables of another form than the family's; a modeling module
+    without the family's function, or that another convention patched, or whose function was
+    replaced since rope patched it. It also raises ``ValueError`` for a model that is patched
+    already, or that contains or is contained in a patched model. Every refusal happens before
+    anything changes. If a change fails halfway, the changes made before it are undone.
+    """
+    model_type, convention = _family(model)
+    _refuse_overlap(model)
+    try:
+        replacements = rotary_replacements(model)
+    except ValueError as err:
+        raise ValueError(f"patch: {err}") from err
+    module = _modeling_module(model, model_type, convention)
+    state = _MODULES.get(module.__name__)
+    if state is not None:
+        _refuse_foreign_state(module, convention, state)
+    _check_tables(model, replacements, model_type, convention)
+    originals = state.originals if state is not None else tuple(
+        (name, getattr(module, name)) for name, _ in convention.functions)
+    record = Patch(model_type, convention, module, originals, replacements)
+    _apply(model, record, first=state is None)
+    state = _MODULES.setdefault(module.__name__, _ModuleState(module, originals, convention))
+    state.models += 1
+    finalizer = weakref.finalize(model, _release, module.__name__)
+    finalizer.atexit = False
+    _PATCHES[model] = (record, finalizer)
+    return record
+
+
+def unpatch(model: nn.Module) -> None:
+    """Undo :func:`patch`. The model gets its original rotary modules back, moved to the device
+    that rope's modules are on now. The modeling module gets its original functions back once no
+    other patched model of it remains (module docstring).
+
+    Raises ``TypeError`` for a model that is not an ``nn.Module``. Raises ``ValueError``, and
+    changes nothing, when the model is not patched (or was unpatched already), when its rotary
+    modules are no longer the ones :func:`patch` put in, or when this is the last patched model
+    of its module and the module's functions were replaced since.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    entry = _PATCHES.get(model)
+    if entry is None:
+        raise ValueError(f"unpatch: this {type(model).__name__} is not patched (rope.hf.patch was not called on it, "
+                         "or it was unpatched already); nothing changed")
+    record, finalizer = entry
+    moved = [r.name for r in record.rotary_modules if _rotary_module(model, r.owner) is not r.new]
+    if moved:
+        raise ValueError(f"unpatch: {moved} are no longer the rotary modules rope.hf.patch put in (replaced since); "
+                         "nothing changed")
+    if _MODULES[record.module.__name__].models == 1:
+        foreign = _foreign_functions(record.module, record.convention)
+        if foreign:
+            raise ValueError(f"unpatch: {record.module.__name__}.{foreign[0]} is no longer rope's function (replaced "
+                             "since rope.hf.patch set it); restoring the original would undo that; nothing changed")
+    for r in record.rotary_modules:
+        device = next((buffer.device for buffer in r.new.buffers()), None)
+        model.get_submodule(r.owner).rotary_emb = r.old if device is None else r.old.to(device)
+    del _PATCHES[model]
+    finalizer()  # one patched model fewer; the last one restores the module's functions
+
+
+def _family(model) -> tuple[str, Convention]:
+    """The model's ``config.model_type`` and its row of :data:`rope.hf.FAMILIES`, or an error."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type is None:
+        raise ValueError(f"patch: {type(model).__name__} has no config.model_type: rope.hf.patch takes a transformers "
+                         "model and reads its family from config.model_type; nothing changed")
+    if not isinstance(model_type, str):
+        raise TypeError(f"model.config.model_type must be a str, got {type(model_type).__name__}")
+    if model_type not in FAMILIES:
+        raise ValueError(f"patch: model_type {model_type!r} is not in rope.hf.FAMILIES, so rope does not know which "
+                         f"function its attention rotates with (known: {', '.join(sorted(FAMILIES))}); nothing "
+                         "changed. rope.hf.install and rope's apply functions can still be used by hand")
+    return model_type, FAMILIES[model_type]
+
+
+def _refuse_overlap(model: nn.Module) -> None:
+    """Raise if ``model`` is patched, or contains or is contained in a patched model."""
+    for other in list(_PATCHES.keys()):
+        if other is model:
+            raise ValueError(f"patch: this {type(model).__name__} is patched already; call rope.hf.unpatch(model) "
+                             "first; nothing changed")
+        if any(m is other for m in model.modules()) or any(m is model for m in other.modules()):
+            raise ValueError(f"patch: this {type(model).__name__} shares modules with a patched "
+                             f"{type(other).__name__} (one contains the other); nothing changed")
+
+
+def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module."""
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+
+
+def _rotary_module(model: nn.Module, owner: str) -> nn.Module | None:
+    """``model.get_submodule(owner).rotary_emb``, or ``None`` where that owner or attribute is gone."""
+    try:
+        return getattr(model.get_submodule(owner), "rotary_emb", None)
+    except AttributeError:
+        return None
+
+
+def _modeling_module(model: nn.Module, model_type: str, convention: Convention) -> ModuleType:
+    """The module that defines the classes holding the model's rotary modules. It must be one
+    module, and it must define the convention's functions."""
+    names = sorted({type(owner).__module__ for _, owner in _rotary_owners(model)})
+    if len(names) != 1:
+        raise ValueError(f"patch: the modules holding rotary_emb in this {type(model).__name__} are defined in "
+                         f"{names}, expected one modeling module; nothing changed")
+    module = sys.modules[names[0]]
+    missing = [name for name, _ in convention.functions if not callable(getattr(module, name, None))]
+    if missing:
+        raise ValueError(f"patch: {module.__name__} has no function {missing[0]}, which the {convention.name} "
+                         f"convention of model_type {model_type!r} replaces (rope.hf.FAMILIES): another transformers "
+                         "version or a custom model; nothing changed")
+    return module
+
+
+def _foreign_functions(module: ModuleType, convention: Convention) -> list[str]:
+    """The names of the convention's functions that ``module`` no longer holds rope's function under."""
+    return [name for name, function in convention.functions if getattr(module, name, None) is not function]
+
+
+def _refuse_foreign_state(module: ModuleType, convention: Convention, state: _ModuleState) -> None:
+    """Raise unless the module patched for other models holds this convention's functions still."""
+    if state.convention is not convention:
+        raise ValueError(f"patch: {module.__name__} is patched with the {state.convention.name} convention for "
+                         f"another model, not {convention.name}; nothing changed")
+    foreign = _foreign_functions(module, convention)
+    if foreign:
+        raise ValueError(f"patch: {module.__name__}.{foreign[0]} is no longer rope's function (replaced since "
+                         "rope.hf.patch set it for another model); nothing changed")
+
+
+def _check_tables(model: nn.Module, replacements: tuple[Replacement, ...], model_type: str,
+                  convention: Convention) -> None:
+    """Raise unless every rotary module the model would hold lays its tables out as the family's
+    function reads them."""
+    new = {r.owner: r.new for r in replacements}
+    for owner, module in _rotary_owners(model):
+        rotary = new.get(owner, module.rotary_emb)
+        if rotary.tables != convention.tables:
+            name = f"{owner}.rotary_emb" if owner else "rotary_emb"
+            raise ValueError(f"patch: {name} returns {rotary.tables} tables, but model_type {model_type!r} reads "
+                             f"{convention.tables} tables (rope.hf.FAMILIES): the config's model_type does not "
+                             "describe this model; nothing changed")
+
+
+def _apply(model: nn.Module, record: Patch, *, first: bool) -> None:
+    """Set the convention's functions in the module, then swap the rotary modules. If a step
+    fails, undo the steps before it: the swaps made so far, and the functions where this is the
+    module's first patch."""
+    for name, function in record.convention.functions:
+        setattr(record.module, name, function)
+    done = []
+    try:
+        for r in record.rotary_modules:
+            model.get_submodule(r.owner).rotary_emb = r.new
+            done.append(r)
+    except BaseException:
+        for r in done:
+            model.get_submodule(r.owner).rotary_emb = r.old
+        if first:
+            for name, function in record.originals:
+                setattr(record.module, name, function)
+        raise
+
+
+def _release(module_name: str) -> None:
+    """One patched model of the module fewer (unpatched or collected). The last one restores the
+    original functions wherever rope's are still in place."""
+    state = _MODULES[module_name]
+    state.models -= 1
+    if state.models:
+        return
+    del _MODULES[module_name]
+    for (name, original), (_, ours) in zip(state.originals, state.convention.functions):
+        if getattr(state.module, name, None) is ours:
+            setattr(state.module, name, original)

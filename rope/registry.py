@@ -1,0 +1,161 @@
+"""The ``rope_type`` registry: one entry per type, its frequency function and its config keys.
+
+An entry (:class:`RopeType`) says what a type computes and what it reads, in the shape of
+transformers' ``ROPE_INIT_FUNCTIONS`` plus its per-type key validation
+(``_validate_<type>_rope_parameters`` in ``modeling_rope_utils.py``), kept in one place so that a
+type cannot exist for the frequencies and not for the config parser, or the other way round:
+
+* ``frequencies(config, rotary_dim, seq_len) -> (inv_freq, attention_factor)``, a pure function of
+  a validated :class:`rope.RopeConfig`, the rotary width d and the current length (or ``None``);
+  :func:`rope.inv_freq` checks what it returns (d/2 finite float32 frequencies >= 0, a finite
+  attention factor > 0), so a registered function cannot hand a silently wrong table onwards;
+* ``required`` and ``optional`` keys besides the common ones (:data:`rope.config.COMMON_KEYS`):
+  :func:`rope.parse_config` refuses a config that lacks a required key (unless all its
+  ``stand_ins`` are given) and warns about keys the type does not read;
+* ``key_checks`` for keys that :class:`rope.RopeConfig` has no field for: each maps the key's
+  name and value to the value stored in ``RopeConfig.extra`` (or raises ``TypeError`` /
+  ``ValueError`` naming the key); a key without a check is stored as given.
+
+:mod:`rope.frequencies` registers the built-in types; :func:`register_rope_type` adds others::
+
+    def alpha_ntk(cfg, dim, seq_len):       # HunYuan's NTK alpha: b' = b * alpha^(d/(d-2))
+        base = cfg.rope_theta * cfg.extra["alpha"] ** (dim / (dim - 2))
+        return (base ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float(), 1.0
+
+    def alpha(name, value):                 # the key's check: a number >= 1, stored as a float
+        if not (isinstance(value, (int, float)) and value >= 1):
+            raise ValueError(f"{name} must be a number >= 1, got {value!r}")
+        return float(value)
+
+    rope.register_rope_type("alpha_ntk", alpha_ntk, required_keys=("alpha",), key_checks={"alpha": alpha})
+    rope.inv_freq({"rope_type": "alpha_ntk", "alpha": 1000.0}, 128)
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _checks
+
+Frequencies = tuple[torch.Tensor, float]
+FrequencyFunction = Callable[[Any, int, "int | None"], Frequencies]
+
+RESERVED_NAMES = frozenset({"mrope"})
+"""Names a type may not take: ``mrope`` means ``default`` with an ``mrope_section`` (old Qwen2-VL
+configs), as transformers reads it."""
+
+
+@dataclass(frozen=True)
+class RopeType:
+    """One registered ``rope_type``: its frequency function and the config keys it reads besides
+    the common ones. ``stand_ins`` maps a required key to keys that, all given, can take its place
+    (yarn's ``factor`` from the two context lengths)."""
+
+    name: str
+    frequencies: FrequencyFunction
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    stand_ins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    key_checks: Mapping[str, Callable[[str, Any], Any]] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every key the type reads besides the common ones."""
+        return frozenset(self.required + self.optional)
+
+
+_REGISTRY: dict[str, RopeType] = {}
+
+
+def _key_names(name: str, keys) -> tuple[str, ...]:
+    if isinstance(keys, str) or not isinstance(keys, (tuple, list, frozenset, set)):
+        raise TypeError(f"{name} must be a tuple of str, got {type(keys).__name__} {keys!r}")
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"{name} must hold non-empty str keys, got {key!r}")
+    return tuple(keys)
+
+
+def register_rope_type(
+    name: str,
+    frequencies: FrequencyFunction,
+    *,
+    required_keys=(),
+    optional_keys=(),
+    stand_ins: Mapping[str, tuple[str, ...]] | None = None,
+    key_checks: Mapping[str, Callable[[str, Any], Any]] | None = None,
+    replace: bool = False,
+) -> RopeType:
+    """Register ``frequencies`` as the ``rope_type`` ``name`` and return its :class:`RopeType`.
+
+    ``required_keys`` and ``optional_keys`` are the config keys the type reads besides
+    :data:`rope.config.COMMON_KEYS`; ``stand_ins`` maps a required key to keys that can replace
+    it; ``key_checks`` validates keys that :class:`rope.RopeConfig` has no field for (their
+    values land in ``RopeConfig.extra``). A name already registered raises ``ValueError`` unless
+    ``replace=True``.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {type(name).__name__} {name!r}")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"name {name!r} is reserved: it means 'default' with an 'mrope_section'")
+    if not callable(frequencies):
+        raise TypeError(f"frequencies must be callable (config, rotary_dim, seq_len), got {type(frequencies).__name__}")
+    replace = _checks.flag("replace", replace)
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"rope_type {name!r} is already registered; pass replace=True to replace it")
+    required = _key_names("required_keys", required_keys)
+    optional = _key_names("optional_keys", optional_keys)
+    if set(required) & set(optional):
+        raise ValueError(f"required_keys and optional_keys share {sorted(set(required) & set(optional))}")
+    stand_ins = dict(stand_ins or {})
+    for key, keys in stand_ins.items():
+        if key not in required:
+            raise ValueError(f"stand_ins names {key!r}, which is not among required_keys {required}")
+        stand_ins[key] = _key_names(f"stand_ins[{key!r}]", keys)
+    key_checks = dict(key_checks or {})
+    from .config import FIELD_KEYS  # imported here: rope.config reads this registry
+
+    for key, check in key_checks.items():
+        if key in FIELD_KEYS:
+            raise ValueError(f"key_checks names {key!r}, which RopeConfig checks itself (a field of RopeConfig)")
+        if key not in required + optional:
+            raise ValueError(f"key_checks names {key!r}, which is not among required_keys or optional_keys")
+        if not callable(check):
+            raise TypeError(f"key_checks[{key!r}] must be callable (name, value), got {type(check).__name__}")
+    entry = RopeType(name, frequencies, required, optional, types.MappingProxyType(stand_ins),
+                     types.MappingProxyType(key_checks))
+    _REGISTRY[name] = entry
+    return entry
+
+
+def unregister_rope_type(name: str) -> RopeType:
+    """Remove a registered type and return its entry (``ValueError`` if it is not registered)."""
+    entry = rope_type(name)
+    del _REGISTRY[name]
+    return entry
+
+
+def rope_type(name: str) -> RopeType:
+    """The registered entry of ``name``, or a ``ValueError`` listing the registered types."""
+    if not isinstance(name, str):
+        raise TypeError(f"rope_type must be a str, got {type(name).__name__} {name!r}")
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown rope_type {name!r}; expected one of {', '.join(_REGISTRY)} (or 'mrope'), "
+                         "or one added with rope.register_rope_type") from None
+
+
+def rope_types() -> tuple[str, ...]:
+    """The registered ``rope_type`` names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def registered() -> tuple[RopeType, ...]:
+    """Every registered entry, in registration order."""
+    return tuple(_REGISTRY.values())

@@ -1,0 +1,298 @@
+"""rope.hf.patch and rope.hf.unpatch on every family of rope.hf.FAMILIES (the tiny models of
+tests/test_hf_families.py). After patch the logits are transformers' own, to the family test's
+tolerance. After unpatch they are bit for bit the original logits, and the model's modules and
+the modeling module's functions are the original objects again. Refusals change nothing.
+Reference logits always come from transformers' own, unpatched model."""
+
+import gc
+import inspect
+import sys
+import types
+
+import pytest
+import torch
+
+import rope
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+from test_hf_families import CASES, LOGITS_TOLERANCE, family_tokens, tiny_model  # noqa: E402
+
+
+def modeling_module(model):
+    return sys.modules[type(model).__module__]
+
+
+def functions(module, model_type):
+    """The modeling module's current functions of the family's convention, by name."""
+    return {name: getattr(module, name) for name, _ in rope.hf.FAMILIES[model_type].functions}
+
+
+def snapshot(model):
+    """The model's submodules by name, and the Llama modeling module's function: what a refusal
+    must leave as it was (compared by identity)."""
+    return dict(model.named_modules()), modeling_llama.apply_rotary_pos_emb
+
+
+def assert_unchanged(model, before):
+    modules, function = before
+    now = dict(model.named_modules())
+    assert now.keys() == modules.keys() and all(now[name] is modules[name] for name in modules)
+    assert modeling_llama.apply_rotary_pos_emb is function
+
+
+def logits(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+@pytest.mark.parametrize("model_type, options", CASES)
+def test_patch_reproduces_transformers_and_unpatch_restores_it(model_type, options):
+    model = tiny_model(model_type, **options)
+    tokens = family_tokens(model_type)
+    expected = logits(model, tokens)
+    assert expected.abs().max() > 0.1
+    module, convention = modeling_module(model), rope.hf.FAMILIES[model_type]
+    original_functions, original_modules = functions(module, model_type), dict(model.named_modules())
+
+    record = rope.hf.patch(model)
+    try:
+        assert record.model_type == model_type and record.convention is convention and record.module is module
+        assert all(getattr(module, name) is ours for name, ours in convention.functions)
+        assert all(original_functions[name] is function for name, function in record.originals)
+        assert record.rotary_modules and all(r.old is original_modules[r.name] for r in record.rotary_modules)
+        for r in record.rotary_modules:
+            assert model.get_submodule(r.name) is r.new and r.new.tables == convention.tables
+        torch.testing.assert_close(logits(model, tokens), expected, **LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+
+    assert all(function is original_functions[name] for name, function in functions(module, model_type).items())
+    now = dict(model.named_modules())
+    assert now.keys() == original_modules.keys() and all(now[name] is original_modules[name] for name in now)
+    assert torch.equal(logits(model, tokens), expected)
+
+
+def test_patch_twice_and_unpatch_twice():
+    model = tiny_model("llama")
+    record = rope.hf.patch(model)
+    patched = snapshot(model)
+    with pytest.raises(ValueError, match="patch: this LlamaForCausalLM is patched already; call rope.hf.unpatch"):
+        rope.hf.patch(model)
+    assert_unchanged(model, patched)
+    with pytest.raises(ValueError, match="shares modules with a patched LlamaForCausalLM"):
+        rope.hf.patch(model.model)  # the decoder inside the patched model
+    assert_unchanged(model, patched)
+    assert rope.hf.unpatch(model) is None
+    unpatched = snapshot(model)
+    assert model.model.rotary_emb is record.rotary_modules[0].old
+    with pytest.raises(ValueError, match="unpatch: this LlamaForCausalLM is not patched .*nothing changed"):
+        rope.hf.unpatch(model)
+    assert_unchanged(model, unpatched)
+
+
+def test_two_models_of_a_family():
+    """The modeling module's function is the process's: the first unpatch leaves rope's function
+    in place for the other model, the last one restores the original."""
+    first, second = tiny_model("llama"), tiny_model("llama")
+    tokens = family_tokens("llama")
+    expected = logits(first, tokens)
+    original = modeling_llama.apply_rotary_pos_emb
+    first_record, second_record = rope.hf.patch(first), rope.hf.patch(second)
+    assert first_record.originals == second_record.originals == (("apply_rotary_pos_emb", original),)
+    rope.hf.unpatch(first)
+    assert modeling_llama.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb
+    assert first.model.rotary_emb is first_record.rotary_modules[0].old
+    for model in (first, second):  # rope's function on transformers' tables, and on rope's
+        torch.testing.assert_close(logits(model, tokens), expected, **LOGITS_TOLERANCE)
+    rope.hf.unpatch(second)
+    assert modeling_llama.apply_rotary_pos_emb is original
+    for model in (first, second):
+        assert torch.equal(logits(model, tokens), expected)
+
+
+def test_a_collected_patched_model_releases_the_module():
+    original = modeling_llama.apply_rotary_pos_emb
+    model = tiny_model("llama")
+    rope.hf.patch(model)
+    assert modeling_llama.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb
+    del model
+    gc.collect()
+    assert modeling_llama.apply_rotary_pos_emb is original
+    again = tiny_model("llama")  # and the bookkeeping starts afresh
+    rope.hf.patch(again)
+    rope.hf.unpatch(again)
+    assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_patch_after_install_keeps_the_installed_modules():
+    model = tiny_model("llama")
+    assert rope.hf.install(model) == 1
+    installed = model.model.rotary_emb
+    record = rope.hf.patch(model)
+    assert record.rotary_modules == () and modeling_llama.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb
+    rope.hf.unpatch(model)
+    assert model.model.rotary_emb is installed and modeling_llama.apply_rotary_pos_emb is record.originals[0][1]
+
+
+def test_unpatch_moves_the_original_modules_to_the_model_device():
+    model = tiny_model("llama")
+    original = model.model.rotary_emb
+    rope.hf.patch(model)
+    model.to("meta")
+    rope.hf.unpatch(model)
+    assert model.model.rotary_emb is original and original.inv_freq.device.type == "meta"
+
+
+def test_the_layer_type_module_is_chosen_and_keeps_transformers_contracts():
+    """Gemma 3 (rope_parameters nested by layer type) gets a LayerTypeRotaryEmbedding, Llama a
+    RotaryEmbedding; each forward takes the arguments of the transformers module it replaces."""
+    for model_type, cls in (("gemma3_text", rope.hf.LayerTypeRotaryEmbedding), ("llama", rope.hf.RotaryEmbedding)):
+        model = tiny_model(model_type)
+        theirs = type(model.model.rotary_emb)
+        assert isinstance(rope.hf.rotary_embedding(model.config), cls)
+        rope.hf.patch(model)
+        try:
+            assert type(model.model.rotary_emb) is cls
+            assert list(inspect.signature(cls.forward).parameters) == list(inspect.signature(theirs.forward).parameters)
+        finally:
+            rope.hf.unpatch(model)
+
+
+# ----- refusals: nothing changes ------------------------------------------------------------------
+
+
+def llama_as(model_type):
+    """A tiny Llama whose config claims another model_type."""
+    model = tiny_model("llama")
+    model.config.model_type = model_type
+    return model
+
+
+def doubled_llama():
+    """A tiny Llama whose rotary module has frequencies its config does not give."""
+    model = tiny_model("llama")
+
+    class Doubled(type(model.model.rotary_emb)):
+        def __init__(self, config):
+            super().__init__(config)
+            self.inv_freq = self.inv_freq * 2
+
+    model.model.rotary_emb = Doubled(model.config)
+    return model
+
+
+def no_config_module():
+    return torch.nn.Linear(2, 2)
+
+
+def numbered_model_type():
+    model = torch.nn.Linear(2, 2)
+    model.config = types.SimpleNamespace(model_type=3)
+    return model
+
+
+REFUSALS = [
+    pytest.param(lambda: tiny_model("olmo"), ValueError,
+                 r"model_type 'olmo' is not in rope.hf.FAMILIES, .*\(known: apertus, ", id="unknown model_type"),
+    pytest.param(doubled_llama, ValueError, r"patch: install: model.rotary_emb \(Doubled\) is not reproduced",
+                 id="tables install refuses"),
+    pytest.param(lambda: llama_as("llama4_text"), ValueError,
+                 "modeling_llama has no function apply_rotary_emb, which the llama4 convention of model_type "
+                 "'llama4_text'", id="modeling module without the function"),
+    pytest.param(lambda: llama_as("cohere"), ValueError,
+                 "model.rotary_emb returns rotate_half tables, but model_type 'cohere' reads interleaved tables",
+                 id="tables of another form"),
+    pytest.param(no_config_module, ValueError, "patch: Linear has no config.model_type", id="no config"),
+    pytest.param(numbered_model_type, TypeError, "model.config.model_type must be a str, got int",
+                 id="model_type not a str"),
+]
+
+
+@pytest.mark.parametrize("build, error, message", REFUSALS)
+def test_refusals_change_nothing(build, error, message):
+    model = build()
+    before = snapshot(model)
+    with pytest.raises(error, match=message):
+        rope.hf.patch(model)
+    assert_unchanged(model, before)
+    with pytest.raises(ValueError, match="is not patched"):
+        rope.hf.unpatch(model)
+
+
+@pytest.mark.parametrize("bad", ["model", None, 3, modeling_llama])
+def test_bad_arguments_are_refused_by_name(bad):
+    with pytest.raises(TypeError, match=f"model must be a torch.nn.Module, got {type(bad).__name__}"):
+        rope.hf.patch(bad)
+    with pytest.raises(TypeError, match=f"model must be a torch.nn.Module, got {type(bad).__name__}"):
+        rope.hf.unpatch(bad)
+
+
+def test_a_function_replaced_by_someone_else_is_not_overwritten():
+    first, second = tiny_model("llama"), tiny_model("llama")
+    original = modeling_llama.apply_rotary_pos_emb
+    rope.hf.patch(first)
+
+    def theirs(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    modeling_llama.apply_rotary_pos_emb = theirs
+    try:
+        before = snapshot(second)
+        with pytest.raises(ValueError, match="modeling_llama.apply_rotary_pos_emb is no longer rope's function"):
+            rope.hf.patch(second)
+        assert_unchanged(second, before)
+        before = snapshot(first)
+        with pytest.raises(ValueError, match="unpatch: .*apply_rotary_pos_emb is no longer rope's function"):
+            rope.hf.unpatch(first)
+        assert_unchanged(first, before)
+    finally:
+        modeling_llama.apply_rotary_pos_emb = rope.hf.apply_rotary_pos_emb
+    rope.hf.unpatch(first)
+    assert modeling_llama.apply_rotary_pos_emb is original
+
+
+def test_unpatch_refuses_a_rotary_module_replaced_since():
+    model = tiny_model("llama")
+    rope.hf.patch(model)
+    ours = model.model.rotary_emb
+    model.model.rotary_emb = rope.hf.RotaryEmbedding(model.config)
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"unpatch: \['model.rotary_emb'\] are no longer the rotary modules"):
+        rope.hf.unpatch(model)
+    assert_unchanged(model, before)
+    model.model.rotary_emb = ours
+    rope.hf.unpatch(model)
+
+
+def test_a_failure_halfway_undoes_the_earlier_steps():
+    """Two decoders in one model, the second refusing its new rotary module: the first swap and
+    the modeling module's function are undone, and the error is the one raised."""
+    model = torch.nn.Module()
+    model.first, model.second = tiny_model("llama"), tiny_model("llama")
+    model.config = model.first.config
+
+    def refuse(self, name, value):
+        if name == "rotary_emb" and isinstance(value, rope.hf.RotaryEmbedding):
+            raise RuntimeError("this decoder keeps its rotary module")
+        torch.nn.Module.__setattr__(self, name, value)
+
+    decoder = type(model.second.model)
+    model.second.model.__class__ = type("Stubborn", (decoder,), {"__module__": decoder.__module__,
+                                                                 "__setattr__": refuse})
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="keeps its rotary module"):
+        rope.hf.patch(model)
+    assert_unchanged(model, before)
+    model.second.model.__class__ = decoder  # the bookkeeping holds nothing of the failed patch
+    rope.hf.patch(model)
+    rope.hf.unpatch(model)
+    assert_unchanged(model, before)
+
+
+def test_the_family_table_is_read_only_and_checked():
+    with pytest.raises(TypeError):
+        rope.hf.FAMILIES["llama"] = rope.hf.FAMILIES["cohere"]
+    with pytest.raises(ValueError, match="tables must be one of"):
+        rope.hf.Convention("mine", (("apply_rotary_pos_emb", rope.hf.apply_rotary_pos_emb),), "halves")
