@@ -6,11 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from helpers import assert_correctly_rounded
+from helpers import FLOAT_DTYPES, assert_correctly_rounded
 from rope.reference import rotate_by_complex, rotate_by_matrix, rotate_elementwise, rotation_matrix
-
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-layouts = st.sampled_from(["half", "interleaved"])
+from strategies import layouts
 
 
 @st.composite
@@ -21,7 +19,7 @@ def problems(draw, dtype=None):
     heads_q, heads_k = draw(st.integers(1, 4)), draw(st.integers(1, 4))
     head_dim = 2 * draw(st.integers(1, 24))
     rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
-    dtype = dtype or draw(st.sampled_from(DTYPES))
+    dtype = dtype or draw(st.sampled_from(FLOAT_DTYPES))
     q = torch.randn(batch, seq, heads_q, head_dim, generator=gen).to(dtype)
     k = torch.randn(batch, seq, heads_k, head_dim, generator=gen).to(dtype)
     high = draw(st.sampled_from([64, 2**16, 2**31 - 1]))

@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 
 import rope
 import rope.apply
-from helpers import round_exact, ulp
+from helpers import FLOAT_DTYPES, round_exact, ulp
 from rope.axial import apply_rotary_2d
 from rope.mrope import apply_mrope, section_axes
 
 mpmath.mp.prec = 200
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 SLACK = 2.0**-50  # of the pair's magnitude, beyond half an ulp
 
 
@@ -79,7 +78,7 @@ theta64_st = st.lists(st.one_of(st.just(0.0), st.floats(2.0**-100, 1), st.floats
                       min_size=1, max_size=3)
 
 
-@given(dtype=st.sampled_from(DTYPES), layout=st.sampled_from(["half", "interleaved"]), positions=positions_st,
+@given(dtype=st.sampled_from(FLOAT_DTYPES), layout=st.sampled_from(["half", "interleaved"]), positions=positions_st,
        thetas=st.one_of(theta_st.map(lambda t: (t, torch.float32)), theta64_st.map(lambda t: (t, torch.float64))),
        factor=st.floats(0.25, 4), conjugate=st.booleans(), tail=st.integers(0, 2), seed=st.integers(0, 2**32 - 1))
 def test_torch_path_is_correctly_rounded_at_any_position(dtype, layout, positions, thetas, factor, conjugate, tail,
@@ -103,7 +102,7 @@ def test_torch_path_is_correctly_rounded_at_any_position(dtype, layout, position
         assert_within_promise(out, *exact_rotation(x, angle, layout, rotary_dim, factor, conjugate))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_gradient_is_the_transposed_rotation_rounded_once(dtype):
     """Every dtype (the bf16/fp16 gradients of issue 12's first example came back as zeros)."""
     gen = torch.Generator().manual_seed(1)

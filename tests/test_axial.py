@@ -8,13 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from helpers import assert_correctly_rounded
+from helpers import FLOAT_DTYPES, assert_correctly_rounded
 from rope.axial import apply_rotary_2d, axial_inv_freq, mixed_inv_freq
 from rope.layouts import interleaved_to_half
 from rope.reference import rotation_matrix
-
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-layouts = st.sampled_from(["half", "interleaved"])
+from strategies import layouts
 
 
 @st.composite
@@ -34,7 +32,7 @@ def problems(draw, dtype=None, high=None, mixed=None):
         theta_y = rope.inv_freq({"rope_theta": draw(st.floats(10.0, 1e4))}, 2 * pairs_y)[0]
         pairs = pairs_x + pairs_y
     head_dim = 2 * pairs + 2 * draw(st.integers(0, 2))
-    dtype = dtype or draw(st.sampled_from(DTYPES))
+    dtype = dtype or draw(st.sampled_from(FLOAT_DTYPES))
     q = torch.randn(batch, seq, heads_q, head_dim, generator=gen).to(dtype)
     k = torch.randn(batch, seq, heads_k, head_dim, generator=gen).to(dtype)
     high = high or draw(st.sampled_from([16, 2**12, 2**20]))

@@ -61,3 +61,12 @@ def test_the_library_runs_without_numpy():
     """
     compiled = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}  # as on a GPU
     subprocess.run([sys.executable, "-c", code], check=True, env=compiled)
+
+
+def test_citation_cff_names_the_pyproject_version_and_license():
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert citation["cff-version"] == "1.2.0"
+    assert citation["version"] == project["version"], "CITATION.cff's version differs from pyproject.toml's"
+    assert citation["license"] == project["license"]["text"], "CITATION.cff's license differs from pyproject.toml's"
+    assert {"message", "title", "authors", "date-released"} <= set(citation)

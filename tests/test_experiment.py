@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,14 +11,15 @@ import torch
 
 from rope import reference
 from rope.attention.encodings import alibi_slopes
-from rope.experiment import METHODS, PRESETS, Context, ModelSpec, RecallTask, TaskSpec, TinyTransformer, run
-from rope.experiment.__main__ import main
+from rope.experiment import METHODS, PRESETS, Context, ModelSpec, RecallTask, TaskSpec, TinyTransformer, run, runner
+from rope.experiment.__main__ import DEFAULT_OUT, main
 from rope.experiment.data import ANCHOR, MARKOV, RECALL, recall_distances
 from rope.experiment.methods import Alibi, LogN, ReRoPE, Rotary
 from rope.experiment.runner import load_results
 from rope.experiment.train import PlainProgress, progress_bar, scored_logits
 from rope.frequencies import inv_freq
 
+ROOT = Path(__file__).resolve().parents[1]
 SPEC = TaskSpec(markov_vocab=12, successors=3, anchors=10, span=3, event_rate=0.2, seed=7)
 
 
@@ -120,6 +122,9 @@ def test_entropy_rate_matches_the_chain():
         (lambda: run("huge"), "preset"),
         (lambda: dataclasses.replace(PRESETS["tiny"], seed=-1), "seed"),
         (lambda: run(PRESETS["tiny"], methods=["rope", "sinusoidal"]), "sinusoidal"),
+        (lambda: run("tiny", output="results.json", overwrite="yes"), "overwrite"),
+        (lambda: run("tiny", output=3), "output"),
+        (lambda: run("tiny", output="results.md"), r"\.md"),
     ],
 )
 def test_bad_input_is_rejected(make, message):
@@ -288,6 +293,59 @@ def test_run_seed_changes_training_but_not_the_evaluation_tokens(tiny_results, t
     assert other["task"] == results["task"]  # same language, same held-out sequences
     assert other["training"]["rope"]["first_loss"] != results["training"]["rope"]["first_loss"]
     assert other["methods"]["rope"]["loss"] != results["methods"]["rope"]["loss"]
+
+
+def _committed_results() -> dict[Path, tuple[bytes, int]]:
+    """The committed results files of the chapter (benchmarks/extrapolation_results*): bytes and mtime."""
+    files = sorted((ROOT / "benchmarks").glob("extrapolation_results*"))
+    assert {"extrapolation_results.json", "extrapolation_results.md"} <= {f.name for f in files}
+    return {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in files}
+
+
+def test_the_default_run_writes_its_own_folder_not_the_committed_results(tiny_results, tmp_path, monkeypatch):
+    _, results = tiny_results
+    before = _committed_results()
+    monkeypatch.chdir(tmp_path)
+    main(["--preset", "tiny", "--methods", "rope", "--no-progress"])
+    assert _committed_results() == before
+    written = tmp_path / DEFAULT_OUT / "extrapolation_results_tiny.json"
+    assert sorted(p.name for p in written.parent.iterdir()) == [written.name, written.with_suffix(".md").name]
+    assert load_results(written)["methods"]["rope"] == results["methods"]["rope"]
+
+
+@pytest.mark.parametrize("seed", [[], ["--seed", "1"]])
+def test_the_committed_results_are_refused_before_the_run_without_overwrite(seed, monkeypatch, capsys):
+    """Even pointed at benchmarks/, the command line stops at once, naming the file and the flag."""
+    before = _committed_results()
+    monkeypatch.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--preset", "cpu", "--out", str(ROOT / "benchmarks"), *seed])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    name = "extrapolation_results" + ("_seed1" if seed else "")
+    assert f"{name}.json" in err and f"{name}.md" in err and "--overwrite" in err
+    assert _committed_results() == before
+
+
+def test_existing_results_are_refused_then_replaced_with_overwrite(tiny_results, tmp_path, monkeypatch, capsys):
+    _, results = tiny_results
+    out = tmp_path / "results"
+    out.mkdir()
+    table = out / "extrapolation_results_tiny.md"
+    table.write_text("stale")  # the table alone is enough to refuse
+    argv = ["--preset", "tiny", "--methods", "rope", "--out", str(out), "--no-progress"]
+    with monkeypatch.context() as patched:
+        patched.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert str(table) in err and "--overwrite" in err and table.read_text() == "stale"
+        with pytest.raises(FileExistsError, match="overwrite=True"):
+            run("tiny", output=out / "extrapolation_results_tiny.json", progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [table.name]
+    main([*argv, "--overwrite"])
+    assert load_results(out / "extrapolation_results_tiny.json")["methods"]["rope"] == results["methods"]["rope"]
+    assert "preset `tiny`" in table.read_text()
 
 
 def test_gpu_preset_sizes_run_end_to_end():

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 import rope
-from helpers import exact_cos_sin, round_exact, ulp
+from helpers import exact_cos_sin, round_exact, to_fraction, ulp
 from rope.kernels import triton_rotary
 from rope.mrope import apply_mrope, section_axes
 
@@ -38,12 +38,6 @@ mpmath.mp.prec = 200
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 U = Fraction(1, 2**24)
 EDGE_POSITIONS = [0, 1, -1, 2**31 - 1, -(2**31 - 1), 10**6, 2**30 + 1]
-
-
-def to_fraction(value) -> Fraction:
-    """An mpmath number as the exact fraction it is."""
-    sign, mantissa, exponent, _ = mpmath.mpf(value)._mpf_
-    return (-1) ** sign * Fraction(mantissa) * Fraction(2) ** exponent
 
 
 def float32_math_delta(dtype: torch.dtype, scale: float):

@@ -7,12 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from helpers import assert_correctly_rounded
+from helpers import FLOAT_DTYPES, assert_correctly_rounded
 from rope.mrope import apply_mrope, multimodal_positions, pair_positions, section_axes
 from rope.reference import rotation_matrix
-
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-layouts = st.sampled_from(["half", "interleaved"])
+from strategies import layouts
 
 
 def axes_by_rule(sections, style):
@@ -59,7 +57,7 @@ def problems(draw, dtype=None, high=None):
     batch, seq = draw(st.integers(1, 3)), draw(st.integers(1, 5))
     heads_q, heads_k = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     head_dim = 2 * pairs + 2 * draw(st.integers(0, 2))
-    dtype = dtype or draw(st.sampled_from(DTYPES))
+    dtype = dtype or draw(st.sampled_from(FLOAT_DTYPES))
     q = torch.randn(batch, seq, heads_q, head_dim, generator=gen).to(dtype)
     k = torch.randn(batch, seq, heads_k, head_dim, generator=gen).to(dtype)
     theta = rope.inv_freq({"rope_theta": draw(st.floats(10.0, 1e6))}, 2 * pairs)[0]

@@ -23,11 +23,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 pytest.importorskip("triton")
 
 import rope.kernels.operators  # registers torch.ops.rope.rotary and torch.ops.rope.rotary_
-from helpers import exact_cos_sin, ulp
+from helpers import FLOAT_DTYPES, exact_rotation, ulp
 from rope.kernels.triton_rotary import SCALE_RANGE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 BATCH, SEQ, HEADS_Q, HEADS_K, HEAD_DIM, ROTARY_DIM = 2, 3, 2, 1, 8, 6
 PAIRS = ROTARY_DIM // 2
 OPERATORS = {"rotary": torch.ops.rope.rotary, "rotary_": torch.ops.rope.rotary_}
@@ -352,29 +351,14 @@ def test_overlap_checks_are_exact(views):
 
 # Good edge cases, against the exact rotation.
 
-def exact_rotation(x, positions, inv_freq, *, interleaved, scale=1.0, conjugate=False) -> torch.Tensor:
-    """float64 s R_m x (s R_m^T x with ``conjugate``), RoFormer eq. 34 on pairs (i, i + d/2) or
-    (2i, 2i + 1) of the first d = 2 len(inv_freq) coordinates; the rest unchanged."""
-    pairs = inv_freq.shape[0]
-    a = torch.arange(pairs) * 2 if interleaved else torch.arange(pairs)
-    b = a + 1 if interleaved else a + pairs
-    positions = positions.expand(x.shape[0], positions.shape[-1]) if positions.dim() == 1 else positions
-    cos, sin = exact_cos_sin(positions, inv_freq)
-    cos, sin = scale * cos[:, :, None], (-scale if conjugate else scale) * sin[:, :, None]
-    x = x.to("cpu", torch.float64)
-    y = x.clone()
-    y[..., a] = x[..., a] * cos - x[..., b] * sin
-    y[..., b] = x[..., b] * cos + x[..., a] * sin
-    return y
-
-
 def assert_rotated(out, x, positions, inv_freq, *, interleaved, scale=1.0, conjugate=False):
     """out is x rotated: within one ulp of out's dtype of the exact rotation plus the kernel's
     arithmetic, 2^-20 (float32 math: 16 float32 ulps) or 2^-44 (float64 inputs) of the length
     s |(x_a, x_b)| of the pair; loose for any accurate float32 cos and sin, far below the error of
     a wrong angle, pair or position. Coordinates past rotary_dim are copied exactly."""
     rotary_dim = 2 * inv_freq.shape[0]
-    reference = exact_rotation(x, positions, inv_freq, interleaved=interleaved, scale=scale, conjugate=conjugate)
+    layout = "interleaved" if interleaved else "half"
+    reference = exact_rotation(x, positions, inv_freq, layout=layout, attention_factor=scale, conjugate=conjugate)
     x64, out = x.to("cpu", torch.float64), out.to("cpu", torch.float64)
     pairs = (x64[..., :rotary_dim].unflatten(-1, (-1, 2)) if interleaved
              else x64[..., :rotary_dim].unflatten(-1, (2, -1)).transpose(-1, -2))
@@ -409,7 +393,7 @@ def _strided_views(call):
 
 
 @pytest.mark.parametrize("operator", OPERATORS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_strided_views_rotate_exactly(operator, dtype):
     """Views whose only contiguous dimension is the last: the same rotation as the exact one,
     nothing written outside them."""

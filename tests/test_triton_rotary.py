@@ -16,12 +16,11 @@ import triton.language as tl
 
 import rope
 import rope.kernels.operators  # registers torch.ops.rope.rotary and torch.ops.rope.rotary_
-from helpers import exact_cos_sin, exact_rotation, rotate_float64, ulp
+from helpers import FLOAT_DTYPES, exact_cos_sin, exact_rotation, rotate_float64, ulp
 from rope.kernels.triton_rotary import cos_sin_of_int32_turns
+from strategies import layouts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-layouts = st.sampled_from(["half", "interleaved"])
 
 
 def assert_close_to(out, ref, x, attention_factor=1.0):
@@ -86,7 +85,7 @@ def problems(draw):
     heads_q, heads_k = draw(st.integers(1, 5)), draw(st.integers(1, 3))
     head_dim = 2 * draw(st.integers(1, 20))
     rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
     # q and k as views into one packed [batch, seq, heads_q + 2 heads_k, head_dim] projection, or separate.
     if draw(st.booleans()):
         qkv = torch.randn(batch, seq, heads_q + 2 * heads_k, head_dim, generator=gen).to(dtype)

@@ -1,4 +1,10 @@
-"""``python -m rope.experiment --preset cpu``: run the extrapolation experiment, write its JSON."""
+"""``python -m rope.experiment --preset cpu --out DIR``: run the extrapolation experiment, write its JSON.
+
+The results go to a folder of the caller's (``--out``, default ``./rope-experiment-results``) or
+to one file (``--output``); an existing results file, such as the committed
+``benchmarks/extrapolation_results.json``, is refused before anything is trained unless
+``--overwrite`` is given.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,20 @@ from pathlib import Path
 
 from .methods import METHODS
 from .presets import PRESETS
-from .runner import run
+from .runner import check_output, results_files, run
+
+DEFAULT_OUT = "rope-experiment-results"
+"""The results folder when neither ``--out`` nor ``--output`` is given, relative to the working directory."""
+
+
+def results_name(preset: str, seed: int) -> str:
+    """The results file's name in the ``--out`` folder, as the committed files under ``benchmarks/`` are
+    named: ``extrapolation_results.json`` for the cpu preset, ``extrapolation_results_<preset>.json``
+    otherwise, ``_seed<N>`` appended for a seed other than the preset's."""
+    suffix = "" if preset == "cpu" else f"_{preset}"
+    if seed != PRESETS[preset].seed:
+        suffix += f"_seed{seed}"
+    return f"extrapolation_results{suffix}.json"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,11 +37,17 @@ def main(argv: list[str] | None = None) -> None:
         "context-extension methods at 1x to 16x the training length.",
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--output", default=None,
-                        help="results JSON, with a markdown table beside it (.md) (default: "
-                        "benchmarks/extrapolation_results.json for the cpu preset, the chapter's file; "
-                        "benchmarks/extrapolation_results_<preset>.json otherwise; _seed<N> is appended "
-                        "for a --seed other than the preset's)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR", default=None,
+                       help=f"results folder, created if missing (default: ./{DEFAULT_OUT}); the results JSON "
+                       "in it is named as in benchmarks/: extrapolation_results.json for the cpu preset, "
+                       "extrapolation_results_<preset>.json otherwise, _seed<N> appended for a --seed other "
+                       "than the preset's; its markdown table is written beside it (.md)")
+    where.add_argument("--output", metavar="FILE", default=None,
+                       help="the results JSON file itself instead of a folder (its .md table beside it)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace existing results files (without it they are refused before the run starts, "
+                        "e.g. the committed benchmarks/extrapolation_results.json)")
     parser.add_argument("--seed", type=int, default=None,
                         help="run seed: initialization and training batches (default: the preset's, 0)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
@@ -33,11 +58,12 @@ def main(argv: list[str] | None = None) -> None:
     config = PRESETS[args.preset]
     if args.seed is not None:
         config = replace(config, seed=args.seed)
-    suffix = "" if args.preset == "cpu" else f"_{args.preset}"
-    if config.seed != PRESETS[args.preset].seed:
-        suffix += f"_seed{config.seed}"
-    output = args.output or f"benchmarks/extrapolation_results{suffix}.json"
-    results = run(config, methods=args.methods, output=output, device=args.device,
+    output = args.output or Path(args.out or DEFAULT_OUT) / results_name(args.preset, config.seed)
+    try:
+        output = check_output(output, overwrite=args.overwrite, hint="--overwrite")
+    except (FileExistsError, ValueError) as error:
+        parser.error(str(error))
+    results = run(config, methods=args.methods, output=output, overwrite=args.overwrite, device=args.device,
                   progress=not args.no_progress)
     lengths = results["lengths"]
     print(f"{'method':<18}" + "".join(f"{'loss@' + str(n):>11}" for n in lengths)
@@ -45,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in results["methods"].values():
         print(f"{row['label']:<18}" + "".join(f"{v:>11.3f}" for v in row["loss"])
               + "".join(f"{v:>10.3f}" for v in row["recall_accuracy"]))
-    print(f"wrote {output} and its table {Path(output).with_suffix('.md')} ({results['wall_time_s']:.0f} s)")
+    json_path, table_path = results_files(output)
+    print(f"wrote {json_path} and its table {table_path} ({results['wall_time_s']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Run the experiment end to end and write the results file the chapter reads.
+"""Run the experiment end to end and write its results file (the chapter reads the committed ones).
 
 Three models are trained from the same initialization on the same batches at the training
 length L: RoPE (``rope``), ALiBi (``alibi``) and no position encoding (``nope``). Two copies of
@@ -89,19 +89,53 @@ def run(
     *,
     methods: list[str] | None = None,
     output: str | Path | None = None,
+    overwrite: bool = False,
     device: str | torch.device = "cpu",
     progress: bool = True,
 ) -> dict:
-    """Train, fine-tune and evaluate; return the results (and write them to ``output`` as JSON)."""
+    """Train, fine-tune and evaluate; return the results, and with ``output`` write them there as
+    JSON with the markdown table of :func:`results_table` beside it (.md).
+
+    An existing results file (the JSON or its table) is refused with ``FileExistsError`` before
+    anything is trained, unless ``overwrite=True``: the committed results under ``benchmarks/``
+    are replaced only on request."""
     config = _checked_config(config)
     flag("progress", progress)
+    flag("overwrite", overwrite)
     names = _checked_methods(methods)
+    if output is not None:
+        output = check_output(output, overwrite=overwrite)
     device = torch.device(device)
     with _deterministic(config, device):
         results = _run(config, names, device, progress)
     if output is not None:
-        _write(results, Path(output))
+        _write(results, output, overwrite)
     return results
+
+
+def results_files(output: str | Path) -> tuple[Path, Path]:
+    """The two files a run writes for ``output``: the JSON itself and its markdown table (.md)."""
+    output = Path(output)
+    return output, output.with_suffix(".md")
+
+
+def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "overwrite=True") -> Path:
+    """``output`` as a :class:`~pathlib.Path` after checking that a run may write there:
+    ``TypeError`` unless it is a str or path, ``ValueError`` for a name ending in ``.md`` (the
+    table beside it would be the file itself), ``FileExistsError`` naming the file and ``hint``
+    (how to ask for the replacement) when either results file exists and not ``overwrite``."""
+    if not isinstance(output, (str, os.PathLike)):
+        raise TypeError(f"output must be a str or path, got {type(output).__name__} {output!r}")
+    output = Path(output)
+    if output.suffix == ".md":
+        raise ValueError(f"output must not end in .md (the markdown table is written beside it as .md), got {output}")
+    if not overwrite:
+        existing = [str(path) for path in results_files(output) if path.exists()]
+        if existing:
+            named = (f"file {existing[0]} exists; pass {hint} to replace it" if len(existing) == 1
+                     else f"files {' and '.join(existing)} exist; pass {hint} to replace them")
+            raise FileExistsError(f"results {named}, or write the results elsewhere")
+    return output
 
 
 @contextlib.contextmanager
@@ -122,11 +156,17 @@ def _deterministic(config: ExperimentConfig, device: torch.device):
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
-def _write(results: dict, path: Path) -> None:
-    """The results as JSON at ``path`` and as the markdown of :func:`results_table` beside it (.md)."""
+def _write(results: dict, path: Path, overwrite: bool) -> None:
+    """The results as JSON at ``path`` and as the markdown of :func:`results_table` beside it (.md);
+    without ``overwrite``, a results file that appeared during the run is refused, not replaced."""
+    check_output(path, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    path.with_suffix(".md").write_text(results_table(results))
+    mode = "w" if overwrite else "x"
+    json_path, table_path = results_files(path)
+    with open(json_path, mode) as file:
+        file.write(json.dumps(results, indent=1) + "\n")
+    with open(table_path, mode) as file:
+        file.write(results_table(results))
 
 
 def _run(config: ExperimentConfig, names: list[str], device: torch.device, progress: bool) -> dict:

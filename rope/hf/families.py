@@ -45,16 +45,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .. import _checks
+from . import functions as ours  # rope's replacements, one per convention
 from .embedding import TABLE_FORMS
-from .functions import (
-    apply_rotary_emb_complex,
-    apply_rotary_pos_emb,
-    apply_rotary_pos_emb_interleave,
-    apply_rotary_pos_emb_interleaved,
-    apply_rotary_pos_emb_interleaved_tables,
-    apply_rotary_pos_emb_pair_tables,
-    apply_rotary_pos_emb_single,
-)
 
 
 @dataclass(frozen=True)
@@ -72,15 +64,15 @@ class Convention:
         _checks.choice("tables", self.tables, TABLE_FORMS)
 
 
-LLAMA = Convention("llama", (("apply_rotary_pos_emb", apply_rotary_pos_emb),), "rotate_half")
-GLM = Convention("glm", (("apply_rotary_pos_emb", apply_rotary_pos_emb_interleaved),), "rotate_half")
-COHERE = Convention("cohere", (("apply_rotary_pos_emb", apply_rotary_pos_emb_interleaved_tables),), "interleaved")
-GPT_OSS = Convention("gpt_oss", (("apply_rotary_pos_emb", apply_rotary_pos_emb_pair_tables),), "pairs")
-DEEPSEEK_V3 = Convention("deepseek_v3", (("apply_rotary_pos_emb", apply_rotary_pos_emb),
-                                         ("apply_rotary_pos_emb_interleave", apply_rotary_pos_emb_interleave)),
+LLAMA = Convention("llama", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb),), "rotate_half")
+GLM = Convention("glm", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_interleaved),), "rotate_half")
+COHERE = Convention("cohere", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_interleaved_tables),), "interleaved")
+GPT_OSS = Convention("gpt_oss", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_pair_tables),), "pairs")
+DEEPSEEK_V3 = Convention("deepseek_v3", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb),
+                                         ("apply_rotary_pos_emb_interleave", ours.apply_rotary_pos_emb_interleave)),
                          "rotate_half")
-GEMMA4 = Convention("gemma4", (("apply_rotary_pos_emb", apply_rotary_pos_emb_single),), "rotate_half")
-LLAMA4 = Convention("llama4", (("apply_rotary_emb", apply_rotary_emb_complex),), "complex")
+GEMMA4 = Convention("gemma4", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_single),), "rotate_half")
+LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_complex),), "complex")
 
 _LLAMA_FAMILIES = (
     "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "gpt_neox",
