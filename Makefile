@@ -17,10 +17,11 @@ $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-# The rendered book in _build/html, from the notebooks' stored outputs, MathJax served locally.
+# The rendered book in _build/html, from the notebooks' stored outputs, MathJax served locally; every
+# page rebuilt (--all), so the References page lists what the chapters cite now.
 book: $(STAMP)
 	bash tools/fetch_mathjax.sh
-	$(VENV)/bin/jupyter-book build --warningiserror --keep-going . 
+	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going .
 
 # The whole suite: unit and property tests, the rendered-book check, nbval on every notebook.
 # One CPU thread per process (the notebooks' kernels inherit it): torch's multithreaded float64

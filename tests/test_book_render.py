@@ -33,7 +33,8 @@ def _toc_chapters() -> list[str]:
     return [chapter["file"] + ".html" for part in toc["parts"] for chapter in part["chapters"]]
 
 
-CHAPTERS = _toc_chapters()
+# The notebook chapters; the other pages of the table of contents (book/references) have no math or figures.
+CHAPTERS = [page for page in _toc_chapters() if page.startswith("notebooks/")]
 PAGES = [INTRO, *CHAPTERS]
 
 CHROMIUM_FLAGS = [
