@@ -5,16 +5,16 @@ m * theta_i = 2^20 a float32 number has spacing 2^-3, so the angle, and with it 
 is off by up to 0.06: relative positions stop being relative. What matters is only the angle
 modulo 2 pi, i.e. the fractional part of the number of turns m * theta_i / (2 pi).
 
-Write the turns per position of pair i as a 64-bit fixed-point fraction
+Write the turns per position of pair i as a 64-bit fixed-point fraction ::
 
     T_i = round(frac(theta_i / (2 pi)) * 2^64)        (an integer modulo 2^64).
 
-Because m is an integer, frac(m * theta_i / (2 pi)) = frac(m * frac(theta_i / (2 pi))), so
+Because m is an integer, frac(m * theta_i / (2 pi)) = frac(m * frac(theta_i / (2 pi))), so ::
 
     (m * T_i) mod 2^64 = frac(m theta_i / (2 pi)) * 2^64 + m * (rounding error of T_i),
 
 an integer product that wraps around modulo 2^64 by itself in int64 arithmetic. An error of
-e units in T_i moves the angle by |m| e 2^-64 turns: for |m| < 2^31 and the e <= 8 of
+e units in T_i moves the angle by ``|m|`` e 2^-64 turns: for ``|m|`` < 2^31 and the e <= 8 of
 :func:`fixed_point_phases`, less than 3e-9 rad, whatever m. Reading the top bits as a
 signed number gives the angle in [-pi, pi), where float cos/sin are accurate to their last bit.
 This is RoPE read as a number system: the position's digits pick up exact phase increments.
@@ -276,8 +276,8 @@ def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     The quadrant comes from the integer; the rest x in [-1/8, 1/8] turns is summed to a float64
     pair (hi, lo) exactly enough (its first 40 bits are exact, the next 63 add with one
     rounding), the angle 2 pi x is formed as a double-float (Dekker's product with 2 pi to 106
-    bits), |angle| <= pi/4, and cos(a + d) = cos a - d sin a, sin(a + d) = sin a + d cos a for the
-    low part d (|d| < 2^-53, so d^2 is far below float64's resolution)."""
+    bits), ``|angle|`` <= pi/4, and cos(a + d) = cos a - d sin a, sin(a + d) = sin a + d cos a for the
+    low part d (``|d|`` < 2^-53, so d^2 is far below float64's resolution)."""
     quadrant, head = _quadrant_and_rest(limbs)
     head = head.to(torch.float64) * 2.0**-42  # exact: 40 bits
     tail = limbs[..., 1:4].to(torch.float64) @ _on(_LOW_LIMB_SCALES, limbs.device)
@@ -292,7 +292,7 @@ def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def cos_sin_of_turns_float32(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 cos and sin of 2 pi turns without any float64 arithmetic (for devices that have
     none, e.g. Apple's MPS): the quadrant from the integer, the rest x in [-1/8, 1/8] turns from
-    the top 40 bits, then float32 cos/sin of |2 pi x| <= pi/4: within about 2 float32 roundings,
+    the top 40 bits, then float32 cos/sin of ``|2 pi x|`` <= pi/4: within about 2 float32 roundings,
     the accuracy of the Triton kernel."""
     quadrant, head = _quadrant_and_rest(limbs)
     high = head >> LIMB_BITS

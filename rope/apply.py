@@ -1,6 +1,6 @@
 """Applying the rotation: y = R_m x for every token and head, the production torch path.
 
-For pair i = (x_a, x_b) of a head at position m, with angle m * theta_i (RoFormer eq. 34):
+For pair i = (x_a, x_b) of a head at position m, with angle m * theta_i (RoFormer eq. 34)::
 
     y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i))
     y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i))
@@ -14,7 +14,7 @@ or the torch path.
 Exactness. theta_i is a float32 number and m an integer, so the angle is reduced modulo 2 pi
 exactly (:func:`rope.angles.cos_sin`: 126-bit fixed-point turns), cos and sin are within 2^-52,
 and the products are float64, rounded once to the input dtype. Every output is within half an
-ulp of its dtype from the exact value plus at most 2^-50 s |(x_a, x_b)|, at every int64 position
+ulp of its dtype from the exact value plus at most 2^-50 s ``|(x_a, x_b)|``, at every int64 position
 (tests/test_apply_exactness.py checks this against mpmath). The usual recipe (float32 product,
 float32 cos) is off by about 0.06 in cos at position 2^20.
 
@@ -169,7 +169,7 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     was dropped) makes the second rounding exact, because float32 carries more than two extra
     bits (Boldo and Melquiond, "When double rounding is odd", 2005). On the float64 bit pattern
     that is: clear the 29 low significand bits and set the lowest kept one if any was set (NaN
-    stays NaN, infinities and the sign are untouched). Below float32's normal range (|x| <
+    stays NaN, infinities and the sign are untouched). Below float32's normal range (``|x|`` <
     2^-126, bfloat16 only: float16's range lies inside float32's normal range) float32 has fewer
     bits, so those entries round to odd on float32's subnormal grid instead. Differentiable as
     a conversion is.
@@ -257,7 +257,7 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     ``[batch, seq, 1, pairs]``). Differentiable: the gradient is the transposed rotation, computed
     and rounded the same way. ``safe`` guards against intermediate overflow
     (:func:`_rotated_pair`); by default it is on where x's range reaches that of cos's dtype,
-    which suffices for |cos|, |sin| <= 2^512."""
+    which suffices for ``|cos|, |sin|`` <= 2^512."""
     if safe is None:
         safe = x.dtype == cos.dtype or cos.dtype == torch.float32
     return _Rotation.apply(x, cos, sin, layout, rotary_dim, safe)
@@ -381,8 +381,8 @@ def apply_rotary(
             path ignores it (its backward writes new tensors).
 
     Returns:
-        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once: on the torch path
-        within half an ulp plus 2^-50 s |(x_a, x_b)| of the exact rotation (module docstring);
+        ``(q_out, k_out)`` in the dtype of q and k, each value rounded once; on the torch path
+        within half an ulp plus 2^-50 s ``|(x_a, x_b)|`` of the exact rotation (module docstring);
         the kernel's bounds are in :mod:`rope.kernels.triton_rotary`.
 
     Raises:

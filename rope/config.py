@@ -9,23 +9,27 @@ Hugging Face keeps RoPE settings in a plain dict (``config.rope_parameters``, fo
 and which it may read, in the shape of transformers' key sets (``_validate_<type>_rope_parameters``
 in ``modeling_rope_utils.py``); every type also reads the :data:`COMMON_KEYS`. The built-in types:
 
-=================================  ====================================================
-``rope_type`` (or legacy ``type``) ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
-                                   ``longrope``, ``llama3``, ``proportional``; missing means ``default``
-``rope_theta``                     the base b of theta_i = b^(-2i/d), > 1; default 10000
-``partial_rotary_factor``          fraction of the head dimension that rotates, in (0, 1]
-``max_position_embeddings``        the model's context length (``dynamic``'s L; a stand-in below), in [1, 2^63]
-``original_max_position_embeddings``  the pre-training context length L (yarn, longrope, llama3), in [1, 2^63]
-``factor``                         the context-extension factor s >= 1
-yarn: ``beta_fast``, ``beta_slow`` (> 0, beta_fast >= beta_slow; default 32 and 1), ``mscale``,
-      ``mscale_all_dim``, ``attention_factor`` (> 0), ``truncate`` (a bool)
-longrope: ``short_factor``, ``long_factor`` (lists of rotary_dim/2 numbers > 0), ``attention_factor``
-llama3: ``low_freq_factor``, ``high_freq_factor`` (high > low > 0)
-M-RoPE: ``mrope_section``          pairs that follow the t, h, w positions (:mod:`rope.mrope`);
-        ``mrope_interleaved``      interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL);
-                                   ``interleaved`` is Qwen3-Omni's name for it;
-        ``mrope_style``            (rope's own key) ``chunked``, ``interleaved`` or ``alternating``
-=================================  ====================================================
+======================================  ====================================================
+``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
+                                        ``longrope``, ``llama3``, ``proportional``; missing means ``default``
+``rope_theta``                          the base b of theta_i = b^(-2i/d), > 1; default 10000
+``partial_rotary_factor``               fraction of the head dimension that rotates, in (0, 1]
+``max_position_embeddings``             the model's context length (``dynamic``'s L; a stand-in below),
+                                        in [1, 2^63]
+``original_max_position_embeddings``    the pre-training context length L (yarn, longrope, llama3),
+                                        in [1, 2^63]
+``factor``                              the context-extension factor s >= 1
+yarn                                    ``beta_fast``, ``beta_slow`` (> 0, beta_fast >= beta_slow; default 32 and 1),
+                                        ``mscale``, ``mscale_all_dim``, ``attention_factor`` (> 0),
+                                        ``truncate`` (a bool)
+longrope                                ``short_factor``, ``long_factor`` (lists of rotary_dim/2 numbers > 0),
+                                        ``attention_factor``
+llama3                                  ``low_freq_factor``, ``high_freq_factor`` (high > low > 0)
+M-RoPE: ``mrope_section``               pairs that follow the t, h, w positions (:mod:`rope.mrope`);
+M-RoPE: ``mrope_interleaved``           interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL);
+                                        ``interleaved`` is Qwen3-Omni's name for it;
+M-RoPE: ``mrope_style``                 (rope's own key) ``chunked``, ``interleaved`` or ``alternating``
+======================================  ====================================================
 
 A needed key may have stand-ins (:attr:`rope.registry.RopeType.stand_ins`): ``original_max_position_embeddings``
 defaults to ``max_position_embeddings`` (transformers' ``standardize_rope_params`` does the same),

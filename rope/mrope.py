@@ -3,7 +3,7 @@
 Qwen2-VL (Wang et al. 2024, "Qwen2-VL", section 2.1) gives every token a position triple
 p = (t, h, w): a visual token at frame f, row r, column c of a grid that starts at position s has
 p = (s + f, s + r, s + c); a text token at position m has p = (m, m, m). Rotated pair i belongs
-to one axis a(i) and turns by the angle p_a(i) * theta_i, so
+to one axis a(i) and turns by the angle p_a(i) * theta_i, so ::
 
     R_p = exp(t B_t + h B_h + w B_w),     B_axis = the RoPE generator on that axis's pairs only.
 
@@ -158,7 +158,7 @@ def apply_mrope(
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (README, "Errors"); on CUDA a bad
-        axis value fails an asynchronous device assertion instead (no host synchronisation).
+            axis value fails an asynchronous device assertion instead (no host synchronisation).
     """
     return rotate_qk(q, k, position_ids, inv_freq, axes=axes, layout=layout, rotary_dim=rotary_dim,
                      attention_factor=attention_factor, conjugate=conjugate, backend=backend,

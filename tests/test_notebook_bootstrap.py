@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CLONE = "/content/rope-derived"
 URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
-GPU_CHAPTERS = {"09_precision", "11_kernels"}
+GPU_CHAPTERS = {"09_precision", "18_kernels"}
 GPU_NOTE = (
     "# A GPU chapter: the notebook asks Colab for a T4 GPU runtime (Runtime > Change runtime type).\n"
     "# Without a GPU it still runs: its GPU cells fall back to the CPU (Triton's interpreter) or are skipped.\n"

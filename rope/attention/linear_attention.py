@@ -1,7 +1,7 @@
 """RoPE in linear attention (RoFormer, Su et al. 2021, section 3.3, eq. 19).
 
 Linear attention (Katharopoulos et al. 2020) replaces softmax's exp(q^T k / sqrt(d)) by a product
-of non-negative feature maps phi(q)^T varphi(k). RoPE rotates the features in the numerator only:
+of non-negative feature maps phi(q)^T varphi(k). RoPE rotates the features in the numerator only::
 
     out_m = sum_n (R_m phi(q_m))^T (R_n varphi(k_n)) v_n  /  sum_n phi(q_m)^T varphi(k_n)
 
@@ -11,7 +11,7 @@ denominator stays un-rotated: rotated features can be negative, and a rotated de
 be close to zero or change sign. (Eq. 19 as printed sums the numerator to m and the
 denominator to N; here both run over the same range.)
 
-Associativity makes the numerator O(N): with rotated keys k'_n = R_n varphi(k_n),
+Associativity makes the numerator O(N): with rotated keys k'_n = R_n varphi(k_n), ::
 
     numerator_m = (R_m phi(q_m))^T S_m,   S_m = sum_{n <= m} k'_n v_n^T   (a prefix sum),
     denominator_m = phi(q_m)^T z_m,       z_m = sum_{n <= m} varphi(k_n).

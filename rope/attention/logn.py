@@ -1,7 +1,7 @@
 """log-n attention scaling: multiply the logits of a query that sees n keys by log_L(n).
 
 Su ("Entropy invariance and the scale of attention", kexue.fm/archives/8823, 2021) writes the
-entropy of one softmax row over n logits lambda * s_j as
+entropy of one softmax row over n logits lambda * s_j as ::
 
     H = log sum_j exp(lambda s_j) - lambda sum_j p_j s_j,
 

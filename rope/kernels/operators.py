@@ -61,7 +61,7 @@ POSITION_AXES = len(MROPE_AXES)
 
 MAX_FREQUENCY = 2.0**16
 """With float32 math (q and k other than float64) the kernel reduces the angles exactly only for
-|theta_i| below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles."""
+``|theta_i|`` below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles."""
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
