@@ -1,6 +1,6 @@
 """Side-by-side RoPE benchmark on one GPU: forward and backward, bf16, q and k together.
 
-    python benchmarks/bench_rotary.py [--out benchmarks/results.md]
+    python benchmarks/bench_rotary.py [--out rope/data/bench_rotary.md]
 
 For each shape (batch, seq, heads_q, heads_k, head_dim) every contender is timed in the same run:
 

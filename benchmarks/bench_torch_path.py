@@ -1,7 +1,7 @@
 """rope's torch path against transformers' eager RoPE on the CPU, side by side in one run.
 
     python benchmarks/bench_torch_path.py                   # prints a markdown table
-    python benchmarks/bench_torch_path.py --out benchmarks/torch_path_results.md --threads 1
+    python benchmarks/bench_torch_path.py --out rope/data/bench_torch_path.md --threads 1
 
 Every contender rotates the same q and k (``[batch, seq, heads, head_dim]`` storage; transformers
 reads them as ``[batch, heads, seq, head_dim]`` views, as its attention does) and returns new

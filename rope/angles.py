@@ -155,6 +155,8 @@ def _inverse_two_pi_windows() -> torch.Tensor:
 
 
 _WINDOWS = _inverse_two_pi_windows()
+WINDOW_EXPONENTS = (_E_MIN, _E_MAX)
+"""The exponents e of theta = M 2^e that the rows of :func:`inverse_two_pi_windows` cover, first and last."""
 _COPIES: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
@@ -171,6 +173,13 @@ def _on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
             return copy
         _COPIES[key] = copy
     return _COPIES[key]
+
+
+def inverse_two_pi_windows(device: torch.device) -> torch.Tensor:
+    """int64 ``[rows, 8]`` on ``device``: row e - e_min holds, in 21-bit limbs (least significant
+    first), the 168 bits of 1/(2 pi) that frac(M 2^e / (2 pi)) needs to 2^-126 (two guard limbs
+    below); what the kernel's float64 math reads (:mod:`rope.kernels.exact_turns`)."""
+    return _on(_WINDOWS, device)
 
 
 def _carry(columns: torch.Tensor, limbs: int) -> torch.Tensor:

@@ -372,8 +372,9 @@ def apply_rotary(
         attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does.
         conjugate: rotate by -m * theta_i, the transpose R_m^T (the inverse when attention_factor is 1).
         backend: ``"torch"`` (exactly reduced angles and float64 math, rounded once; float32 math
-            on devices without float64), ``"triton"`` (the fused kernel, float32
-            math, float64 for float64 inputs; differentiable), or ``"auto"``: the kernel for CUDA
+            on devices without float64), ``"triton"`` (the fused kernel: float64 math for
+            float16, bfloat16 and float64, correctly rounded as on the torch path; float32 math,
+            within a stated bound, for float32; differentiable), or ``"auto"``: the kernel for CUDA
             tensors when Triton is installed, torch otherwise.
         grad_in_place: on the kernel path, let the backward overwrite the incoming gradients
             with the input gradients when both are contiguous and separate buffers (saves a q-

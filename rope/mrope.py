@@ -5,7 +5,8 @@ p = (t, h, w): a visual token at frame f, row r, column c of a grid that starts 
 p = (s + f, s + r, s + c); a text token at position m has p = (m, m, m). Rotated pair i belongs
 to one axis a(i) and turns by the angle p_a(i) * theta_i, so ::
 
-    R_p = exp(t B_t + h B_h + w B_w),     B_axis = the RoPE generator on that axis's pairs only.
+    R_p = exp(t B_t + h B_h + w B_w),
+    B_axis = the RoPE generator on that axis's pairs only.
 
 The three generators act on disjoint pairs, hence commute, and R_p^T R_q = R_(q - p): the score
 q^T R_p^T R_q k depends on the difference of all three coordinates, as in :mod:`rope.axial`.
@@ -26,7 +27,8 @@ s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair
 :func:`apply_mrope` is :func:`rope.apply_rotary` with the axes (one path,
 :func:`rope.apply.rotate_qk`): the torch path computes angles, cos, sin and products in float64
 and rounds once; on CUDA the fused Triton kernel runs instead, each pair reading its row of the
-position ids (exactly reduced angles, float32 math, one rounding).
+position ids (exactly reduced angles; float64 math for float16, bfloat16 and float64, float32
+math for float32; one rounding).
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def apply_mrope(
         attention_factor: multiplies cos and sin.
         conjugate: rotate by minus the angles (the transpose).
         backend, grad_in_place: as in :func:`rope.apply_rotary`: ``"auto"`` runs the fused Triton
-            kernel (exactly reduced angles, float32 math) on CUDA tensors, float64 torch otherwise.
+            kernel (exactly reduced angles) on CUDA tensors, float64 torch otherwise.
 
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the

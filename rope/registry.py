@@ -18,16 +18,19 @@ type cannot exist for the frequencies and not for the config parser, or the othe
 
 :mod:`rope.frequencies` registers the built-in types; :func:`register_rope_type` adds others::
 
-    def alpha_ntk(cfg, dim, seq_len):       # HunYuan's NTK alpha: b' = b * alpha^(d/(d-2))
+    # HunYuan's NTK alpha: b' = b * alpha^(d/(d-2))
+    def alpha_ntk(cfg, dim, seq_len):
         base = cfg.rope_theta * cfg.extra["alpha"] ** (dim / (dim - 2))
         return (base ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)).float(), 1.0
 
-    def alpha(name, value):                 # the key's check: a number >= 1, stored as a float
+    # the key's check: a number >= 1, stored as a float
+    def alpha(name, value):
         if not (isinstance(value, (int, float)) and value >= 1):
             raise ValueError(f"{name} must be a number >= 1, got {value!r}")
         return float(value)
 
-    rope.register_rope_type("alpha_ntk", alpha_ntk, required_keys=("alpha",), key_checks={"alpha": alpha})
+    rope.register_rope_type("alpha_ntk", alpha_ntk, required_keys=("alpha",),
+                            key_checks={"alpha": alpha})
     rope.inv_freq({"rope_type": "alpha_ntk", "alpha": 1000.0}, 128)
 """
 

@@ -20,6 +20,7 @@ from rope.experiment.train import PlainProgress, progress_bar, scored_logits
 from rope.frequencies import inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_DIR = ROOT / "rope" / "experiment" / "results"
 SPEC = TaskSpec(markov_vocab=12, successors=3, anchors=10, span=3, event_rate=0.2, seed=7)
 
 
@@ -296,8 +297,8 @@ def test_run_seed_changes_training_but_not_the_evaluation_tokens(tiny_results, t
 
 
 def _committed_results() -> dict[Path, tuple[bytes, int]]:
-    """The committed results files of the chapter (benchmarks/extrapolation_results*): bytes and mtime."""
-    files = sorted((ROOT / "benchmarks").glob("extrapolation_results*"))
+    """The committed results files of the chapter (rope/experiment/results/): bytes and mtime."""
+    files = sorted(COMMITTED_DIR.glob("extrapolation_results*"))
     assert {"extrapolation_results.json", "extrapolation_results.md"} <= {f.name for f in files}
     return {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in files}
 
@@ -315,11 +316,11 @@ def test_the_default_run_writes_its_own_folder_not_the_committed_results(tiny_re
 
 @pytest.mark.parametrize("seed", [[], ["--seed", "1"]])
 def test_the_committed_results_are_refused_before_the_run_without_overwrite(seed, monkeypatch, capsys):
-    """Even pointed at benchmarks/, the command line stops at once, naming the file and the flag."""
+    """Even pointed at the committed results' folder, the command line stops at once, naming the file and the flag."""
     before = _committed_results()
     monkeypatch.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
     with pytest.raises(SystemExit) as exit_info:
-        main(["--preset", "cpu", "--out", str(ROOT / "benchmarks"), *seed])
+        main(["--preset", "cpu", "--out", str(COMMITTED_DIR), *seed])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     name = "extrapolation_results" + ("_seed1" if seed else "")

@@ -3,15 +3,16 @@
 Every output is RN(v), the output dtype's rounding to nearest even of a number v within Delta of
 the exact value y, with |pair| = s |(x_a, x_b)|:
 
-    float32 math (float16, bfloat16, float32 inputs): Delta = c 2^-24 |pair| + 2^-148 max(1, s),
+    float32 math (float32 inputs, or ``float64_math=False``): Delta = c 2^-24 |pair| + 2^-148 max(1, s),
         c = 5 for float32 outputs and 6 for float16 and bfloat16 outputs;
-    float64 math (float64 inputs, or ``float64_math=True``): Delta = 2^-51 |pair| + 2^-1070 s.
+    float64 math (float16, bfloat16 and float64 inputs, or ``float64_math=True``):
+        Delta = 2^-51 |pair| + 2^-1070 s.
 
 Rounding is monotone, so that is RN(y - Delta) <= out <= RN(y + Delta), checked entry by entry
 with y written here from the formula: the angle m theta_i for the float32 value theta_i, its cos
 and sin in mpmath at 200 bits, the products exact. It implies |out - y| <= ulp(y)/2 + 2 Delta, so
-float64 outputs are within half an ulp plus 2^-50 |pair|, and +-inf only where |y| is beyond the
-range (or within Delta of its edge); a finite input never gives NaN.
+float64 math's outputs are within half an ulp plus 2^-50 |pair| (correctly rounded), and +-inf
+only where |y| is beyond the range (or within Delta of its edge); a finite input never gives NaN.
 
 Without a GPU the kernel runs in Triton's interpreter, which performs the same float operations
 (every multiply-add is an explicit fma and nothing else is contracted); shapes stay small.
@@ -31,7 +32,8 @@ import triton.language as tl
 
 import rope
 from helpers import exact_cos_sin, round_exact, to_fraction, ulp
-from rope.kernels import triton_rotary
+from rope.angles import inverse_two_pi_windows
+from rope.kernels import exact_turns, triton_rotary
 from rope.mrope import apply_mrope, section_axes
 
 mpmath.mp.prec = 200
@@ -50,6 +52,11 @@ def float32_math_delta(dtype: torch.dtype, scale: float):
 def float64_math_delta(scale: float):
     """Delta of float64 math as a function of |pair| (a Fraction)."""
     return lambda pair: pair / 2**51 + Fraction(scale) / 2**1070
+
+
+def default_delta(dtype: torch.dtype, scale: float):
+    """Delta of the math ``launch`` takes by default: float32 math for float32, float64 math otherwise."""
+    return float32_math_delta(dtype, scale) if dtype == torch.float32 else float64_math_delta(scale)
 
 
 def pair_indices(rotary_dim: int, layout: str) -> list[tuple[int, int]]:
@@ -108,7 +115,7 @@ def assert_rounded_from_within(out: torch.Tensor, exact, delta_of, *, slack=None
             assert abs(Fraction(value) - y) <= half_ulp + slack * pair, f"{value!r} vs exact {float(y)!r}"
 
 
-def rotate(x, positions, theta, *, layout="half", scale=1.0, conjugate=False, float64_math=False):
+def rotate(x, positions, theta, *, layout="half", scale=1.0, conjugate=False, float64_math=None):
     """x rotated by the kernel (``launch`` with q = k = x, out of place)."""
     out, out_k = torch.empty_like(x), torch.empty_like(x)
     triton_rotary.launch(x, x, out, out_k, positions, theta, interleaved=layout == "interleaved",
@@ -117,7 +124,7 @@ def rotate(x, positions, theta, *, layout="half", scale=1.0, conjugate=False, fl
     return out
 
 
-def check(x, positions, theta, delta_of, *, layout="half", scale=1.0, conjugate=False, float64_math=False,
+def check(x, positions, theta, delta_of, *, layout="half", scale=1.0, conjugate=False, float64_math=None,
           slack=None):
     """Rotate x with the kernel and hold every output to :func:`assert_rounded_from_within`."""
     out = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), layout=layout, scale=scale,
@@ -143,7 +150,7 @@ def positions_with_edges(gen, batch, seq):
 THETA, _ = rope.inv_freq({"rope_theta": 1e4}, 8)
 
 
-# ----- float32 math: float16, bfloat16, float32 ------------------------------------------------------------------
+# ----- float32 math: float32 (and float16, bfloat16 on request) -----------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -154,16 +161,18 @@ def test_float32_math_is_within_its_bound(dtype, scale, conjugate, layout):
     gen = torch.Generator().manual_seed(int(scale * 1000) + torch.finfo(dtype).bits)
     x = heads(gen, (2, 5, 2, 10), dtype, spread=8 if dtype == torch.float32 else 2)
     check(x, positions_with_edges(gen, 2, 5), THETA, float32_math_delta(dtype, scale), layout=layout, scale=scale,
-          conjugate=conjugate)
+          conjugate=conjugate, float64_math=False)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype, float64_math", [(torch.bfloat16, None), (torch.bfloat16, False),
+                                                 (torch.float32, None)])
 @pytest.mark.parametrize("scale", [2.0**-64, 2.0**64])
-def test_extreme_attention_factors(dtype, scale):
+def test_extreme_attention_factors(dtype, float64_math, scale):
     """Factors from 2^-64 to 2^64 with inputs scaled the other way, so that outputs are O(1)."""
     gen = torch.Generator().manual_seed(5)
     x = (heads(gen, (1, 4, 2, 8), torch.float64) / scale).to(dtype)
-    check(x, positions_with_edges(gen, 1, 4), THETA, float32_math_delta(dtype, scale), scale=scale)
+    delta = float32_math_delta(dtype, scale) if float64_math is False else default_delta(dtype, scale)
+    check(x, positions_with_edges(gen, 1, 4), THETA, delta, scale=scale, float64_math=float64_math)
 
 
 def test_attention_factor_outside_the_kernels_range_is_refused():
@@ -196,8 +205,10 @@ def test_huge_inputs_overflow_to_inf_and_never_give_nan(dtype, scale, conjugate)
     x = pairs.reshape(1, 1, 8, 2).expand(1, 3, 8, 2).contiguous()
     theta = torch.tensor([0.7853981633974483], dtype=torch.float32)  # about pi/4: cos and sin both large
     positions = torch.tensor([1, 3, -5])
-    delta = float64_math_delta(scale) if dtype == torch.float64 else float32_math_delta(dtype, scale)
-    check(x, positions, theta, delta, scale=scale, conjugate=conjugate)
+    check(x, positions, theta, default_delta(dtype, scale), scale=scale, conjugate=conjugate)
+    if dtype in (torch.float16, torch.bfloat16):
+        check(x, positions, theta, float32_math_delta(dtype, scale), scale=scale, conjugate=conjugate,
+              float64_math=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
@@ -209,36 +220,38 @@ def test_subnormal_and_zero_inputs(dtype):
     x = (multiples * tiny).to(dtype)
     positions = positions_with_edges(gen, 2, 4)
     for scale in (0.75, 1.5):
-        delta = float64_math_delta(scale) if dtype == torch.float64 else float32_math_delta(dtype, scale)
-        check(x, positions, THETA, delta, scale=scale)
+        check(x, positions, THETA, default_delta(dtype, scale), scale=scale)
 
 
-# ----- float64 math --------------------------------------------------------------------------------------------------
+# ----- float64 math: float16, bfloat16, float64 (and float32 on request) ---------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("scale, conjugate, layout", [(1.0, False, "half"), (0.3, True, "interleaved")])
-def test_float64_is_as_exact_as_the_torch_path(scale, conjugate, layout):
+def test_float64_math_is_as_exact_as_the_torch_path(dtype, scale, conjugate, layout):
     """Half an ulp plus 2^-50 |pair| at every position (the 64-bit turns of float32 math, off by
     up to 8 units, missed this by about 5e3 ulp near m = 10^6), for frequencies from
-    rope.inv_freq and beyond 2^16, where the table is still exact."""
-    gen = torch.Generator().manual_seed(9)
-    theta = torch.cat([THETA, torch.tensor([0.0, 1.0, 3.0e5, 1.0e-30])])
-    x = heads(gen, (2, 5, 2, 2 * theta.numel() + 2), torch.float64, spread=20)
+    rope.inv_freq and beyond 2^16 (subnormal, the largest float32), where the 126-bit turns are
+    still exact: float16 and bfloat16 correctly rounded, as the torch path."""
+    gen = torch.Generator().manual_seed(9 + torch.finfo(dtype).bits)
+    theta = torch.cat([THETA, torch.tensor([0.0, 1.0, 3.0e5, 1.0e-30, 1.0e-45, -3.4e38])])
+    x = heads(gen, (2, 5, 2, 2 * theta.numel() + 2), dtype, spread=20 if dtype == torch.float64 else 2)
     check(x, positions_with_edges(gen, 2, 5), theta, float64_math_delta(scale), layout=layout, scale=scale,
           conjugate=conjugate, slack=Fraction(1, 2**50))
 
 
-def test_float64_decode_and_mrope_read_the_table_of_each_pair():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_float64_math_decode_and_mrope_turn_each_pair_by_its_position(dtype):
     """One token per sequence (the batch read as the token axis) and M-RoPE (pair i turned by row
-    axes[i] of the [3, ...] positions), both through the float64 table."""
+    axes[i] of the [3, ...] positions), in float64 math."""
     gen = torch.Generator().manual_seed(10)
-    x = heads(gen, (5, 1, 2, 10), torch.float64)
+    x = heads(gen, (5, 1, 2, 10), dtype)
     positions = torch.randint(-(2**31) + 1, 2**31, (5, 1), generator=gen)
     check(x, positions, THETA, float64_math_delta(1.0), slack=Fraction(1, 2**50))
 
     axes = section_axes([2, 1, 1], 4)
     rows = torch.randint(-(2**31) + 1, 2**31, (3, 2, 3), generator=gen)
-    x = heads(gen, (2, 3, 2, 8), torch.float64)
+    x = heads(gen, (2, 3, 2, 8), dtype)
     out, _ = apply_mrope(x.to(DEVICE), x.to(DEVICE), rows.to(DEVICE), THETA.to(DEVICE), axes.to(DEVICE),
                          attention_factor=1.5, backend="triton")
     thetas = [mpmath.mpf(float(t)) for t in THETA]
@@ -263,26 +276,38 @@ def hard_cases(dtype):
     return x.reshape(1, 1, 4, 16).to(dtype), 1 - 2.0 ** -(bits + 1) - 2.0**-40
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_float64_math_rounds_every_dtype_once(dtype):
-    """``float64_math=True``: float16, bfloat16 and float32 outputs within half an ulp plus
-    2^-50 |pair|, i.e. correctly rounded unless y is within 2^-51 |pair| of a tie. On random
-    heads, and on inputs placed just beside ties, where every output must be the correct rounding
-    and float32 math (within its own bound) rounds some of them the other way."""
+@pytest.mark.parametrize("dtype, float64_math", [(torch.float16, None), (torch.bfloat16, None),
+                                                 (torch.float32, True)])
+def test_float64_math_rounds_every_dtype_once(dtype, float64_math):
+    """float64 math (the default for float16 and bfloat16, ``float64_math=True`` for float32):
+    outputs within half an ulp plus 2^-50 |pair|, i.e. correctly rounded unless y is within
+    2^-51 |pair| of a tie. On random heads, and on inputs placed just beside ties, where every
+    output must be the correct rounding and float32 math (within its own bound) rounds some of
+    them the other way."""
     gen = torch.Generator().manual_seed(12)
     x = heads(gen, (2, 4, 2, 10), dtype)
-    check(x, positions_with_edges(gen, 2, 4), THETA, float64_math_delta(1.3), scale=1.3, float64_math=True,
+    check(x, positions_with_edges(gen, 2, 4), THETA, float64_math_delta(1.3), scale=1.3, float64_math=float64_math,
           slack=Fraction(1, 2**50))
 
     x, scale = hard_cases(dtype)
     theta = torch.full((x.shape[-1] // 2,), 0.25, dtype=torch.float32)
     positions = torch.zeros(1, dtype=torch.int64)
     exact = [round_exact(Fraction(scale) * Fraction(v), dtype) for v in x.double().flatten().tolist()]
-    ours = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale, float64_math=True)
+    ours = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale, float64_math=float64_math)
     assert ours.cpu().double().flatten().tolist() == exact
-    fast = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale)
+    fast = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale, float64_math=False)
     assert fast.cpu().double().flatten().tolist() != exact
-    check(x, positions, theta, float32_math_delta(dtype, scale), scale=scale)
+    check(x, positions, theta, float32_math_delta(dtype, scale), scale=scale, float64_math=False)
+
+
+def test_float64_math_flag_is_checked():
+    """float64 q and k cannot take float32 math; the flag is a real bool."""
+    x = torch.zeros(1, 1, 1, 8, dtype=torch.float64, device=DEVICE)
+    positions = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="float64_math"):
+        rotate(x, positions, THETA.to(DEVICE), float64_math=False)
+    with pytest.raises(TypeError, match="float64_math"):
+        rotate(x.float(), positions, THETA.to(DEVICE), float64_math="yes")
 
 
 # ----- gradients ------------------------------------------------------------------------------------------------------
@@ -311,7 +336,7 @@ def test_gradients_are_within_the_bound_in_every_dtype(dtype, scale, conjugate):
                              conjugate=conjugate, backend="triton")
     got = torch.autograd.grad(outs, (q, k), grads)
     cos, sin = exact_cos_sin(positions, THETA)
-    delta = float32_math_delta(dtype, scale)
+    delta = default_delta(dtype, scale)
     for x, grad, x_grad in zip((q, k), grads, got):
         x64 = x.detach().cpu().double().requires_grad_()
         (reference,) = torch.autograd.grad(float64_rotation(x64, cos, sin, scale, conjugate), x64, grad.cpu().double())
@@ -327,6 +352,61 @@ def test_gradients_are_within_the_bound_in_every_dtype(dtype, scale, conjugate):
 
 
 # ----- the pieces: cos/sin of the turns, the roundings --------------------------------------------------------------
+
+
+@triton.jit
+def _exact_cos_sin_probe(POS, FREQ, WINDOWS, COS, SIN, N: tl.constexpr, P: tl.constexpr):
+    i = tl.arange(0, N)
+    j = tl.arange(0, P)
+    cos, sin = exact_turns.exact_cos_sin(tl.load(POS + i)[:, None], tl.load(FREQ + j)[None, :], WINDOWS)
+    tl.store(COS + i[:, None] * P + j[None, :], cos)
+    tl.store(SIN + i[:, None] * P + j[None, :], sin)
+
+
+@triton.jit
+def _near_zero_probe(X, COS, SIN, N: tl.constexpr):
+    i = tl.arange(0, N)
+    cos, sin = exact_turns.cos_sin_near_zero(tl.load(X + i))
+    tl.store(COS + i, cos)
+    tl.store(SIN + i, sin)
+
+
+def assert_within(got: torch.Tensor, exact: list, bound: Fraction, what: str) -> None:
+    worst = max(abs(Fraction(g) - to_fraction(e)) for g, e in zip(got.cpu().flatten().tolist(), exact))
+    assert worst <= bound, f"{what} off by {float(worst / bound):.3f} x the bound"
+
+
+def test_exact_cos_sin_in_the_kernel_is_within_2_to_the_minus_52():
+    """float64 math's cos(m theta) and sin(m theta) (126-bit turns in the kernel) against mpmath
+    at the exact angle: positions at the int64 and int32 edges and random ones of every size,
+    float32 theta from the smallest subnormal to the largest value, both signs."""
+    gen = torch.Generator().manual_seed(17)
+    edges = [0, 1, -1, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]
+    sizes = torch.randint(1, 63, (57,), generator=gen)
+    rest = [int(torch.randint(-(2**int(b)), 2**int(b), (1,), generator=gen)) for b in sizes]
+    positions = torch.tensor(edges + rest, dtype=torch.int64)
+    exponents = torch.randint(-149, 128, (26,), generator=gen).to(torch.float64)
+    random = (torch.rand(26, generator=gen, dtype=torch.float64) + 1) * torch.exp2(exponents)
+    theta = torch.cat([torch.tensor([1e-45, -1e-45, 3.4028234663852886e38, -2.0, 0.0, 1.0]), random]).float()
+    theta = theta * torch.where(torch.arange(32) % 3 == 0, -1.0, 1.0)
+    cos, sin = (torch.empty(64, 32, dtype=torch.float64, device=DEVICE) for _ in range(2))
+    _exact_cos_sin_probe[(1,)](positions.to(DEVICE), theta.to(DEVICE), inverse_two_pi_windows(torch.device(DEVICE)),
+                               cos, sin, N=64, P=32)
+    angles = [mpmath.mpf(m) * mpmath.mpf(float(t)) for m in positions.tolist() for t in theta.tolist()]
+    assert_within(cos, [mpmath.cos(a) for a in angles], Fraction(1, 2**52), "cos")
+    assert_within(sin, [mpmath.sin(a) for a in angles], Fraction(1, 2**52), "sin")
+
+
+def test_kernel_cos_sin_polynomials_near_zero():
+    """The Taylor polynomials of float64 math on [-pi/4, pi/4] and a little beyond (the rest of
+    a turn after the quadrant), densest near the ends where the truncated terms are largest."""
+    edge = math.pi / 4 + 2.0**-40
+    x = torch.cat([torch.linspace(-edge, edge, 1000, dtype=torch.float64),
+                   torch.tensor([edge, -edge, 2.0**-1074, 0.0, 1e-8, math.pi / 4] * 4, dtype=torch.float64)])
+    cos, sin = torch.empty_like(x), torch.empty_like(x)
+    _near_zero_probe[(1,)](x.to(DEVICE), cos, sin, N=1024)
+    assert_within(cos, [mpmath.cos(v) for v in x.tolist()], Fraction(1, 2**52), "cos")
+    assert_within(sin, [mpmath.sin(v) for v in x.tolist()], Fraction(1, 2**52), "sin")
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Every chapter opens with the same Colab setup cell, naming the repository that _config.yml names.
 
 On Colab a chapter runs outside a checkout, and some chapters read committed files
-(benchmarks/results.md, the experiment's results): the first code cell clones the repository
+(the kernel's benchmark table, the experiment's results; in a clone as in a wheel install they are
+package data under rope/): the first code cell clones the repository
 (into a side folder renamed when complete, so an interrupted clone is redone), installs it unless
 ``rope`` already imports, and moves into its notebooks/ folder; run again after a failure, it retries
 what is missing, and after a runtime restart it only moves. A failed step raises one RuntimeError
@@ -49,7 +50,7 @@ def test_every_chapter_has_the_same_setup_cell_naming_the_book_repository():
     assert len(NOTEBOOKS) >= 18
     for path in NOTEBOOKS:
         assert setup_source(path) == CANONICAL, f"{path.name}: its setup cell differs from {NOTEBOOKS[0].name}'s"
-    assert f'repository, clone = "{URL}", "{CLONE}"\n' in CANONICAL
+    assert f'    repository = "{URL}"\n    clone = "{CLONE}"\n' in CANONICAL
     assert CANONICAL.rstrip().endswith("\n_setup()")
     # plain Python (no ! or % lines), so that the test below runs it as it is
     assert not re.search(r"^\s*[!%]", CANONICAL, re.MULTILINE)

@@ -24,12 +24,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def assert_close_to(out, ref, x, attention_factor=1.0):
-    """Within the kernel's promise (rope/kernels/triton_rotary.py): the rounding of a value within Delta
-    of the exact one, so within half an ulp of the output dtype plus 2 Delta, Delta = 6 2^-24
-    |pair| (float32 math) or 2^-51 |pair| (float64), |pair| <= s sqrt(2) max |x| over the head;
-    plus the float64 reference's own error, below 2^-50 |pair|."""
+    """Within the kernel's promise (rope/kernels/triton_rotary.py): the rounding of a value within
+    Delta of the exact one, so within half an ulp of the output dtype plus 2 Delta, Delta =
+    6 2^-24 |pair| (float32 math: float32) or 2^-51 |pair| (float64 math: the other dtypes),
+    |pair| <= s sqrt(2) max |x| over the head; plus the float64 reference's own error, below
+    2^-50 |pair|."""
     pair = attention_factor * 2**0.5 * x.to("cpu", torch.float64).abs().amax(-1, keepdim=True)
-    if x.dtype == torch.float64:
+    if x.dtype != torch.float32:  # float64 math
         delta = 2.0**-51 * pair + 2.0**-1070 * attention_factor
     else:
         delta = 6 * 2.0**-24 * pair + 2.0**-148 * max(1.0, attention_factor)

@@ -139,10 +139,10 @@ def t5_relative_bucket(
     (attention masks them anyway). Within each half of B buckets, with distance n >= 0 and
     e = B // 2::
 
-        bucket = n                                                       if n < e
-                 min(B - 1, e + floor(log(n / e) / log(max_distance / e) * (B - e)))   otherwise
+        bucket = n                                                   if n < e
+        bucket = min(B - 1, e + floor(log(n / e) / log(D / e) * (B - e)))  otherwise
 
-    so small distances get a bucket each and larger ones share logarithmically wider buckets; the
+    with D = max_distance, so small distances get a bucket each and larger ones share logarithmically wider buckets; the
     last bucket collects every distance from a point below max_distance on (91 for T5's settings).
     The floor is evaluated exactly (by integer comparison), so a distance at which the log
     expression is exactly an integer lands in the upper bucket. transformers and Mesh TensorFlow

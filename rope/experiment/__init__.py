@@ -10,16 +10,18 @@ models trained the same way; PI and YaRN after a short fine-tune at a longer len
 
 Modules: :mod:`.data` the language, :mod:`.model` the transformer, :mod:`.methods` the position
 schemes and the method registry, :mod:`.train` the training and evaluation loops,
-:mod:`.presets` the settings, :mod:`.runner` the whole run and its results file.
+:mod:`.presets` the settings, :mod:`.runner` the whole run and its results file. The committed
+results of the cpu preset ship in ``results/`` as package data: :func:`committed_results` reads them.
 """
 
 from .data import RecallTask, TaskSpec
 from .methods import METHODS, Context, Method, PositionScheme
 from .model import ModelSpec, TinyTransformer
 from .presets import PRESETS, ExperimentConfig
-from .runner import load_results, run
+from .runner import COMMITTED, committed_results, load_results, run
 
 __all__ = [
+    "COMMITTED",
     "METHODS",
     "PRESETS",
     "Context",
@@ -30,6 +32,7 @@ __all__ = [
     "RecallTask",
     "TaskSpec",
     "TinyTransformer",
+    "committed_results",
     "load_results",
     "run",
 ]

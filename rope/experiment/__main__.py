@@ -2,7 +2,7 @@
 
 The results go to a folder of the caller's (``--out``, default ``./rope-experiment-results``) or
 to one file (``--output``); an existing results file, such as the committed
-``benchmarks/extrapolation_results.json``, is refused before anything is trained unless
+``rope/experiment/results/extrapolation_results.json``, is refused before anything is trained unless
 ``--overwrite`` is given.
 """
 
@@ -21,7 +21,7 @@ DEFAULT_OUT = "rope-experiment-results"
 
 
 def results_name(preset: str, seed: int) -> str:
-    """The results file's name in the ``--out`` folder, as the committed files under ``benchmarks/`` are
+    """The results file's name in the ``--out`` folder, as the committed files in ``rope/experiment/results/`` are
     named: ``extrapolation_results.json`` for the cpu preset, ``extrapolation_results_<preset>.json``
     otherwise, ``_seed<N>`` appended for a seed other than the preset's."""
     suffix = "" if preset == "cpu" else f"_{preset}"
@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--out", metavar="DIR", default=None,
                        help=f"results folder, created if missing (default: ./{DEFAULT_OUT}); the results JSON "
-                       "in it is named as in benchmarks/: extrapolation_results.json for the cpu preset, "
+                       "in it is named as in rope/experiment/results/: extrapolation_results.json for the cpu preset, "
                        "extrapolation_results_<preset>.json otherwise, _seed<N> appended for a --seed other "
                        "than the preset's; its markdown table is written beside it (.md)")
     where.add_argument("--output", metavar="FILE", default=None,
                        help="the results JSON file itself instead of a folder (its .md table beside it)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace existing results files (without it they are refused before the run starts, "
-                        "e.g. the committed benchmarks/extrapolation_results.json)")
+                        "e.g. the committed rope/experiment/results/extrapolation_results.json)")
     parser.add_argument("--seed", type=int, default=None,
                         help="run seed: initialization and training batches (default: the preset's, 0)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")

@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import time
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -97,7 +98,7 @@ def run(
     JSON with the markdown table of :func:`results_table` beside it (.md).
 
     An existing results file (the JSON or its table) is refused with ``FileExistsError`` before
-    anything is trained, unless ``overwrite=True``: the committed results under ``benchmarks/``
+    anything is trained, unless ``overwrite=True``: the committed results under ``rope/experiment/results/``
     are replaced only on request."""
     config = _checked_config(config)
     flag("progress", progress)
@@ -333,3 +334,21 @@ def load_results(path: str | Path) -> dict:
             if len(values) != count or not all(isinstance(v, float) and math.isfinite(v) for v in values):
                 raise ValueError(f"results file {path}: method {name!r} has a missing or non-finite {key}")
     return results
+
+
+COMMITTED = (
+    "extrapolation_results.json",
+    "extrapolation_results_seed1.json",
+    "extrapolation_results_seed2.json",
+)
+"""The committed results files of the cpu preset (run seeds 0, 1, 2), shipped as package data in
+``rope/experiment/results/`` with their markdown tables (.md) beside them."""
+
+
+def committed_results(name: str = "extrapolation_results.json") -> dict:
+    """One of the :data:`COMMITTED` results files, read from the installed package (a clone or a
+    wheel alike) and checked by :func:`load_results`."""
+    if name not in COMMITTED:
+        raise ValueError(f"unknown committed results file {name!r}: expected one of {', '.join(COMMITTED)}")
+    with resources.as_file(resources.files(__package__).joinpath("results", name)) as path:
+        return load_results(path)

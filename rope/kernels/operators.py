@@ -29,7 +29,7 @@ first, with the errors of the package's policy (:mod:`rope._checks`, README "Err
   layout, :func:`_check_in_place`) is checked by :func:`_check_arguments` in the real *and* the
   fake implementation, so that ``torch.compile`` and ``opcheck`` refuse a bad call while
   tracing, with the same message;
-* values (finite ``inv_freq``, below :data:`MAX_FREQUENCY` with float32 math; axes in
+* values (finite ``inv_freq``, below :data:`MAX_FREQUENCY` for float32 q and k; axes in
   {0, 1, 2}) only exist in the real implementation: an eager ``ValueError``, or on CUDA an
   asynchronous device assertion (:func:`rope._checks.assert_values`), also when the operator runs
   inside a compiled graph;
@@ -60,8 +60,9 @@ POSITION_AXES = len(MROPE_AXES)
 """M-RoPE position rows: t, h, w."""
 
 MAX_FREQUENCY = 2.0**16
-"""With float32 math (q and k other than float64) the kernel reduces the angles exactly only for
-``|theta_i|`` below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles."""
+"""With float32 math (float32 q and k) the kernel reduces the angles exactly only for ``|theta_i|``
+below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles. The
+float64 math of the other dtypes takes any finite float32 theta_i."""
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -127,10 +128,10 @@ def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags
 
 
 def _check_values(q: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor | None) -> None:
-    """Finite frequencies (below :data:`MAX_FREQUENCY` with float32 math) and axes in {0, 1, 2}:
-    eager off CUDA, device assertions on it."""
+    """Finite frequencies (below :data:`MAX_FREQUENCY` for float32 q and k, which take float32
+    math) and axes in {0, 1, 2}: eager off CUDA, device assertions on it."""
     _checks.finite_frequencies("inv_freq", inv_freq)
-    if q.dtype != torch.float64 and inv_freq.numel():
+    if q.dtype == torch.float32 and inv_freq.numel():
         _checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
                              f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)")
     if axes is not None:

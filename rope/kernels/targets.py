@@ -42,24 +42,25 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
                     mrope: bool = False, scale_after: bool = False, float64_math: bool = False):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not,
-    an attention factor above 1 (``scale_after``) or not, float64 math (a cos/sin table: always
-    for "fp64", on request for the others) or float32 math; compiled as ``launch`` compiles it,
-    with no contraction of multiplies and adds into fused multiply-adds."""
+    an attention factor above 1 (``scale_after``) or not, float64 math (always for "fp64", on
+    request for the others: ``launch`` takes it by default for "fp16" and "bf16") or float32 math;
+    compiled as ``launch`` compiles it, with no contraction of multiplies and adds into fused
+    multiply-adds."""
     block_s, block_h, group, warps = sizes
-    table = float64_math or dtype == "fp64"
+    float64_math = float64_math or dtype == "fp64"
     types = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
-    types.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32", CS="*fp64" if table else "*fp32",
-                 seq_len="i32", heads_q="i32", heads_k="i32", tokens_bucket="i32", scale="fp32", power="fp32",
-                 scale64="fp64", power64="fp64")
-    types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a", "sc_b", "sc_s"]})
-    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, table=table,
+    types.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32",
+                 WINDOWS="*i64" if float64_math else "*fp32", seq_len="i32", heads_q="i32", heads_k="i32",
+                 tokens_bucket="i32", scale="fp32", power="fp32", scale64="fp64", power64="fp64")
+    types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
+    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, float64_math=float64_math,
                                  copy_tail=True, mrope=mrope, scale_after=scale_after)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     types.update({name: "constexpr" for name in constants})
     names = rotary_kernel.arg_names  # the signature in the kernel's order
     signature = {name: types[name] for name in names}
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
-    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "CS"] + STRIDES
+    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "WINDOWS"] + STRIDES
     source = ASTSource(
         fn=rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
@@ -69,10 +70,11 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
                           options={"num_warps": warps, "enable_fp_fusion": False})
 
 
-def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16") -> dict:
+def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
     """SASS instruction count, registers, shared bytes and load order of one variant (head_dim 128,
-    half layout, no tail)."""
-    kernel = compile_variant(arch, dtype, sizes, interleaved=False, tail=0)
+    half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
+    at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math)."""
+    kernel = compile_variant(arch, dtype, sizes, interleaved=False, tail=0, float64_math=float64_math)
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
@@ -81,7 +83,8 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         usage = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
                                check=True).stdout
     opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
-    angle_starts = opcodes.index("F2F.F64.F32")
+    angle_starts = next(i for i, opcode in enumerate(opcodes)
+                        if (opcode.startswith("DFMA") if float64_math else opcode == "F2F.F64.F32"))
     vector_loads = [i for i, opcode in enumerate(opcodes) if opcode == "LDG.E.128"]
     return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", usage).group(1)),
                 shared=kernel.metadata.shared, vector_loads=len(vector_loads),
@@ -89,26 +92,31 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
 
 
 def print_machine_code(arch: int) -> None:
-    print("| BLOCK_S, BLOCK_H, GROUP, warps | SASS instructions | registers | shared bytes "
+    """The table of :func:`machine_code` for bfloat16 in float64 math (``launch``'s default for
+    it) and in float32 math, for every launch size the autotuner may pick."""
+    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions | registers | shared bytes "
           "| q/k loads before the angle |")
-    print("| --- | --- | --- | --- | --- |")
-    for sizes in TUNING_CANDIDATES:
-        code = machine_code(arch, sizes)
-        print(f"| {', '.join(map(str, sizes))} | {code['instructions']} | {code['registers']} | {code['shared']} "
-              f"| {code['loads_before_angle']} of {code['vector_loads']} |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for float64_math in (True, False):
+        for sizes in TUNING_CANDIDATES:
+            code = machine_code(arch, sizes, float64_math=float64_math)
+            print(f"| {', '.join(map(str, sizes))} | {'float64' if float64_math else 'float32'} "
+                  f"| {code['instructions']} | {code['registers']} | {code['shared']} "
+                  f"| {code['loads_before_angle']} of {code['vector_loads']} |")
 
 
 def main(arches: list[int]) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     failures = 0
-    # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): the float32-math variants
-    # with a tail also take an attention factor above 1; the last one is bfloat16 in float64 math.
+    # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): each dtype in the math
+    # `launch` gives it by default (float64 for all but float32), float32 math with a tail also
+    # with an attention factor above 1; then float32 math for bfloat16, float64 math for float32.
     first, last = TUNING_CANDIDATES[0], TUNING_CANDIDATES[-1]
-    variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype != "fp64", False)
+    variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype == "fp32", dtype != "fp32")
                 for dtype, sizes, interleaved, tail in itertools.product(
                     ("bf16", "fp16", "fp32", "fp64"), (first, last), (False, True), (0, 64))]
-    variants += [(dtype, last, False, 0, True, False, False) for dtype in ("bf16", "fp16", "fp32")]
-    variants += [("bf16", last, False, 0, False, False, True)]
+    variants += [(dtype, last, False, 0, True, False, dtype != "fp32") for dtype in ("bf16", "fp16", "fp32")]
+    variants += [("bf16", last, False, 0, False, True, False), ("fp32", last, False, 0, True, False, True)]
     for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math) in itertools.product(arches,
                                                                                                         variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"

@@ -7,18 +7,19 @@ For pair i = (x_a, x_b) of a head of the token at integer position m (RoFormer e
 with s the attention factor and the sign of the sines flipped for the conjugate (transpose)
 rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied.
 
-Two compile-time variants of the arithmetic:
+Two compile-time variants of the arithmetic, both without a cos/sin table:
 
-* **float32 math** (float16, bfloat16 and float32 inputs). The angle is reduced exactly (see
-  :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point turns T_i,
-  multiplies by the int64 position (wrapping modulo 2^64), and evaluates cos/sin of the angle,
-  already in [-pi, pi), from its quarter turn and Taylor polynomials (:func:`cos_sin_of_int32_turns`).
-  No table is read.
-* **float64 math** (float64 inputs, or ``launch(..., float64_math=True)`` for any dtype): the
-  launcher computes float64 cos/sin of the exactly reduced angles with :func:`rope.angles.cos_sin`
-  (each within 2^-52) and the kernel reads them; the attention factor and the products are
-  applied without rounding error (Dekker's products by fused multiply-adds, a TwoSum), so the
-  only errors are the table's and one rounding.
+* **float32 math** (float32 inputs, or ``launch(..., float64_math=False)``). The angle is reduced
+  exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point
+  turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and evaluates cos/sin of the
+  angle, already in [-pi, pi), from its quarter turn and Taylor polynomials
+  (:func:`cos_sin_of_int32_turns`).
+* **float64 math** (float16, bfloat16 and float64 inputs, or ``float64_math=True`` for float32):
+  the kernel computes T_i to 126 bits and float64 cos/sin of the exactly reduced angle, each within
+  2^-52 (:mod:`rope.kernels.exact_turns`, the torch path's arithmetic); the attention factor and
+  the products are applied without rounding error (Dekker's products by fused multiply-adds, a
+  TwoSum), so the only errors are those of cos/sin and one rounding: float16 and bfloat16 outputs
+  are correctly rounded, as on the torch path.
 
 Every multiply-add is an explicit ``tl.fma`` and the kernel is compiled with
 ``enable_fp_fusion=False``, so the compiler contracts nothing else: Triton's CPU interpreter,
@@ -38,8 +39,9 @@ dtype's rounding to nearest even of a number v with |v - y| <= Delta:
 Hence |out - y| <= ulp(y)/2 + 2 Delta (float64 math: half an ulp plus 2^-50 |pair|, the torch
 path's promise, away from float64's subnormal range), an output is +-inf only where |y| is beyond
 the dtype's range or within Delta of its edge, and a finite input never gives NaN. float32 math
-is not correctly rounded: a float16/bfloat16 output may be the other neighbour of y when y lies
-within Delta of a tie between two of them (``float64_math=True`` is, up to 2^-51 |pair|). Why:
+is not correctly rounded: a float16/bfloat16 output (``float64_math=False``) may be the other
+neighbour of y when y lies within Delta of a tie between two of them, which is why those dtypes
+take float64 math by default (correctly rounded up to 2^-51 |pair|). Why:
 
 * cos/sin. T_i is within 8 units of 2^-64 turns (theta_i < 2^16) and the top 32 bits of
   (m T_i) mod 2^64 are kept, so the angle is off by less than 2 pi (2^-30 + 2^-32) = 0.123 u;
@@ -53,15 +55,14 @@ within Delta of a tie between two of them (``float64_math=True`` is, up to 2^-51
   rounds is within (3u + sqrt 2 E) |pair| = 4.91 u |pair| of y, plus 2^-150 2^k where RN(x_b s')
   or, before the scaling by 2^k, the result underflows. A float16/bfloat16 output is rounded from
   the float32 result: one more u |pair| (and 2^-150 2^k).
-* float64 math. The table is within 2^-52, so (|x_a| + |x_b|) s 2^-52 <= 2^-51.5 |pair|; the
+* float64 math. cos and sin are within 2^-52, so (|x_a| + |x_b|) s 2^-52 <= 2^-51.5 |pair|; the
   attention factor enters as s = sigma 2^k with sigma in [1/4, 1/2) (exact) and the products are
   exact (Dekker's product by an fma, TwoSum), which keeps every intermediate finite; the scaling
   by 2^k adds at most one float64 rounding, 2^-53 |pair|, where the result is subnormal. Underflow
   in the error-free products adds a few 2^-1075 (times 2^k).
 
 M-RoPE (:mod:`rope.mrope`) is the same kernel with a position per pair: pair i of a token reads
-row ``axes[i]`` (t, h or w) of ``[3, ...]`` position ids (float64 math: the table holds each
-pair's own angle).
+row ``axes[i]`` (t, h or w) of ``[3, ...]`` position ids.
 
 Grid: (token blocks, head blocks of q then of k, batch). Each program computes its
 ``BLOCK_S x rotary_dim/2`` angles once and rotates ``BLOCK_S x BLOCK_H`` heads with them. At
@@ -70,9 +71,10 @@ holds BLOCK_S tokens. q and k may be strided views (e.g. slices of a packed qkv 
 only the last dimension must be contiguous.
 
 No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernels.targets``
-that it compiles for sm_75/80/90; speed (the float32 path's instruction count is that of the
-previous version, plus three instructions per angle and, for s > 1, one multiply per output)
-is untimed.
+that it compiles for sm_75/80/90; speed is untimed. float64 math costs about four times the
+instructions of float32 math and more registers (``python -m rope.kernels.targets --code 90``):
+on GPUs with slow float64 arithmetic, float16/bfloat16 with ``float64_math=False`` trade correct
+rounding for speed.
 """
 
 from __future__ import annotations
@@ -87,8 +89,9 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from ..angles import INV_TWO_PI_PIECES, TWO_PI, cos_sin
-from ..apply import KERNEL_SCALE_RANGE, per_pair_positions
+from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
+from ..apply import KERNEL_SCALE_RANGE
+from .exact_turns import by_quadrant, exact_cos_sin
 
 SCALE_RANGE = KERNEL_SCALE_RANGE
 """The attention factors the kernel takes: float32 math represents s, or s 2^-k, as a normal
@@ -151,11 +154,7 @@ def cos_sin_of_int32_turns(turns):
     sin = tl.fma(x * x2, p, x)
     q = tl.fma(tl.fma(tl.fma(tl.fma(x2, _C10, _C8), x2, _C6), x2, _C4), x2, _C2)
     cos = tl.fma(x2, q, 1.0)
-    q = quadrant & 3
-    odd = (q & 1) == 1
-    cos_q = tl.where(odd, sin, cos)
-    sin_q = tl.where(odd, cos, sin)
-    return tl.where((q == 1) | (q == 2), -cos_q, cos_q), tl.where(q >= 2, -sin_q, sin_q)
+    return by_quadrant(quadrant, cos, sin)
 
 
 @triton.jit
@@ -166,15 +165,6 @@ def _computed_cos_sin(pos, FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
     turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
     return cos_sin_of_int32_turns(turns >> 32)  # the top 32 bits suffice for float32
-
-
-@triton.jit
-def _table_cos_sin(CS, batch, s, s_mask, sc_b, sc_s, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
-    """float64 cos and sin, [BLOCK_S, HALF_PAD], read from the table ``[..., 2, HALF]`` (cos, then sin)."""
-    j = tl.arange(0, HALF_PAD)
-    row = CS + batch * sc_b + s[:, None] * sc_s + j[None, :]
-    mask = s_mask[:, None] & (j < HALF)[None, :]
-    return tl.load(row, mask=mask, other=0.0), tl.load(row + HALF, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -290,16 +280,16 @@ def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.co
 @triton.jit
 def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64,
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, TABLE: tl.constexpr,
+                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
                       SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr):
     """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail.
 
     float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
-    SCALE_AFTER. float64 math (TABLE): :func:`_difference_of_products` with the coefficients
+    SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
     c_hi + c_lo, s_hi + s_lo, times 2^k."""
     a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     mask = row_mask & j_mask
-    if TABLE:
+    if FLOAT64_MATH:
         ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
         xa64 = _widened(xa, tl.float64, BF16_BY_BITS)
         xb64 = _widened(xb, tl.float64, BF16_BY_BITS)
@@ -348,18 +338,20 @@ def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr
 
 
 @triton.jit
-def _coefficients(POS, FREQ, AXES, CS, batch, s, s_mask, sp_b, sp_s, sp_a, sc_b, sc_s, scale, scale64,
-                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, TABLE: tl.constexpr,
+def _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a, scale, scale64,
+                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, FLOAT64_MATH: tl.constexpr,
                   MROPE: tl.constexpr):
     """(c_hi, c_lo, s_hi, s_lo), [BLOCK_S, HALF_PAD]: the attention factor's sigma times cos and
     (negated for the conjugate) sin. float32 math: RN(sigma cos) and RN(sigma sin), the low parts
     unused; float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
-    if TABLE:
-        cos, sin = _table_cos_sin(CS, batch, s, s_mask, sc_b, sc_s, HALF, HALF_PAD)
+    pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
+    if FLOAT64_MATH:
+        j = tl.arange(0, HALF_PAD)
+        theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32)
+        cos, sin = exact_cos_sin(pos, theta[None, :], WINDOWS)
         c_hi, c_lo = _product(cos, scale64)
         s_hi, s_lo = _product(sin, scale64)
     else:
-        pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
         cos, sin = _computed_cos_sin(pos, FREQ, HALF, HALF_PAD)
         c_hi = cos * scale
         s_hi = sin * scale
@@ -373,21 +365,20 @@ def _coefficients(POS, FREQ, AXES, CS, batch, s, s_mask, sp_b, sp_s, sp_a, sc_b,
 
 @triton.jit
 def rotary_kernel(
-    # Tensors: q and k; their outputs (q and k themselves in place); what the angles are made of
-    # (float32 math: the positions, the frequencies and with MROPE each pair's row of the
-    # positions; float64 math: the cos/sin table)
+    # Tensors: q and k; their outputs (q and k themselves in place); what the angles are made of:
+    # the positions, the frequencies, with MROPE each pair's row of the positions, and for float64
+    # math the windows of 1/(2 pi) (rope.angles.inverse_two_pi_windows)
     Q, K,
     QO, KO,
     POS, FREQ, AXES,
-    CS,
+    WINDOWS,
     # Strides (batch, token, head) of q, k, q_out and k_out, in elements; their last dimension is contiguous
     sq_b, sq_s, sq_h,
     sk_b, sk_s, sk_h,
     sqo_b, sqo_s, sqo_h,
     sko_b, sko_s, sko_h,
-    # Strides of the positions (batch, token, M-RoPE row) and of the table (batch, token)
+    # Strides of the positions (batch, token, M-RoPE row)
     sp_b, sp_s, sp_a,
-    sc_b, sc_s,
     # Sizes
     seq_len, heads_q, heads_k,
     tokens_bucket,  # batch * seq_len rounded up to a power of two: only keys the autotuning cache
@@ -396,17 +387,17 @@ def rotary_kernel(
     scale64: tl.float64, power64: tl.float64,
     # Compile time: widths, layout, variants of the arithmetic (kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, TABLE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
     SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
     # Launch sizes (autotuned on a GPU)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
     [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
-    issued before the angle arithmetic, so that memory latency and the math overlap. float32 math
-    reads POS, FREQ (and AXES with MROPE) and the float32 ``scale`` and ``power``; float64 math
-    (TABLE) reads the cos/sin table CS and the float64 ``scale64`` and ``power64``. Launched by
-    :func:`launch`, which documents the arguments."""
+    issued before the angle arithmetic, so that memory latency and the math overlap. Both reads
+    POS, FREQ (and AXES with MROPE); float32 math takes the float32 ``scale`` and ``power``, float64
+    math (FLOAT64_MATH) the WINDOWS of 1/(2 pi) and the float64 ``scale64`` and ``power64``.
+    Launched by :func:`launch`, which documents the arguments."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     s_mask = s < seq_len
@@ -419,10 +410,10 @@ def rotary_kernel(
                                          sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
-    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, CS, batch, s, s_mask, sp_b, sp_s, sp_a, sc_b, sc_s,
-                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, TABLE, MROPE)
+    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a,
+                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, FLOAT64_MATH, MROPE)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF, HALF_PAD,
-                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, TABLE, SCALE_AFTER, BF16_BY_BITS)
+                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER, BF16_BY_BITS)
     for i in tl.static_range(1, GROUP):
         if first + i < blocks:
             x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
@@ -430,7 +421,7 @@ def rotary_kernel(
                                                  sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
             xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
             _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF,
-                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, TABLE, SCALE_AFTER,
+                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER,
                               BF16_BY_BITS)
 
 
@@ -448,7 +439,7 @@ def _small_problems_take_the_first(configs, named_args, **kwargs):
 tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w)
              for s, h, g, w in TUNING_CANDIDATES],
-    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "TABLE", "MROPE"],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FLOAT64_MATH", "MROPE"],
     prune_configs_by={"early_config_prune": _small_problems_take_the_first},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(rotary_kernel)
@@ -473,20 +464,19 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, table: bool,
+def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
                      bf16_by_bits: bool = False) -> dict:
-    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes.
-    ``table``: float64 math from a cos/sin table (M-RoPE is then in the table, not the kernel)."""
+    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
-        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, TABLE=table,
-        SCALE_AFTER=scale_after and not table, MROPE=mrope and not table, BF16_BY_BITS=bf16_by_bits,
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, FLOAT64_MATH=float64_math,
+        SCALE_AFTER=scale_after and not float64_math, MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
     )
 
 
-def scale_arguments(scale: float, *, table: bool) -> tuple[float, float, float, float, bool]:
+def scale_arguments(scale: float, *, float64_math: bool) -> tuple[float, float, float, float, bool]:
     """(scale, power, scale64, power64, scale_after): the attention factor s as the kernel takes it.
 
     float32 math: s <= 1 is the float32 ``scale`` RN(s), folded into cos and sin; s > 1 is
@@ -496,28 +486,16 @@ def scale_arguments(scale: float, *, table: bool) -> tuple[float, float, float, 
     """
     scale = _checks.number("scale (the attention factor)", scale, minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1])
     fraction, exponent = math.frexp(scale)  # scale = fraction 2^exponent, fraction in [1/2, 1)
-    if table:
+    if float64_math:
         return 1.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
     if scale <= 1.0:
         return _float32(scale), 1.0, 1.0, 1.0, False
     return _float32(fraction), 2.0**exponent, 1.0, 1.0, True
 
 
-def _cos_sin_table(positions: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor | None) -> torch.Tensor:
-    """float64 ``[..., 2, pairs]``: cos and sin of every pair's exactly reduced angle
-    (:func:`rope.angles.cos_sin`) for positions ``[...]``, or with M-RoPE ``axes`` for row
-    ``axes[i]`` of positions ``[3, ...]``."""
-    if axes is None:
-        cos, sin = cos_sin(positions, inv_freq)
-    else:
-        cos, sin = cos_sin(per_pair_positions(positions, axes), inv_freq, per_pair=True)
-    return torch.stack((cos, sin), dim=-2)
-
-
-def _row_strides(t: torch.Tensor, dims: int) -> tuple[int, int]:
-    """(batch, token) strides of a ``[seq, ...]`` or ``[batch, seq, ...]`` tensor with ``dims``
-    trailing dimensions past those (0 for a shared batch)."""
-    return (0, t.stride(0)) if t.dim() == 1 + dims else (t.stride(0), t.stride(1))
+def _row_strides(positions: torch.Tensor) -> tuple[int, int]:
+    """(batch, token) strides of ``[seq]`` or ``[batch, seq]`` positions (0 for a shared batch)."""
+    return (0, positions.stride(0)) if positions.dim() == 1 else (positions.stride(0), positions.stride(1))
 
 
 def _decode_as_tokens(q, k, q_out, k_out, positions, *, mrope: bool):
@@ -531,27 +509,25 @@ def _decode_as_tokens(q, k, q_out, k_out, positions, *, mrope: bool):
     return q, k, q_out, k_out, positions
 
 
-def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, table: bool, factor) -> tuple:
+def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, float64_math: bool, factor) -> tuple:
     """The runtime arguments of :func:`rotary_kernel`, in its order and groups; ``factor`` is
     (scale, power, scale64, power64) from :func:`scale_arguments`. An unused pointer (AXES without
-    M-RoPE, CS with float32 math) is given inv_freq, and unused strides 0."""
+    M-RoPE, WINDOWS with float32 math) is given inv_freq, and unused strides 0."""
     batch, seq_len, heads_q = q.shape[:3]
     token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
-    cos_sin_table = _cos_sin_table(positions, inv_freq, axes) if table else inv_freq
     return (
         # Tensors
         q, k,
         q_out, k_out,
         positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
-        cos_sin_table,
+        inverse_two_pi_windows(q.device) if float64_math else inv_freq,
         # Strides of q, k, q_out, k_out
         *q.stride()[:3],
         *k.stride()[:3],
         *q_out.stride()[:3],
         *k_out.stride()[:3],
-        # Strides of the positions and of the table
-        *_row_strides(token_positions, 0), 0 if axes is None else positions.stride(0),
-        *(_row_strides(cos_sin_table, 2) if table else (0, 0)),
+        # Strides of the positions
+        *_row_strides(token_positions), 0 if axes is None else positions.stride(0),
         # Sizes
         seq_len, heads_q, k.shape[2],
         triton.next_power_of_2(batch * seq_len),
@@ -561,7 +537,7 @@ def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, table: 
 
 
 def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate, axes=None,
-           block_s=None, block_h=None, group=None, num_warps=4, float64_math=False):
+           block_s=None, block_h=None, group=None, num_warps=4, float64_math=None):
     """Rotate q into q_out and k into k_out (the outputs may alias the inputs: in place).
 
     q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
@@ -569,13 +545,17 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     ``[rotary_dim/2]``, every theta_i below 2^16 (float32 math); ``scale`` the attention factor,
     in :data:`SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
     each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
-    float64 inputs, or ``float64_math=True`` for any dtype, take the float64 path (a cos/sin table,
-    each output rounded once from exact products: see the module docstring).
+    ``float64_math``: the arithmetic (see the module docstring). None (the default) chooses by
+    dtype: float64 math for float16, bfloat16 and float64 (correctly rounded outputs), float32 math
+    for float32 (within the stated bound); True takes float64 math for float32 too. float64 inputs
+    always take float64 math (False is refused).
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
-    table = float64_math or q.dtype == torch.float64
-    *factor, scale_after = scale_arguments(scale, table=table)
+    float64_math = _checks.flag("float64_math", q.dtype != torch.float32 if float64_math is None else float64_math)
+    if q.dtype == torch.float64 and not float64_math:
+        raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
+    *factor, scale_after = scale_arguments(scale, float64_math=float64_math)
     batch, seq_len, heads_q, head_dim = q.shape
     if seq_len == 1 and batch > 1:
         q, k, q_out, k_out, positions = _decode_as_tokens(q, k, q_out, k_out, positions, mrope=axes is not None)
@@ -586,9 +566,10 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
         return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
-    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, table=table, factor=factor)
+    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, float64_math=float64_math,
+                              factor=factor)
     options = kernel_constants(
-        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, table=table,
+        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, float64_math=float64_math,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
         scale_after=scale_after, bf16_by_bits=_interpreted(),
     )

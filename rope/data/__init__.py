@@ -1,0 +1,49 @@
+"""Committed benchmark tables of the kernel and the torch path, shipped with the package.
+
+The files are package data, so chapter 18 finds them in a wheel install as in a clone:
+
+* ``bench_rotary.md``: the GPU table written by ``python benchmarks/bench_rotary.py --out
+  rope/data/bench_rotary.md`` (the fused kernel, forward and backward, against a copy and peers);
+* ``bench_rotary.json``: where that table was measured: the date, the git commit of the
+  measurement, the kernel file's path at that commit and the SHA-256 of its bytes, so that a
+  reader can tell whether the kernel has changed since;
+* ``bench_torch_path.md``: the CPU table of ``python benchmarks/bench_torch_path.py``.
+
+:func:`read_text` returns a file's text, :func:`markdown_table` the rows of its markdown table and
+:func:`provenance` the measurement record of the GPU table.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md")
+"""The data files of this package."""
+
+
+def read_text(name: str) -> str:
+    """The text of one of :data:`FILES`, read from the installed package."""
+    if name not in FILES:
+        raise ValueError(f"unknown data file {name!r}: expected one of {', '.join(FILES)}")
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+def markdown_table(name: str) -> tuple[list[str], list[list[str]]]:
+    """The first markdown table of a ``.md`` data file: its header cells and its rows of cells."""
+    lines = [line for line in read_text(name).splitlines() if line.startswith("|")]
+    if len(lines) < 2:
+        raise ValueError(f"{name}: no markdown table")
+
+    def cells(line: str) -> list[str]:
+        return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+    header, rows = cells(lines[0]), [cells(line) for line in lines[2:]]
+    if any(len(row) != len(header) for row in rows):
+        raise ValueError(f"{name}: a row's cell count differs from the header's")
+    return header, rows
+
+
+def provenance() -> dict:
+    """Where ``bench_rotary.md`` was measured: ``measured`` (UTC), ``commit``, ``kernel_path``."""
+    return json.loads(read_text("bench_rotary.json"))
