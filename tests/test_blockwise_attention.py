@@ -1,0 +1,319 @@
+"""rope.attention.blockwise.rotary_attention against softmax(s L + mask) V formed whole in float64."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import rope
+from helpers import random_qk
+from rope.attention import rerope
+from rope.attention.blockwise import TileStats, rotary_attention
+from strategies import layouts, seeds
+
+METHODS = {"rope": (None, None), "rerope": (3, None), "leaky16": (3, 16.0), "leaky0.5": (3, 0.5)}
+POSITIONS = ["offset", "ragged", "unsorted", "reversed", "decode", "decode_ahead", "negative"]
+
+
+def case(seed, *, q_len=11, k_len=13, heads_q=4, heads_k=2, head_dim=10, pairs=5, v_dim=None, dtype=torch.float64,
+         q_positions=None, k_positions=None):
+    """Random q, k, v (v drawn in float64 and rounded like q and k), contiguous positions ending together
+    (queries are the last q_len tokens of the keys') unless given, and float32 frequencies."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = random_qk(gen, 2, q_len, heads_q, heads_k, head_dim, k_seq=k_len, dtype=dtype)
+    v = torch.randn(2, k_len, heads_k, v_dim or head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    k_positions = torch.arange(k_len) + 5 if k_positions is None else k_positions
+    q_positions = k_positions[-1] - q_len + 1 + torch.arange(q_len) if q_positions is None else q_positions
+    theta = rope.inv_freq({"rope_theta": 100.0}, 2 * pairs)[0]
+    return q, k, v, q_positions, k_positions, theta
+
+
+def reference(q, k, v, q_positions, k_positions, theta, *, layout="half", causal=True, window=None, leaky_scale=None,
+              softmax_scale=None):
+    """The whole [batch, heads_q, q_len, k_len] matrix: training-form logits, scale, mask, softmax, @ V."""
+    if window is None:
+        logits = rerope.rotary_scores(q, k, q_positions, k_positions, theta, layout=layout)
+    else:
+        logits = rerope.rerope_scores(q, k, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
+                                      layout=layout)
+    x = logits * (softmax_scale or 1 / math.sqrt(q.shape[3]))
+    if causal:
+        x = x.masked_fill(k_positions[None, :] > q_positions[:, None], -math.inf)
+    values = v.to(torch.float64).repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(x, dim=-1), values)
+
+
+def assert_matches(out, expected):
+    assert out.dtype == torch.float64 and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12 * expected.abs().max().item())
+
+
+def check(inputs, block_size, **options):
+    out = rotary_attention(*inputs, block_size=block_size, **options)
+    assert_matches(out, reference(*inputs, **options))
+    return out
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 7, 64])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_matches_the_whole_matrix(layout, causal, method, block_size):
+    window, leaky_scale = METHODS[method]
+    check(case(block_size), block_size, layout=layout, causal=causal, window=window, leaky_scale=leaky_scale)
+
+
+@pytest.mark.parametrize("heads_q, heads_k", [(4, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("method", METHODS)
+def test_gqa_mqa_partial_rotary_and_value_width(heads_q, heads_k, method):
+    window, leaky_scale = METHODS[method]
+    inputs = case(1, heads_q=heads_q, heads_k=heads_k, head_dim=12, pairs=4, v_dim=5)
+    out = check(inputs, 4, window=window, leaky_scale=leaky_scale, layout="interleaved")
+    assert out.shape == (2, 11, heads_q, 5)
+
+
+def test_query_head_h_reads_key_head_h_over_group():
+    q, k, v, q_positions, k_positions, theta = case(2, heads_q=6, heads_k=2)
+    out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=2, block_size=4)
+    for h in range(6):
+        alone = rotary_attention(q[:, :, h : h + 1], k[:, :, h // 3 : h // 3 + 1], v[:, :, h // 3 : h // 3 + 1],
+                                 q_positions, k_positions, theta, window=2, block_size=4)
+        torch.testing.assert_close(out[:, :, h : h + 1], alone, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_positions_with_offsets_gaps_and_other_lengths(positions, method, causal):
+    window, leaky_scale = METHODS[method]
+    gen = torch.Generator().manual_seed(3)
+    # Leaky ReRoPE's second pass rounds float64 angles ~ position * theta: keep its positions moderate
+    offset = 10**3 if leaky_scale is not None else 10**6
+    k_positions = {
+        "offset": torch.arange(13) + offset,
+        "ragged": torch.cumsum(torch.randint(1, 5, (13,), generator=gen), 0) + offset,
+        "unsorted": torch.randperm(40, generator=gen)[:13] + offset,
+        "negative": torch.arange(13) - 20,
+        "reversed": torch.arange(13).flip(0) + offset,  # causal: early queries see nothing of the first key block
+    }.get(positions, torch.arange(13) + offset)
+    q_len = 1 if positions.startswith("decode") else 11
+    q_positions = {
+        "ragged": k_positions[-11:] + torch.randint(0, 3, (11,), generator=gen),
+        "unsorted": k_positions[torch.randperm(13, generator=gen)[:11]],
+        "decode": k_positions[-1:],
+        "decode_ahead": k_positions[-1:] + 7,
+    }.get(positions, k_positions[-11:])
+    inputs = case(4, q_len=q_len, q_positions=q_positions, k_positions=k_positions)
+    for block_size in (1, 3, 7, 64):
+        check(inputs, block_size, causal=causal, window=window, leaky_scale=leaky_scale)
+
+
+@pytest.mark.parametrize("leaky_scale", [None, 16.0, 0.5])
+def test_window_one_and_a_window_beyond_every_distance(leaky_scale):
+    inputs = case(5, q_len=9, k_len=15)
+    check(inputs, 4, window=1, leaky_scale=leaky_scale)
+    plain = check(inputs, 4)
+    for causal in (True, False):  # keys after their query keep r' = r, so this holds without the mask too
+        wide = rotary_attention(*inputs, window=30, leaky_scale=leaky_scale, causal=causal, block_size=4)
+        assert_matches(wide, reference(*inputs, causal=causal))
+    assert_matches(rotary_attention(*inputs, window=30, leaky_scale=leaky_scale, block_size=4), plain)
+
+
+def test_window_bends_distant_pairs_only():
+    inputs = case(6, k_len=30, q_len=30)
+    plain = rotary_attention(*inputs, block_size=8)
+    bent = rotary_attention(*inputs, window=4, block_size=8)
+    torch.testing.assert_close(bent[:, :4], plain[:, :4], rtol=1e-12, atol=1e-12)  # rows with every r < 4
+    assert (bent[:, 4:] - plain[:, 4:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("method", METHODS)
+def test_low_precision_inputs_give_a_float64_output_of_those_inputs(dtype, method):
+    window, leaky_scale = METHODS[method]
+    inputs = case(7, dtype=dtype)
+    out = check(inputs, 5, window=window, leaky_scale=leaky_scale)
+    exact = tuple(t.to(torch.float64) if t.is_floating_point() and t.dim() == 4 else t for t in inputs)
+    assert_matches(out, rotary_attention(*exact, block_size=5, window=window, leaky_scale=leaky_scale))
+
+
+@given(seeds, layouts, st.booleans(), st.one_of(st.none(), st.integers(1, 20)),
+       st.one_of(st.none(), st.floats(0.25, 64.0)), st.integers(1, 16), st.integers(1, 12), st.integers(1, 12),
+       st.sampled_from([(2, 1), (2, 2), (4, 2)]))
+def test_random_cases_match_the_whole_matrix(seed, layout, causal, window, leaky_scale, block_size, q_len, k_len,
+                                             heads):
+    gen = torch.Generator().manual_seed(seed)
+    k_positions = torch.randint(0, 60, (k_len,), generator=gen)
+    q_positions = torch.randint(0, 60, (q_len,), generator=gen).clamp(min=k_positions.min())  # a key for each row
+    inputs = case(seed, q_len=q_len, k_len=k_len, heads_q=heads[0], heads_k=heads[1], head_dim=7, pairs=3, v_dim=2,
+                  q_positions=q_positions, k_positions=k_positions)
+    leaky_scale = leaky_scale if window is not None else None
+    check(inputs, block_size, layout=layout, causal=causal, window=window, leaky_scale=leaky_scale)
+
+
+def test_a_row_masked_in_its_first_tiles():
+    """The online softmax starts a row whose first key blocks are all in its future (m = -inf) without NaN."""
+    k_positions = torch.tensor([10, 11, 12, 13, 0, 1, 2, 3])
+    inputs = case(15, q_len=2, k_len=8, q_positions=torch.tensor([3, 11]), k_positions=k_positions)
+    for block_size in (2, 4):
+        check(inputs, block_size)
+        check(inputs, block_size, window=2)
+
+
+def test_softmax_scale():
+    inputs = case(8)
+    check(inputs, 3, softmax_scale=0.05, window=2)
+    check(inputs, 3, softmax_scale=3.0)
+
+
+def brute_force_kind(m_block, n_block, causal, window):
+    """A tile's kind from every pair it holds (no min/max shortcut)."""
+    r = m_block[:, None] - n_block[None, :]
+    if causal and bool((r < 0).all()):
+        return "skipped"
+    if window is None or bool((r < window).all()):
+        return "plain"
+    if bool((r >= window).all()):
+        return "bent"
+    return "both"
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "unsorted"])
+@pytest.mark.parametrize("window", [None, 1, 5, 17])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("block_size", [2, 5])
+def test_tile_statistics_match_a_brute_force_over_each_tile(layout, window, causal, block_size):
+    gen = torch.Generator().manual_seed(9)
+    if layout == "contiguous":
+        positions = torch.arange(27)
+        q_positions, k_positions = positions[7:], positions
+    else:
+        q_positions = torch.randperm(40, generator=gen)[:20] + 20
+        k_positions = torch.randperm(40, generator=gen)[:27]
+    q, k, v, *_, theta = case(10, q_len=len(q_positions), k_len=len(k_positions))
+    out, stats = rotary_attention(q, k, v, q_positions, k_positions, theta, causal=causal, window=window,
+                                  block_size=block_size, return_stats=True)
+    expected = TileStats()
+    for i in range(0, len(q_positions), block_size):
+        for j in range(0, len(k_positions), block_size):
+            kind = brute_force_kind(q_positions[i : i + block_size], k_positions[j : j + block_size], causal, window)
+            setattr(expected, f"tiles_{kind}", getattr(expected, f"tiles_{kind}") + 1)
+            r = q_positions[i : i + block_size, None] - k_positions[None, j : j + block_size]
+            if kind == "both" and layout == "contiguous":  # the boundary runs through the tile
+                assert bool((r == window - 1).any()) and bool((r == window).any())
+    assert stats == expected
+    assert_matches(out, reference(q, k, v, q_positions, k_positions, theta, causal=causal, window=window))
+    if layout == "contiguous" and window is not None:
+        # both passes only on the tiles that the line m - n = window crosses: a band of O(1) tiles per block row
+        blocks = -(-len(q_positions) // block_size)
+        assert 0 < stats.tiles_both <= 2 * blocks
+        assert stats.tiles_bent > 0 and (stats.tiles_skipped > 0) == causal
+
+
+def test_no_window_computes_plain_tiles_only_and_causal_skips_the_future():
+    inputs = case(11, q_len=32, k_len=32)
+    _, stats = rotary_attention(*inputs, block_size=8, return_stats=True)
+    assert stats == TileStats(tiles_plain=10, tiles_skipped=6)
+    _, stats = rotary_attention(*inputs, block_size=8, causal=False, return_stats=True)
+    assert stats == TileStats(tiles_plain=16)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an operation returns."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        self.largest = max([self.largest, *sizes])
+        return result
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_never_forms_the_q_len_by_k_len_matrix(window):
+    q, k, v, q_positions, k_positions, theta = case(12, q_len=128, k_len=128, heads_q=1, heads_k=1, head_dim=4,
+                                                    pairs=2, v_dim=1)
+    with LargestTensor() as mode:
+        out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, block_size=16)
+    assert mode.largest <= 2 * 128 * 4  # the inputs' size: a tile holds 2 x 16 x 16 logits, the matrix 2 x 128^2
+    assert_matches(out, reference(q, k, v, q_positions, k_positions, theta, window=window))
+
+
+def test_empty_queries_give_an_empty_output():
+    q, k, v, q_positions, k_positions, theta = case(13, v_dim=3)
+    out, stats = rotary_attention(q[:, :0], k, v, q_positions[:0], k_positions, theta, window=2, return_stats=True)
+    assert out.shape == (2, 0, 4, 3) and out.dtype == torch.float64 and stats == TileStats()
+
+
+def test_a_query_without_a_key_is_refused():
+    q, k, v, q_positions, k_positions, theta = case(14)
+    with pytest.raises(ValueError, match="q_positions 0 precedes every key"):
+        rotary_attention(q, k, v, torch.arange(11), k_positions, theta)
+    out = rotary_attention(q, k, v, torch.arange(11), k_positions, theta, causal=False)  # without the mask: fine
+    assert_matches(out, reference(q, k, v, torch.arange(11), k_positions, theta, causal=False))
+    with pytest.raises(ValueError, match="k_positions is empty"):
+        rotary_attention(q, k[:, :0], v[:, :0], q_positions, k_positions[:0], theta, causal=False)
+
+
+def _bad(**changes):
+    """A call of rotary_attention on a valid case with some arguments replaced."""
+    q, k, v, q_positions, k_positions, theta = case(0)
+    arguments = dict(q=q, k=k, v=v, q_positions=q_positions, k_positions=k_positions, inv_freq=theta, window=2)
+    arguments.update({name: change(arguments[name]) if callable(change) else change
+                      for name, change in changes.items()})
+    return arguments
+
+
+BAD = [
+    (dict(q=lambda q: q[0]), ValueError, "q must have shape"),
+    (dict(q=lambda q: q.to(torch.int32)), TypeError, "q must be"),
+    (dict(k=lambda k: k[:, :, :, :8]), ValueError, "head_dim"),
+    (dict(q=lambda q: q[:, :, :3]), ValueError, "multiple of heads_k"),
+    (dict(v=lambda v: v.numpy()), TypeError, "v must be a torch.Tensor"),
+    (dict(v=lambda v: v.to(torch.int64)), TypeError, "v must be"),
+    (dict(v=lambda v: v[0]), ValueError, "v must have shape"),
+    (dict(v=lambda v: v[:1]), ValueError, "v .* must match k"),
+    (dict(v=lambda v: v[:, :-1]), ValueError, "v .* must match k"),
+    (dict(v=lambda v: v[:, :, :1]), ValueError, "v .* must match k"),
+    (dict(q_positions=lambda p: p.double()), TypeError, "q_positions"),
+    (dict(q_positions=lambda p: p[:-1]), ValueError, "q_positions"),
+    (dict(k_positions=lambda p: p[:-1]), ValueError, "k_positions"),
+    (dict(k_positions=lambda p: p[None]), ValueError, "k_positions"),
+    (dict(inv_freq=torch.ones(6)), ValueError, "rotary_dim"),
+    (dict(inv_freq=lambda t: t.half()), TypeError, "inv_freq"),
+    (dict(inv_freq=torch.tensor([1.0, math.nan])), ValueError, "inv_freq"),
+    (dict(layout="gptj"), ValueError, "layout"),
+    (dict(causal=1), TypeError, "causal"),
+    (dict(causal="False"), TypeError, "causal"),
+    (dict(return_stats=None), TypeError, "return_stats"),
+    (dict(window=0), ValueError, "window"),
+    (dict(window=2.0), TypeError, "window"),
+    (dict(window=True), TypeError, "window"),
+    (dict(leaky_scale=0.0), ValueError, "leaky_scale"),
+    (dict(leaky_scale=-1.0), ValueError, "leaky_scale"),
+    (dict(leaky_scale=math.inf), ValueError, "leaky_scale"),
+    (dict(leaky_scale=math.nan), ValueError, "leaky_scale"),
+    (dict(leaky_scale=True), TypeError, "leaky_scale"),
+    (dict(window=None, leaky_scale=4.0), ValueError, "leaky_scale .* needs a window"),
+    (dict(softmax_scale=0.0), ValueError, "softmax_scale"),
+    (dict(softmax_scale=-0.5), ValueError, "softmax_scale"),
+    (dict(softmax_scale=math.inf), ValueError, "softmax_scale"),
+    (dict(softmax_scale=math.nan), ValueError, "softmax_scale"),
+    (dict(softmax_scale="0.1"), TypeError, "softmax_scale"),
+    (dict(block_size=0), ValueError, "block_size"),
+    (dict(block_size=-3), ValueError, "block_size"),
+    (dict(block_size=4.0), TypeError, "block_size"),
+    (dict(block_size=True), TypeError, "block_size"),
+    (dict(block_size=None), TypeError, "block_size"),
+]
+
+
+@pytest.mark.parametrize("changes, error, message", BAD, ids=[f"{next(iter(c))}-{m}" for c, _, m in BAD])
+def test_bad_arguments_are_named(changes, error, message):
+    with pytest.raises(error, match=message):
+        rotary_attention(**_bad(**changes))
