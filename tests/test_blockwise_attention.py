@@ -248,6 +248,10 @@ def test_empty_queries_give_an_empty_output():
     q, k, v, q_positions, k_positions, theta = case(13, v_dim=3)
     out, stats = rotary_attention(q[:, :0], k, v, q_positions[:0], k_positions, theta, window=2, return_stats=True)
     assert out.shape == (2, 0, 4, 3) and out.dtype == torch.float64 and stats == TileStats()
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = rotary_attention(leaves[0][:, :0], *leaves[1:], q_positions[:0], k_positions, theta, window=2)
+    dq, dk, dv = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    assert dq.abs().max() == dk.abs().max() == dv.abs().max() == 0
 
 
 def test_a_query_without_a_key_is_refused():
@@ -317,3 +321,107 @@ BAD = [
 def test_bad_arguments_are_named(changes, error, message):
     with pytest.raises(error, match=message):
         rotary_attention(**_bad(**changes))
+
+
+# --- the FlashAttention-2 style backward ---------------------------------------------------------------------------
+
+
+def gradients(function, inputs, grad_out, dtype=None, **options):
+    """(dq, dk, dv) of (function(q, k, v, ...) * grad_out).sum(), q, k, v taken as leaves (cast to dtype if given)."""
+    q, k, v, *rest = inputs
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
+    out = function(*leaves, *rest, **options)
+    return torch.autograd.grad(out, leaves, grad_out)
+
+
+def assert_gradients_match(inputs, block_size, rtol=1e-10, **options):
+    gen = torch.Generator().manual_seed(block_size)
+    q, k, v = inputs[:3]
+    grad_out = torch.randn(q.shape[0], q.shape[1], q.shape[2], v.shape[3], generator=gen, dtype=torch.float64)
+    got = gradients(rotary_attention, inputs, grad_out, block_size=block_size, **options)
+    expected = gradients(reference, inputs, grad_out, dtype=torch.float64, **options)
+    for name, g, e, t in zip("qkv", got, expected, (q, k, v)):
+        assert g.dtype == t.dtype and g.shape == t.shape, name
+        torch.testing.assert_close(g, e, rtol=rtol, atol=rtol * e.abs().max().item(), msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 64])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_gradients_match_autograd_of_the_whole_matrix(layout, causal, method, block_size):
+    window, leaky_scale = METHODS[method]
+    assert_gradients_match(case(block_size), block_size, layout=layout, causal=causal, window=window,
+                           leaky_scale=leaky_scale)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradients_with_gqa_partial_rotary_value_width_and_unsorted_positions(method, causal):
+    window, leaky_scale = METHODS[method]
+    gen = torch.Generator().manual_seed(16)
+    k_positions = torch.randperm(30, generator=gen)[:13] + 4
+    q_positions = k_positions[torch.randperm(13, generator=gen)[:11]]
+    inputs = case(16, heads_q=4, heads_k=2, head_dim=12, pairs=4, v_dim=5, q_positions=q_positions,
+                  k_positions=k_positions)
+    for block_size in (1, 3, 64):
+        assert_gradients_match(inputs, block_size, causal=causal, window=window, leaky_scale=leaky_scale,
+                               layout="interleaved")
+
+
+@pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
+def test_gradcheck(method):
+    window, leaky_scale = METHODS[method]
+    q, k, v, q_positions, k_positions, theta = case(17, q_len=3, k_len=4, heads_q=2, heads_k=1, head_dim=4, pairs=2)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    window = 1 if window is not None else None  # bend within 4 keys: plain, bent and both tiles
+
+    def function(q, k, v):
+        return rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
+                                block_size=2)
+
+    assert torch.autograd.gradcheck(function, leaves)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("method", METHODS)
+def test_low_precision_inputs_get_the_float64_gradient_rounded_once(dtype, method):
+    window, leaky_scale = METHODS[method]
+    inputs = case(18, dtype=dtype)
+    grad_out = torch.randn(2, 11, 4, 10, generator=torch.Generator().manual_seed(18), dtype=torch.float64)
+    options = dict(window=window, leaky_scale=leaky_scale)
+    got = gradients(rotary_attention, inputs, grad_out, block_size=5, **options)
+    expected = gradients(reference, inputs, grad_out, dtype=torch.float64, **options)
+    eps = torch.finfo(dtype).eps
+    for g, e in zip(got, expected):
+        assert g.dtype == dtype
+        # one rounding of the float64 gradient: equal to e.to(dtype) but where e sits within ~1e-10 of a tie
+        torch.testing.assert_close(g, e.to(dtype), rtol=eps, atol=0)
+        assert (g == e.to(dtype)).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_backward_never_forms_the_q_len_by_k_len_matrix(window):
+    q, k, v, q_positions, k_positions, theta = case(12, q_len=128, k_len=128, heads_q=1, heads_k=1, head_dim=4,
+                                                    pairs=2, v_dim=1)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = rotary_attention(*leaves, q_positions, k_positions, theta, window=window, block_size=16)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    with LargestTensor() as mode:
+        got = torch.autograd.grad(out, leaves, grad_out)
+    assert 0 < mode.largest <= 2 * 128 * 4  # the inputs' size: the matrix would hold 2 x 128^2
+    expected = gradients(reference, (q, k, v, q_positions, k_positions, theta), grad_out, window=window)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * e.abs().max().item())
+
+
+def test_return_stats_keeps_the_output_differentiable():
+    q, k, v, q_positions, k_positions, theta = case(19)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, stats = rotary_attention(*leaves, q_positions, k_positions, theta, window=3, block_size=4, return_stats=True)
+    assert out.requires_grad and stats.tiles_both > 0
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(19), dtype=torch.float64)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    expected = gradients(reference, (q, k, v, q_positions, k_positions, theta), grad_out, window=3)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * e.abs().max().item())

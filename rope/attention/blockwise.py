@@ -43,6 +43,29 @@ Keys after their query (r < 0 < w) take pass 1, as in :mod:`.rerope`; the causal
 them. With contiguous positions a *both* tile holds pairs at r = w - 1 and r = w, and at most two
 key blocks per query block are *both* tiles: the rest of the work is a single pass, as for RoPE.
 ``return_stats=True`` returns the counts as :class:`TileStats`.
+
+The backward (Dao, "FlashAttention-2: faster attention with better parallelism and work
+partitioning", 2023, Algorithm 2). The forward keeps no tile: it saves q, k, v, the positions,
+inv_freq, the float64 output O and, per query row, ``LSE = m_T + log(l_T)`` (the online softmax's
+final max and sum). The backward visits the same tiles under the same rule and recomputes each
+one's scaled, masked logits x = s L, so at most one ``block_size x block_size`` tile exists at a
+time. With dO the incoming gradient (float64) and, per query row i, ``D_i = sum_d dO_id O_id``::
+
+    P_ij   = exp(x_ij - LSE_i)                  (0 where masked)
+    dV_j  += sum_i P_ij dO_i
+    dP_ij  = dO_i . V_j
+    dS_ij  = P_ij (dP_ij - D_i)
+
+The logits are bilinear in the rotated vectors: for a plain pair ``L_ij = (R_m q_i) . (R_n k_j)``,
+so with ``dL = s dS`` the rotated gradients are ``dq_rot_i += sum_j dL_ij k_rot_j`` and
+``dk_rot_j += sum_i dL_ij q_rot_i``, and ``dq = R_m^T dq_rot``, ``dk = R_n^T dk_rot`` (the
+transposed rotation: the same angles with sin negated). A bent pair does the same with the
+pass-2 rotations (ReRoPE: queries at w, keys unrotated; Leaky ReRoPE: frequencies theta / k,
+queries at m + w (k - 1), keys at n); a *both* tile splits dL by the mask r < w into its plain and
+bent parts, each through its own rotations. The rotated gradients are accumulated per frame
+(plain, bent) over the whole sequence and turned back once, block by block. GQA: a key head's
+gradients (dk, dv) are summed over the query heads of its group. The float64 gradients are
+rounded once to the dtypes of q, k and v.
 """
 
 from __future__ import annotations
@@ -82,13 +105,21 @@ def _tile_kind(m_lo: int, m_hi: int, n_lo: int, n_hi: int, causal: bool, window:
     return "both"
 
 
+def _bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, leaky_scale: float | None,
+                query: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, frequencies) of the pass-2 rotation of query or key tokens (as
+    :func:`.rerope.rerope_scores_two_pass`): ReRoPE queries at w and keys at 0; Leaky ReRoPE the
+    frequencies theta / k, queries at m + w (k - 1) and keys at n."""
+    if leaky_scale is None:
+        return torch.full_like(positions, window if query else 0), inv_freq
+    shift = window * (leaky_scale - 1) if query else 0.0
+    return positions.to(torch.float64) + shift, inv_freq.to(torch.float64) / leaky_scale
+
+
 def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str, window: int,
           leaky_scale: float | None, query: bool) -> torch.Tensor:
-    """The pass-2 rotation of a query or key block, float64 (as :func:`.rerope.rerope_scores_two_pass`)."""
-    if leaky_scale is None:  # ReRoPE: queries at w, keys at 0
-        return _rotated(x, torch.full_like(positions, window if query else 0), inv_freq, layout)
-    shift = window * (leaky_scale - 1) if query else 0.0
-    return _rotated(x, positions.to(torch.float64) + shift, inv_freq.to(torch.float64) / leaky_scale, layout)
+    """The pass-2 rotation of a query or key block, float64."""
+    return _rotated(x, *_bent_frame(positions, inv_freq, window, leaky_scale, query), layout)
 
 
 def _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
@@ -151,6 +182,10 @@ def rotary_attention(
     time (see the module docstring for the online softmax and the tile rule); ``return_stats=True``
     also returns the :class:`TileStats` of the tiles computed.
 
+    Differentiable in q, k and v: the backward recomputes the tiles (FlashAttention-2, see the
+    module docstring) instead of storing them, so it too holds O(block_size^2) logits at a time,
+    and returns the float64 gradients rounded once to the inputs' dtypes.
+
     A query row with no key to attend to (no keys at all, or ``causal`` with a query position
     below every key position) raises ``ValueError``, where ``torch.nn.functional.
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
@@ -158,40 +193,91 @@ def rotary_attention(
     scale, window, leaky_scale, block_size = _check_arguments(
         q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale, block_size,
         return_stats)
-    m_host, n_host = q_positions.tolist(), k_positions.tolist()
-    _check_every_query_sees_a_key(m_host, n_host, causal)
-    batch, q_len, heads_q, _ = q.shape
-    k_len, group = k.shape[1], heads_q // k.shape[2]
-    out = torch.empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64, device=q.device)
+    _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
     stats = TileStats()
-    q_positions, k_positions = q_positions.to(torch.int64), k_positions.to(torch.int64)  # no narrow m - n
-    key_blocks = [(j, min(j + block_size, k_len)) for j in range(0, k_len, block_size)]
+    options = _Options(layout, causal, window, leaky_scale, scale, block_size)
+    out = _BlockwiseAttention.apply(q, k, v, q_positions, k_positions, inv_freq, options, stats)
+    return (out, stats) if return_stats else out
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The checked options of one call, shared by the forward and the backward."""
+
+    layout: str
+    causal: bool
+    window: int | None
+    leaky_scale: float | None
+    scale: float
+    block_size: int
+
+
+def _tiles(q_positions, k_positions, options: _Options, stats: TileStats | None = None):
+    """Yield (i0, i1, tiles) per query block, tiles a list of (j0, j1, kind, r) with r the [i, j] int64 m - n."""
+    m_host, n_host = q_positions.tolist(), k_positions.tolist()
+    q_len, k_len, size = len(m_host), len(n_host), options.block_size
+    key_blocks = [(j, min(j + size, k_len)) for j in range(0, k_len, size)]
     key_ranges = [(min(n_host[j0:j1]), max(n_host[j0:j1])) for j0, j1 in key_blocks]
-    for i0 in range(0, q_len, block_size):
-        i1 = min(i0 + block_size, q_len)
-        m = q_positions[i0:i1]
+    for i0 in range(0, q_len, size):
+        i1 = min(i0 + size, q_len)
         m_lo, m_hi = min(m_host[i0:i1]), max(m_host[i0:i1])
-        q_plain = q_bent = None
+        tiles = []
+        for (j0, j1), (n_lo, n_hi) in zip(key_blocks, key_ranges):
+            kind = _tile_kind(m_lo, m_hi, n_lo, n_hi, options.causal, options.window)
+            if stats is not None:
+                setattr(stats, f"tiles_{kind}", getattr(stats, f"tiles_{kind}") + 1)
+            if kind != "skipped":
+                tiles.append((j0, j1, kind, n_hi > m_lo))
+        yield i0, i1, tiles
+
+
+def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: _Options):
+    """Scaled, masked logits x of one tile ([batch, heads_q, i, j], -inf where masked) and the bent mask
+    (True where the pair takes pass 2; None for a plain or bent tile)."""
+    (q_plain, q_bent), (k_plain, k_bent) = q_rot, k_rot
+    bent_mask = None
+    if kind in ("plain", "both"):
+        logits = _logits(q_plain, k_plain)
+    if kind in ("bent", "both"):
+        bent = _logits(q_bent, k_bent)
+        if kind == "bent":
+            logits = bent
+        else:
+            bent_mask = m[:, None] - n[None, :] >= options.window
+            logits = torch.where(bent_mask, bent, logits)
+    x = logits * options.scale
+    if options.causal and may_mask:  # some key of the tile may follow some query
+        x = x.masked_fill(n[None, :] > m[:, None], -math.inf)
+    return x, bent_mask
+
+
+def _block_rotations(x, positions, inv_freq, kind, options: _Options, query: bool):
+    """(plain, bent) rotated copies of a block, float64, each None where the tile kind needs none."""
+    plain = _rotated(x, positions, inv_freq, options.layout) if kind in ("plain", "both") else None
+    bent = (_bent(x, positions, inv_freq, options.layout, options.window, options.leaky_scale, query)
+            if kind in ("bent", "both") else None)
+    return plain, bent
+
+
+def _forward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, stats: TileStats):
+    """The blockwise loop: the float64 output [batch, q_len, heads_q, v_dim] and the row logsumexp
+    LSE = run_max + log(run_sum), [batch, heads_q, q_len]."""
+    batch, q_len, heads_q, _ = q.shape
+    group = heads_q // k.shape[2]
+    out = torch.empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64, device=q.device)
+    lse = torch.empty(batch, heads_q, q_len, dtype=torch.float64, device=q.device)
+    q_positions, k_positions = q_positions.to(torch.int64), k_positions.to(torch.int64)  # no narrow m - n
+    for i0, i1, tiles in _tiles(q_positions, k_positions, options, stats):
+        m = q_positions[i0:i1]
+        q_rot = [None, None]
         run_max = torch.full((batch, heads_q, i1 - i0), -math.inf, dtype=torch.float64, device=q.device)
         run_sum = torch.zeros_like(run_max)
         acc = torch.zeros(batch, heads_q, i1 - i0, v.shape[3], dtype=torch.float64, device=q.device)
-        for (j0, j1), (n_lo, n_hi) in zip(key_blocks, key_ranges):
-            kind = _tile_kind(m_lo, m_hi, n_lo, n_hi, causal, window)
-            setattr(stats, f"tiles_{kind}", getattr(stats, f"tiles_{kind}") + 1)
-            if kind == "skipped":
-                continue
+        for j0, j1, kind, may_mask in tiles:
             n = k_positions[j0:j1]
-            if kind in ("plain", "both"):
-                q_plain = _rotated(q[:, i0:i1], m, inv_freq, layout) if q_plain is None else q_plain
-                logits = _logits(q_plain, _rotated(k[:, j0:j1], n, inv_freq, layout))
-            if kind in ("bent", "both"):
-                if q_bent is None:
-                    q_bent = _bent(q[:, i0:i1], m, inv_freq, layout, window, leaky_scale, query=True)
-                bent = _logits(q_bent, _bent(k[:, j0:j1], n, inv_freq, layout, window, leaky_scale, query=False))
-                logits = bent if kind == "bent" else torch.where(m[:, None] - n[None, :] < window, logits, bent)
-            x = logits * scale
-            if causal and n_hi > m_lo:  # some key of the tile may follow some query
-                x = x.masked_fill(n[None, :] > m[:, None], -math.inf)
+            q_rot = _query_rotations(q_rot, q[:, i0:i1], m, inv_freq, kind, options)
+            k_rot = _block_rotations(k[:, j0:j1], n, inv_freq, kind, options, query=False)
+            x, _ = _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options)
             new_max = torch.maximum(run_max, x.amax(dim=-1))
             shift = torch.where(new_max == -math.inf, 0.0, new_max)  # rows that have seen only masked keys
             p = torch.exp(x - shift[..., None])
@@ -201,4 +287,95 @@ def rotary_attention(
             acc = rescale[..., None] * acc + torch.einsum("bhij,bjhd->bhid", p, values)
             run_max = new_max
         out[:, i0:i1] = (acc / run_sum[..., None]).transpose(1, 2)
-    return (out, stats) if return_stats else out
+        lse[..., i0:i1] = run_max + torch.log(run_sum)
+    return out, lse
+
+
+def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: _Options):
+    """The query block's (plain, bent) rotations, each computed on first need and kept for its key blocks."""
+    plain, bent = q_rot
+    if kind in ("plain", "both") and plain is None:
+        plain = _rotated(q_block, m, inv_freq, options.layout)
+    if kind in ("bent", "both") and bent is None:
+        bent = _bent(q_block, m, inv_freq, options.layout, options.window, options.leaky_scale, query=True)
+    return [plain, bent]
+
+
+def _unrotate(g, positions, inv_freq, options: _Options, bent: bool, query: bool):
+    """R^T g for the rotation a (plain or bent) pass applied to these tokens: the same angles, sin negated."""
+    if bent:
+        positions, inv_freq = _bent_frame(positions, inv_freq, options.window, options.leaky_scale, query)
+    return _rotated(g, positions, inv_freq, options.layout, conjugate=True)
+
+
+def _group_sum(g, group):
+    """[batch, seq, heads_q, dim] -> [batch, seq, heads_k, dim]: sum over the query heads of each key head."""
+    return g.unflatten(2, (g.shape[2] // group, group)).sum(dim=3)
+
+
+def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, out, lse, grad_out):
+    """FlashAttention-2 backward (module docstring): float64 dq, dk, dv, the tiles recomputed one at a time."""
+    group = q.shape[2] // k.shape[2]
+    q_positions, k_positions = q_positions.to(torch.int64), k_positions.to(torch.int64)
+    grad_out = grad_out.to(torch.float64)
+    frames = 2 if options.window is not None else 1  # the gradients in the plain and the bent rotated frames
+    dq_rot = [torch.zeros(q.shape, dtype=torch.float64, device=q.device) for _ in range(frames)]
+    dk_rot = [torch.zeros(k.shape, dtype=torch.float64, device=q.device) for _ in range(frames)]
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    for i0, i1, tiles in _tiles(q_positions, k_positions, options):
+        m = q_positions[i0:i1]
+        q_rot = [None, None]
+        d_out = grad_out[:, i0:i1].transpose(1, 2)  # [batch, heads_q, i, v_dim]
+        delta = (grad_out[:, i0:i1] * out[:, i0:i1]).sum(dim=-1).transpose(1, 2)  # D, [batch, heads_q, i]
+        for j0, j1, kind, may_mask in tiles:
+            n = k_positions[j0:j1]
+            q_rot = _query_rotations(q_rot, q[:, i0:i1], m, inv_freq, kind, options)
+            k_rot = _block_rotations(k[:, j0:j1], n, inv_freq, kind, options, query=False)
+            x, bent_mask = _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options)
+            p = torch.exp(x - lse[..., i0:i1, None])  # masked entries: exp(-inf) = 0
+            values = v[:, j0:j1].to(torch.float64).repeat_interleave(group, dim=2)
+            dv[:, j0:j1] += _group_sum(torch.einsum("bhij,bhid->bjhd", p, d_out), group)
+            d_p = torch.einsum("bhid,bjhd->bhij", d_out, values)
+            d_logits = p * (d_p - delta[..., None]) * options.scale  # dL = s dS
+            parts = {"plain": [d_logits, None], "bent": [None, d_logits]}.get(kind)
+            if parts is None:  # both: split by the window mask
+                parts = [d_logits.masked_fill(bent_mask, 0.0), d_logits.masked_fill(~bent_mask, 0.0)]
+            for f, d_part in enumerate(parts):
+                if d_part is None:
+                    continue
+                k_f = k_rot[f].repeat_interleave(group, dim=2)
+                dq_rot[f][:, i0:i1] += torch.einsum("bhij,bjhd->bihd", d_part, k_f)
+                dk_rot[f][:, j0:j1] += _group_sum(torch.einsum("bhij,bihd->bjhd", d_part, q_rot[f]), group)
+    return _unrotated(dq_rot, q_positions, inv_freq, options, query=True), \
+        _unrotated(dk_rot, k_positions, inv_freq, options, query=False), dv
+
+
+def _unrotated(frames, positions, inv_freq, options: _Options, query: bool):
+    """The sum over the (plain, bent) frames of R^T g, block by block (the angles' workspace stays per block)."""
+    grad = torch.empty_like(frames[0])
+    for t0 in range(0, grad.shape[1], options.block_size):
+        t1, p = t0 + options.block_size, positions[t0 : t0 + options.block_size]
+        grad[:, t0:t1] = sum(_unrotate(g[:, t0:t1], p, inv_freq, options, f == 1, query) for f, g in enumerate(frames))
+    return grad
+
+
+class _BlockwiseAttention(torch.autograd.Function):
+    """Forward: the blockwise loop without autograd, saving q, k, v, the positions, inv_freq, O and LSE.
+    Backward: the tiles recomputed, O(block_size^2) logits at a time (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_positions, k_positions, inv_freq, options, stats):
+        with torch.no_grad():
+            out, lse = _forward(q, k, v, q_positions, k_positions, inv_freq, options, stats)
+        ctx.save_for_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse)
+        ctx.options = options
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, q_positions, k_positions, inv_freq, out, lse = ctx.saved_tensors
+        with torch.no_grad():
+            dq, dk, dv = _backward(q, k, v, q_positions, k_positions, inv_freq, ctx.options, out, lse, grad_out)
+        grads = [g.to(t.dtype) if need else None for g, t, need in zip((dq, dk, dv), (q, k, v), ctx.needs_input_grad)]
+        return (*grads, None, None, None, None, None)

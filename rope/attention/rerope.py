@@ -69,15 +69,17 @@ def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
     return q.shape[2] // k.shape[2]
 
 
-def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str) -> torch.Tensor:
-    """R_p x for each token, float64. Integer ``positions`` turn by exactly reduced angles
-    (:func:`rope.apply.exact_cos_sin`, with float32 ``inv_freq``); fractional (float64) ones, as
-    Leaky ReRoPE's second pass needs, by the float64 product p theta_i."""
+def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str,
+             conjugate: bool = False) -> torch.Tensor:
+    """R_p x for each token (R_p^T x with ``conjugate``), float64. Integer ``positions`` turn by
+    exactly reduced angles (:func:`rope.apply.exact_cos_sin`, with float32 ``inv_freq``);
+    fractional (float64) ones, as Leaky ReRoPE's second pass needs, by the float64 product p theta_i."""
     if positions.dtype.is_floating_point:
         angles = positions.to(x.device, torch.float64)[:, None] * inv_freq.to(x.device, torch.float64)
         cos, sin = torch.cos(angles), torch.sin(angles)
     else:
         cos, sin = exact_cos_sin(positions.to(x.device), inv_freq.to(x.device))
+    sin = -sin if conjugate else sin
     return rotate_pairs(x.to(torch.float64), cos[None, :, None, :], sin[None, :, None, :], layout, 2 * inv_freq.numel())
 
 
