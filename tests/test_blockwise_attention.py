@@ -425,3 +425,79 @@ def test_return_stats_keeps_the_output_differentiable():
     expected = gradients(reference, (q, k, v, q_positions, k_positions, theta), grad_out, window=3)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * e.abs().max().item())
+
+
+# --- the operators torch.ops.rope.blockwise_attention and blockwise_attention_backward ----------------------------
+
+
+@pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
+def test_opcheck_the_forward_operator(method):
+    window, leaky_scale = METHODS[method]
+    q, k, v, q_positions, k_positions, theta = case(20, q_len=5, k_len=6, heads_q=2, heads_k=1, head_dim=4, pairs=2,
+                                                    dtype=torch.float32)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    options = dict(layout="interleaved", causal=True, window=None if window is None else 2, leaky_scale=leaky_scale,
+                   softmax_scale=None, block_size=2)
+    torch.library.opcheck(torch.ops.rope.blockwise_attention.default, (q, k, v, q_positions, k_positions, theta),
+                          options)
+
+
+def test_opcheck_the_backward_operator():
+    q, k, v, q_positions, k_positions, theta = case(21, q_len=5, k_len=6, heads_q=2, heads_k=1, head_dim=4, pairs=2,
+                                                    dtype=torch.float32)
+    options = dict(layout="half", causal=False, window=2, leaky_scale=None, softmax_scale=0.3, block_size=2)
+    out, lse = torch.ops.rope.blockwise_attention(q, k, v, q_positions, k_positions, theta, **options)
+    gen = torch.Generator().manual_seed(21)
+    grad_out, grad_lse = (torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (out, lse))
+    torch.library.opcheck(torch.ops.rope.blockwise_attention_backward.default,
+                          (q, k, v, q_positions, k_positions, theta, out, lse, grad_out, grad_lse), options)
+
+
+def test_the_gradient_of_lse_is_the_softmax():
+    q, k, v, q_positions, k_positions, theta = case(22, q_len=3, k_len=4, heads_q=2, heads_k=1, head_dim=4, pairs=2)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def function(q, k, v):  # lse alone (out: test_gradcheck): d lse_i / d x_ij = P_ij enters the backward's D_i
+        return torch.ops.rope.blockwise_attention(q, k, v, q_positions, k_positions, theta, window=1,
+                                                  block_size=2)[1]
+
+    assert torch.autograd.gradcheck(function, leaves)
+
+
+def test_the_operator_refuses_what_rotary_attention_refuses():
+    q, k, v, q_positions, k_positions, theta = case(23)
+    op = torch.ops.rope.blockwise_attention
+    for options, error, message in [(dict(causal=1), TypeError, "causal"), (dict(window=2.0), TypeError, "window"),
+                                    (dict(window=True), TypeError, "window"), (dict(block_size=0), ValueError,
+                                                                               "block_size"),
+                                    (dict(leaky_scale=4.0), ValueError, "needs a window")]:
+        with pytest.raises(error, match=message):
+            op(q, k, v, q_positions, k_positions, theta, **options)
+    with pytest.raises(ValueError, match="precedes every key"):  # a value: the real implementation only
+        op(q, k, v, torch.arange(11), k_positions, theta)
+    fake = torch._subclasses.fake_tensor.FakeTensorMode()
+    with fake, pytest.raises(TypeError, match="causal"):  # metadata: the fake implementation too
+        op(*(fake.from_tensor(t) for t in (q, k, v, q_positions, k_positions, theta)), causal=0)
+
+
+@pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
+def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients(method):
+    window, leaky_scale = METHODS[method]
+    inputs = case(24, q_len=7, k_len=9, dtype=torch.float32)
+    q_positions, k_positions, theta = inputs[3:]
+
+    def function(q, k, v):
+        out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
+                               block_size=4)
+        return out, out.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(function, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+    results = []
+    for f in (function, compiled):
+        leaves = [t.detach().requires_grad_() for t in inputs[:3]]
+        out, total = f(*leaves)
+        results.append((out, *torch.autograd.grad(total, leaves)))
+    for got, expected in zip(*results):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -66,6 +66,14 @@ bent parts, each through its own rotations. The rotated gradients are accumulate
 (plain, bent) over the whole sequence and turned back once, block by block. GQA: a key head's
 gradients (dk, dv) are summed over the query heads of its group. The float64 gradients are
 rounded once to the dtypes of q, k and v.
+
+Operators. The forward and the backward are ``torch.ops.rope.blockwise_attention`` (returning O and
+LSE, both differentiable) and ``torch.ops.rope.blockwise_attention_backward``, registered with
+``torch.library.custom_op``, fake implementations and an autograd formula, so that
+``torch.compile(fullgraph=True)`` traces :func:`rotary_attention` as one opaque call (the tile
+classification reads the positions on the host inside the real implementation). Arguments are
+checked as in :mod:`rope.kernels.operators`: metadata in the real and the fake implementations,
+values (finite frequencies, a key for every query) in the real one only.
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.types import Number
 
 from .. import _checks
 from ..layouts import check_layout
@@ -122,27 +131,44 @@ def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layo
     return _rotated(x, *_bent_frame(positions, inv_freq, window, leaky_scale, query), layout)
 
 
-def _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, return_stats):
-    """Validate every argument; return (scale, window, leaky_scale, block_size)."""
-    check_qk(q, k, q_positions, k_positions, inv_freq)
+def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
+    """The tensors' metadata (dtypes, shapes, devices) without reading any value
+    (:func:`.rerope.check_qk` with ``values=False``): it runs in the fake implementation and while
+    torch.compile traces."""
+    check_qk(q, k, q_positions, k_positions, inv_freq, values=False)
     _checks.head_tensors(v=v)
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v {tuple(v.shape)} must match k {tuple(k.shape)} in batch, seq and heads")
     _checks.same_device("q", q, v=v)
+
+
+def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size) -> _Options:
+    """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim))."""
     check_layout(layout)
     _checks.flag("causal", causal)
-    _checks.flag("return_stats", return_stats)
     if window is not None:
         window, leaky_scale = _check_window(window, leaky_scale)
     elif leaky_scale is not None:
         raise ValueError(f"leaky_scale = {leaky_scale!r} needs a window (it bends the positions beyond it)")
     if softmax_scale is None:
-        scale = 1 / math.sqrt(q.shape[3])
+        scale = 1 / math.sqrt(head_dim)
     else:
         scale = _checks.number("softmax_scale", softmax_scale, positive=True)
     block_size = _checks.integer("block_size", block_size, minimum=1)
-    return scale, window, leaky_scale, block_size
+    return _Options(layout, causal, window, leaky_scale, scale, block_size)
+
+
+def _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                     softmax_scale, block_size) -> _Options:
+    """Everything but tensor values (the real and the fake implementations alike); return the options."""
+    _check_tensors(q, k, v, q_positions, k_positions, inv_freq)
+    return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size)
+
+
+def _check_values(q_positions, k_positions, inv_freq, causal: bool) -> None:
+    """What only the real implementation can see: finite frequencies, and a key for every query row."""
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
 
 
 def _check_every_query_sees_a_key(m: list[int], n: list[int], causal: bool) -> None:
@@ -182,6 +208,11 @@ def rotary_attention(
     time (see the module docstring for the online softmax and the tile rule); ``return_stats=True``
     also returns the :class:`TileStats` of the tiles computed.
 
+    The computation is the operator ``torch.ops.rope.blockwise_attention`` (:func:`blockwise_attention`,
+    with a fake implementation and an autograd formula), so ``torch.compile(fullgraph=True)`` traces
+    this function without a graph break, except with ``return_stats=True``: the statistics are Python
+    integers counted on the host from the positions, after the operator.
+
     Differentiable in q, k and v: the backward recomputes the tiles (FlashAttention-2, see the
     module docstring) instead of storing them, so it too holds O(block_size^2) logits at a time,
     and returns the float64 gradients rounded once to the inputs' dtypes.
@@ -190,14 +221,18 @@ def rotary_attention(
     below every key position) raises ``ValueError``, where ``torch.nn.functional.
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
     """
-    scale, window, leaky_scale, block_size = _check_arguments(
-        q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale, block_size,
-        return_stats)
-    _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
-    stats = TileStats()
-    options = _Options(layout, causal, window, leaky_scale, scale, block_size)
-    out = _BlockwiseAttention.apply(q, k, v, q_positions, k_positions, inv_freq, options, stats)
-    return (out, stats) if return_stats else out
+    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                               softmax_scale, block_size)
+    _checks.flag("return_stats", return_stats)
+    out, _ = blockwise_attention(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal,
+                                 window=options.window, leaky_scale=options.leaky_scale,
+                                 softmax_scale=options.scale, block_size=options.block_size)
+    if not return_stats:
+        return out
+    stats = TileStats()  # counted on the host from the positions alone (a graph break under torch.compile)
+    for _ in _tiles(q_positions, k_positions, options, stats):
+        pass
+    return out, stats
 
 
 @dataclass(frozen=True)
@@ -313,8 +348,9 @@ def _group_sum(g, group):
     return g.unflatten(2, (g.shape[2] // group, group)).sum(dim=3)
 
 
-def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, out, lse, grad_out):
-    """FlashAttention-2 backward (module docstring): float64 dq, dk, dv, the tiles recomputed one at a time."""
+def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, out, lse, grad_out, grad_lse):
+    """FlashAttention-2 backward (module docstring): float64 dq, dk, dv, the tiles recomputed one at a time.
+    ``grad_lse`` (the gradient of LSE, d LSE_i / d x_ij = P_ij) enters as ``D_i - grad_lse_i``."""
     group = q.shape[2] // k.shape[2]
     q_positions, k_positions = q_positions.to(torch.int64), k_positions.to(torch.int64)
     grad_out = grad_out.to(torch.float64)
@@ -327,6 +363,7 @@ def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, ou
         q_rot = [None, None]
         d_out = grad_out[:, i0:i1].transpose(1, 2)  # [batch, heads_q, i, v_dim]
         delta = (grad_out[:, i0:i1] * out[:, i0:i1]).sum(dim=-1).transpose(1, 2)  # D, [batch, heads_q, i]
+        delta = delta - grad_lse[..., i0:i1].to(torch.float64)
         for j0, j1, kind, may_mask in tiles:
             n = k_positions[j0:j1]
             q_rot = _query_rotations(q_rot, q[:, i0:i1], m, inv_freq, kind, options)
@@ -359,23 +396,118 @@ def _unrotated(frames, positions, inv_freq, options: _Options, query: bool):
     return grad
 
 
-class _BlockwiseAttention(torch.autograd.Function):
-    """Forward: the blockwise loop without autograd, saving q, k, v, the positions, inv_freq, O and LSE.
-    Backward: the tiles recomputed, O(block_size^2) logits at a time (module docstring)."""
+# --- the operators ---------------------------------------------------------------------------------------------------
+# As rope.kernels.operators: the flags are declared Scalar (Number), not bool, so that the dispatcher passes 0, 2 or
+# None through unchanged and _checks.flag refuses them; window, leaky_scale, softmax_scale and block_size are
+# Scalar too (optional where None means something), so that 2.0 or True reach _checks.integer / _checks.number and
+# get the package's TypeError instead of a silent conversion. Metadata is checked in the real and the fake
+# implementations alike; the values (finite inv_freq, a key for every query: the positions are read on the host)
+# only in the real one, which the compiler treats as opaque.
 
-    @staticmethod
-    def forward(ctx, q, k, v, q_positions, k_positions, inv_freq, options, stats):
-        with torch.no_grad():
-            out, lse = _forward(q, k, v, q_positions, k_positions, inv_freq, options, stats)
-        ctx.save_for_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse)
-        ctx.options = options
-        return out
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, q_positions, k_positions, inv_freq, out, lse = ctx.saved_tensors
-        with torch.no_grad():
-            dq, dk, dv = _backward(q, k, v, q_positions, k_positions, inv_freq, ctx.options, out, lse, grad_out)
-        grads = [g.to(t.dtype) if need else None for g, t, need in zip((dq, dk, dv), (q, k, v), ctx.needs_input_grad)]
-        return (*grads, None, None, None, None, None)
+@torch.library.custom_op("rope::blockwise_attention", mutates_args=())
+def blockwise_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    layout: str = "half",
+    causal: Number = True,
+    window: Number | None = None,
+    leaky_scale: Number | None = None,
+    softmax_scale: Number | None = None,
+    block_size: Number = 128,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): the float64 output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the
+    float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]``. Differentiable in q, k and
+    v (and through lse): the backward is :func:`blockwise_attention_backward`.
+
+    Raises:
+        TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
+    """
+    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                               softmax_scale, block_size)
+    _check_values(q_positions, k_positions, inv_freq, causal)
+    with torch.no_grad():
+        return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
+
+
+@blockwise_attention.register_fake
+def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
+      softmax_scale=None, block_size=128):
+    _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                     softmax_scale, block_size)
+    batch, q_len, heads_q, _ = q.shape
+    return (q.new_empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64),
+            q.new_empty(batch, heads_q, q_len, dtype=torch.float64))
+
+
+def _check_saved(q, v, out, lse, grad_out, grad_lse) -> None:
+    """The forward's outputs and their gradients: float64, of the forward's shapes, on q's device."""
+    batch, q_len, heads_q, _ = q.shape
+    shapes = dict(out=(batch, q_len, heads_q, v.shape[3]), lse=(batch, heads_q, q_len))
+    for name, t in dict(out=out, lse=lse, grad_out=grad_out, grad_lse=grad_lse).items():
+        _checks.float_tensor(name, t, dtypes=(torch.float64,))
+        expected = shapes[name.removeprefix("grad_")]
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape {list(expected)}, got {list(t.shape)}")
+    _checks.same_device("q", q, out=out, lse=lse, grad_out=grad_out, grad_lse=grad_lse)
+
+
+@torch.library.custom_op("rope::blockwise_attention_backward", mutates_args=())
+def blockwise_attention_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor,
+    layout: str = "half",
+    causal: Number = True,
+    window: Number | None = None,
+    leaky_scale: Number | None = None,
+    softmax_scale: Number | None = None,
+    block_size: Number = 128,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
+    (module docstring) for its saved ``out``, ``lse`` and the incoming ``grad_out``, ``grad_lse``."""
+    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                               softmax_scale, block_size)
+    _check_saved(q, v, out, lse, grad_out, grad_lse)
+    with torch.no_grad():
+        grads = _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+@blockwise_attention_backward.register_fake
+def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
+      window=None, leaky_scale=None, softmax_scale=None, block_size=128):
+    _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                     softmax_scale, block_size)
+    _check_saved(q, v, out, lse, grad_out, grad_lse)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_positions, k_positions, inv_freq, *options = inputs  # the defaults included
+    out, lse = output
+    ctx.save_for_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse)
+    ctx.options = options
+
+
+def _backward_formula(ctx, grad_out, grad_lse):
+    q, k, v, q_positions, k_positions, inv_freq, out, lse = ctx.saved_tensors
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out
+    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+    grads = blockwise_attention_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse,
+                                         *ctx.options)
+    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *[None] * 9)
+
+
+blockwise_attention.register_autograd(_backward_formula, setup_context=_setup_context)

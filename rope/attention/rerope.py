@@ -49,9 +49,11 @@ def _check_window(window, leaky_scale) -> tuple[int, float | None]:
     return window, leaky_scale
 
 
-def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
+def check_qk(q, k, q_positions, k_positions, inv_freq, *, values: bool = True) -> int:
     """Validate query/key tensors (``[batch, seq, heads, head_dim]``, seq may differ), their 1-D
-    integer positions and the frequencies; return the number of query heads per key head."""
+    integer positions and the frequencies; return the number of query heads per key head.
+    ``values=False`` checks metadata only (dtypes, shapes, devices) and reads no tensor value, as
+    a fake implementation or a traced graph needs."""
     _checks.head_tensors(q=q, k=k)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
@@ -59,7 +61,7 @@ def check_qk(q, k, q_positions, k_positions, inv_freq) -> int:
         raise ValueError(f"heads_q = {q.shape[2]} must be a multiple of heads_k = {k.shape[2]} (GQA)")
     _checks.integer_tensor("q_positions", q_positions, dim=1, length=q.shape[1])
     _checks.integer_tensor("k_positions", k_positions, dim=1, length=k.shape[1])
-    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES, values=values)
     _checks.same_device("q", q, k=k, q_positions=q_positions, k_positions=k_positions, inv_freq=inv_freq)
     if inv_freq.numel() == 0:
         raise ValueError("inv_freq must hold at least one frequency")
