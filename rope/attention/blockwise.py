@@ -86,7 +86,7 @@ from torch.types import Number
 
 from .. import _checks
 from ..layouts import check_layout
-from .rerope import _check_window, _logits, _rotated, check_qk
+from .rerope import _check_window, _logits, _rotated, bent_frame, check_qk
 
 
 @dataclass
@@ -114,21 +114,10 @@ def _tile_kind(m_lo: int, m_hi: int, n_lo: int, n_hi: int, causal: bool, window:
     return "both"
 
 
-def _bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, leaky_scale: float | None,
-                query: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions, frequencies) of the pass-2 rotation of query or key tokens (as
-    :func:`.rerope.rerope_scores_two_pass`): ReRoPE queries at w and keys at 0; Leaky ReRoPE the
-    frequencies theta / k, queries at m + w (k - 1) and keys at n."""
-    if leaky_scale is None:
-        return torch.full_like(positions, window if query else 0), inv_freq
-    shift = window * (leaky_scale - 1) if query else 0.0
-    return positions.to(torch.float64) + shift, inv_freq.to(torch.float64) / leaky_scale
-
-
 def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str, window: int,
           leaky_scale: float | None, query: bool) -> torch.Tensor:
     """The pass-2 rotation of a query or key block, float64."""
-    return _rotated(x, *_bent_frame(positions, inv_freq, window, leaky_scale, query), layout)
+    return _rotated(x, *bent_frame(positions, inv_freq, window, leaky_scale, query), layout)
 
 
 def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
@@ -339,7 +328,7 @@ def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: _Options):
 def _unrotate(g, positions, inv_freq, options: _Options, bent: bool, query: bool):
     """R^T g for the rotation a (plain or bent) pass applied to these tokens: the same angles, sin negated."""
     if bent:
-        positions, inv_freq = _bent_frame(positions, inv_freq, options.window, options.leaky_scale, query)
+        positions, inv_freq = bent_frame(positions, inv_freq, options.window, options.leaky_scale, query)
     return _rotated(g, positions, inv_freq, options.layout, conjugate=True)
 
 

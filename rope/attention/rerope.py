@@ -144,6 +144,17 @@ def rerope_scores(
     return scores
 
 
+def bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, leaky_scale: float | None,
+               query: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, frequencies) of the second pass's rotation of query or key tokens: ReRoPE
+    queries at w and keys at 0; Leaky ReRoPE the frequencies theta / k, queries at m + w (k - 1)
+    and keys at n, whose angle difference is (w + (r - w) / k) theta."""
+    if leaky_scale is None:
+        return torch.full_like(positions, window if query else 0), inv_freq
+    shift = window * (leaky_scale - 1) if query else 0.0
+    return positions.to(torch.float64) + shift, inv_freq.to(torch.float64) / leaky_scale
+
+
 def rerope_scores_two_pass(
     q, k, q_positions, k_positions, inv_freq, *, window: int, leaky_scale: float | None = None, layout: str = "half"
 ) -> torch.Tensor:
@@ -160,12 +171,7 @@ def rerope_scores_two_pass(
     window, leaky_scale = _check_window(window, leaky_scale)
     m, n = q_positions.to(q.device), k_positions.to(q.device)
     pass1 = _logits(_rotated(q, m, inv_freq, layout), _rotated(k, n, inv_freq, layout))
-    if leaky_scale is None:
-        q2 = _rotated(q, torch.full_like(m, window), inv_freq, layout)
-        k2 = _rotated(k, torch.zeros_like(n), inv_freq, layout)
-    else:
-        slow = inv_freq.to(torch.float64) / leaky_scale
-        q2 = _rotated(q, m.to(torch.float64) + window * (leaky_scale - 1), slow, layout)
-        k2 = _rotated(k, n.to(torch.float64), slow, layout)
+    q2 = _rotated(q, *bent_frame(m, inv_freq, window, leaky_scale, query=True), layout)
+    k2 = _rotated(k, *bent_frame(n, inv_freq, window, leaky_scale, query=False), layout)
     pass2 = _logits(q2, k2)
     return torch.where((m[:, None] - n[None, :]) < window, pass1, pass2)
