@@ -223,15 +223,42 @@ def test_no_window_computes_plain_tiles_only_and_causal_skips_the_future():
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the most elements of any tensor an operation returns."""
+    """Records the most elements of any tensor an operation returns, inside custom operators too
+    (rope's): a mode sees only a custom operator's outputs, so it runs those operators' CPU
+    implementations itself, under the mode (``inside`` counts the operations seen there)."""
 
     largest = 0
+    inside = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
+        if func.namespace not in ("aten", "prim", "prims"):  # a custom operator
+            before = self.largest
+            with self:
+                result = func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
+            self.inside += 1
+            self.largest = max(before, self.largest)
+        else:
+            result = func(*args, **(kwargs or {}))
         sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         self.largest = max([self.largest, *sizes])
         return result
+
+
+def test_the_largest_tensor_mode_sees_inside_the_operators():
+    """The dense reference forms the 2 x 128^2 matrix, and the mode sees it also inside an operator."""
+    q, k, v, q_positions, k_positions, theta = case(12, q_len=128, k_len=128, heads_q=1, heads_k=1, head_dim=4,
+                                                    pairs=2, v_dim=1)
+    with LargestTensor() as mode:
+        reference(q, k, v, q_positions, k_positions, theta, window=8)
+    assert mode.largest >= 2 * 128**2
+
+    @torch.library.custom_op("rope_tests::dense", mutates_args=())
+    def dense(x: torch.Tensor) -> torch.Tensor:
+        return (x[:, None] * x[None, :]).sum(dim=1)
+
+    with LargestTensor() as mode:
+        dense(torch.ones(128))
+    assert mode.largest == 128**2
 
 
 @pytest.mark.parametrize("window", [None, 8])
@@ -240,7 +267,8 @@ def test_never_forms_the_q_len_by_k_len_matrix(window):
                                                     pairs=2, v_dim=1)
     with LargestTensor() as mode:
         out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, block_size=16)
-    assert mode.largest <= 2 * 128 * 4  # the inputs' size: a tile holds 2 x 16 x 16 logits, the matrix 2 x 128^2
+    # the inputs' size: a tile holds 2 x 16 x 16 logits, the matrix 2 x 128^2
+    assert mode.inside == 1 and mode.largest <= 2 * 128 * 4
     assert_matches(out, reference(q, k, v, q_positions, k_positions, theta, window=window))
 
 
@@ -409,7 +437,7 @@ def test_backward_never_forms_the_q_len_by_k_len_matrix(window):
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
     with LargestTensor() as mode:
         got = torch.autograd.grad(out, leaves, grad_out)
-    assert 0 < mode.largest <= 2 * 128 * 4  # the inputs' size: the matrix would hold 2 x 128^2
+    assert mode.inside == 1 and 0 < mode.largest <= 2 * 128 * 4  # the inputs' size; the matrix: 2 x 128^2
     expected = gradients(reference, (q, k, v, q_positions, k_positions, theta), grad_out, window=window)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * e.abs().max().item())

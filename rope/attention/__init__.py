@@ -2,7 +2,8 @@
 
 * :mod:`.rerope` — ReRoPE and Leaky ReRoPE: relative positions clipped at a window;
 * :mod:`.blockwise` — RoPE / ReRoPE attention block by block (online softmax), never forming the
-  full score matrix: the float64 reference of a fused kernel;
+  full score matrix: the float64 reference of the fused kernel
+  :mod:`rope.kernels.triton_attention`;
 * :mod:`.logn` — log-n attention scaling;
 * :mod:`.dual_chunk` — Dual Chunk Attention's relative positions;
 * :mod:`.kv_cache` — dynamic NTK with a KV cache: keys cached before or after rotation;

@@ -1,10 +1,11 @@
 """Blockwise RoPE / ReRoPE attention: softmax(s L + mask) V without ever forming the q_len x k_len matrix.
 
 :func:`rotary_attention` is a float64 *reference* (exact, not fast) of what a FlashAttention-style
-kernel for RoPE, ReRoPE and Leaky ReRoPE computes. Queries and keys are cut into blocks of
-``block_size`` tokens; each (query block, key block) tile is rotated on the fly, its logits formed,
-and folded into the output with the online softmax, so the memory is O(block_size^2) logits per
-batch and head plus the output, whatever the sequence lengths.
+kernel for RoPE, ReRoPE and Leaky ReRoPE computes (:mod:`rope.kernels.triton_attention` is one).
+Queries and keys are cut into blocks of ``block_size`` tokens; each (query block, key block) tile
+is rotated on the fly, its logits formed, and folded into the output with the online softmax, so
+the memory is O(block_size^2) logits per batch and head plus the output, whatever the sequence
+lengths.
 
 Online softmax (Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; Dao et
 al., "FlashAttention: fast and memory-efficient exact attention with IO-awareness", NeurIPS 2022).
@@ -483,20 +484,30 @@ def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse,
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, q_positions, k_positions, inv_freq, *options = inputs  # the defaults included
+def setup_context(ctx, inputs, output):
+    """What an attention operator ``(q, k, v, q_positions, k_positions, inv_freq, *options) -> (out,
+    lse)`` saves for its backward: the tensors, the outputs and the options (defaults included)."""
+    q, k, v, q_positions, k_positions, inv_freq, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse)
     ctx.options = options
 
 
-def _backward_formula(ctx, grad_out, grad_lse):
-    q, k, v, q_positions, k_positions, inv_freq, out, lse = ctx.saved_tensors
-    grad_out = torch.zeros_like(out) if grad_out is None else grad_out
-    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-    grads = blockwise_attention_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse,
-                                         *ctx.options)
-    return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)), *[None] * 9)
+def backward_formula(backward_operator):
+    """The autograd formula of such an operator, given its backward operator ``(q, k, v, q_positions,
+    k_positions, inv_freq, out, lse, grad_out, grad_lse, *options) -> (dq, dk, dv)``: a missing
+    gradient of out or lse is zero, and only q, k and v get gradients."""
+
+    def formula(ctx, grad_out, grad_lse):
+        q, k, v, q_positions, k_positions, inv_freq, out, lse = ctx.saved_tensors
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+        grads = backward_operator(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse,
+                                  *ctx.options)
+        return (*(g if need else None for g, need in zip(grads, ctx.needs_input_grad)),
+                *[None] * (3 + len(ctx.options)))
+
+    return formula
 
 
-blockwise_attention.register_autograd(_backward_formula, setup_context=_setup_context)
+blockwise_attention.register_autograd(backward_formula(blockwise_attention_backward), setup_context=setup_context)

@@ -3,11 +3,13 @@
     python -m rope.kernels.targets 75 80 90
 
 Triton's NVIDIA backend and the ptxas it bundles build a cubin for any target on any machine,
-so a machine without a GPU can check what only a GPU would otherwise show: that the kernel uses
-no feature its targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80
-the A100; sm_90 the H100). Run it as a separate process with ``TRITON_INTERPRET`` unset: Triton's
-interpreter, which the CPU test suite switches on, replaces the compiler. Prints one line per
-variant and exits non-zero if any fails. Not imported by ``import rope`` (it imports Triton).
+so a machine without a GPU can check what only a GPU would otherwise show: that the kernels use
+no feature their targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80
+the A100; sm_90 the H100): the rotary kernel in 37 variants, the RoPE-inside-attention kernels
+(:mod:`.triton_attention` and its backward) in those of :data:`ATTENTION_VARIANTS`. Run it as a
+separate process with ``TRITON_INTERPRET`` unset: Triton's interpreter, which the CPU test suite
+switches on, replaces the compiler. Prints one line per variant and exits non-zero if any fails.
+Not imported by ``import rope`` (it imports Triton).
 
     python -m rope.kernels.targets --code 90
 
@@ -33,6 +35,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import triton_attention, triton_attention_backward
 from .triton_rotary import TUNING_CANDIDATES, kernel_constants, rotary_kernel
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
@@ -68,6 +71,63 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": warps, "enable_fp_fusion": False})
+
+
+_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _attention_type(name: str, dtype: str) -> str:
+    """The Triton type of a runtime argument of the attention kernels, by its name."""
+    if name in ("LSE", "DELTA", "FREQ", "LEAKY_FREQ"):
+        return "*fp32"
+    if name in ("Q_POS", "K_POS"):
+        return "*i64"
+    if name.isupper():  # Q, K, V, OUT, DO, DQ, DK, DV
+        return "*" + dtype
+    if re.fullmatch(r"s[a-z]+_[bsh]", name):  # strides
+        return "i64"
+    return "fp32" if name.endswith("scale") else "i32"
+
+
+def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, interleaved: bool, head_dim: int,
+                              tail: int, kernel: str = "forward",
+                              sizes: tuple[int, int, int] = triton_attention.GPU_LAUNCH):
+    """One of the attention kernels (``kernel``: "forward", :mod:`.triton_attention`; "dkdv" or "dq",
+    :mod:`.triton_attention_backward`) for q/k/v of Triton type ``dtype``, ``mode`` (PLAIN,
+    RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail`` unrotated coordinates, launch ``sizes`` =
+    (BLOCK_M, BLOCK_N, num_warps), compiled as the launchers compile it."""
+    import torch
+
+    function = {"forward": triton_attention.attention_forward_kernel,
+                "dkdv": triton_attention_backward.attention_dkdv_kernel,
+                "dq": triton_attention_backward.attention_dq_kernel}[kernel]
+    block_m, block_n, warps = sizes
+    constants = triton_attention.kernel_constants(head_dim, head_dim - tail, head_dim, interleaved=interleaved,
+                                                  causal=causal, mode=mode,
+                                                  dtype=getattr(torch, _TORCH_DTYPES[dtype]))
+    constants.update(BLOCK_M=block_m, BLOCK_N=block_n)
+    names = function.arg_names
+    signature = {name: "constexpr" if name in constants else _attention_type(name, dtype) for name in names}
+    aligned = [name for name in names if signature[name].startswith("*") or signature[name] == "i64"]
+    source = ASTSource(
+        fn=function, signature=signature,
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned},
+    )
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": warps, "enable_fp_fusion": False})
+
+
+ATTENTION_VARIANTS = [
+    # (dtype, mode, causal, interleaved, head_dim, tail, kernel): every mode, dtype and layout once,
+    # both head dims, and the two backward kernels in the largest mode
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "forward"),
+    ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "forward"),
+    ("fp32", triton_attention.PLAIN, True, False, 64, 0, "forward"),
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dkdv"),
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dq"),
+]
+"""The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 
 
 def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
@@ -121,14 +181,25 @@ def main(arches: list[int]) -> int:
                                                                                                         variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
                  + " scale_after=True" * scale_after + " float64_math=True" * float64_math)
-        try:
-            kernel = compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after, float64_math)
-            assert kernel.asm["cubin"], "empty cubin"
-            print(f"ok {label}")
-        except Exception as err:  # report every failing variant, then fail
-            failures += 1
-            print(f"FAILED {label}: {type(err).__name__}: {err}")
+        failures += _report(label, lambda: compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after,
+                                                           float64_math))
+    for arch, variant in itertools.product(arches, ATTENTION_VARIANTS):
+        label = "sm_{} attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={}".format(
+            arch, *variant)
+        failures += _report(label, lambda: compile_attention_variant(arch, *variant))
     return 1 if failures else 0
+
+
+def _report(label: str, build) -> int:
+    """Compile, print ``ok label`` or ``FAILED label: why``; 1 if it failed (every variant is tried)."""
+    try:
+        kernel = build()
+        assert kernel.asm["cubin"], "empty cubin"
+        print(f"ok {label}")
+        return 0
+    except Exception as err:
+        print(f"FAILED {label}: {type(err).__name__}: {err}")
+        return 1
 
 
 if __name__ == "__main__":

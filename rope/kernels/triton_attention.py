@@ -1,0 +1,467 @@
+"""RoPE, ReRoPE and Leaky ReRoPE inside attention: one Triton kernel that rotates q and k on load.
+
+FlashAttention-2's forward pass (Dao, "FlashAttention-2: faster attention with better parallelism
+and work partitioning", 2023, Algorithm 1) with the rotation moved into the tiles: a program holds
+BLOCK_M queries of one head, rotates them once, then streams the keys and values of its key head
+in blocks of BLOCK_N, rotating each key block as it arrives. No rotated copy of q or k is ever
+written to memory, and the logits exist one BLOCK_M x BLOCK_N tile at a time. The arithmetic is
+that of :mod:`rope.attention.blockwise` (its module docstring derives the online softmax and the
+tile rule), in float32 with the dot products on the inputs' dtype:
+
+* angles: turns per position T_i = frac(theta_i / 2 pi) 2^64 in int64 fixed point
+  (:func:`.triton_rotary._fixed_point_phase`, exact reduction for ``|theta_i|`` < 2^16), the
+  wrapping product m T_i, float32 cos and sin of its top 32 bits
+  (:func:`.triton_rotary.cos_sin_of_int32_turns`, within 1.35 2^-24 for ``|m|`` < 2^31);
+* the rotated pairs y_a = x_a cos - x_b sin, y_b = x_b cos + x_a sin in float32 (fused
+  multiply-adds), rounded to q's dtype: the operands of ``tl.dot``, exactly what a separate
+  rotary pass would have written to memory (float32 inputs: IEEE float32 products, no TF32);
+* logits L = q_a . k_a + q_b . k_b + q_tail . k_tail (three dot products: the pairs' two halves
+  and the unrotated coordinates past ``rotary_dim``), accumulated in float32;
+* online softmax in base 2 (x = L s log2 e), P rounded to v's dtype for P V, float32 accumulator;
+  the output rounded once to q's dtype, and the row logsumexp (natural log) in float32.
+
+ReRoPE and Leaky ReRoPE (:mod:`rope.attention.rerope`): the second pass's logit is a plain RoPE
+logit in a *bent frame* (:func:`rope.attention.rerope.bent_frame`), so it too is one dot product
+of rotated vectors:
+
+* ReRoPE: queries turned by w theta_i (every query the same angle), keys unrotated;
+* Leaky ReRoPE (scale k): the frame's frequencies theta_i / k, queries at m + w (k - 1), keys at
+  n. With integer arithmetic only, the query angle is written (m - w) theta_i / k + w theta_i
+  (the same number), and theta_i / k, a float64 value, as the sum of two float32 numbers
+  hi_i + lo_i (48 significant bits; :func:`leaky_frequencies`): its turns T'_i = T(hi_i) +
+  T(lo_i). The angle differs from the exact one by at most ``|p| |theta_i / k - hi_i - lo_i|``
+  <= ``|p|`` theta_i 2^-48 / k beside the fixed-point rounding: below 2^-17 rad for ``|p|`` < 2^31
+  and theta_i / k <= 1.
+
+A tile takes pass 1, pass 2 or both by the rule of :mod:`rope.attention.blockwise`, evaluated in
+the kernel from the extreme positions of its query and key blocks (one dot product per tile except
+where the boundary r = m - n = w crosses it); causal tiles with every key after every query are
+skipped.
+
+Domain (:func:`launch` refuses the rest with ``ValueError``): float16, bfloat16 or float32 q, k
+and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k, Leaky ReRoPE);
+positions with ``|m|`` < 2^31, so that every angle is reduced exactly and every difference m - n is
+an int64; every query with a key to attend to.
+
+The backward is :mod:`.triton_attention_backward`; both are differentiable operators in
+:mod:`.attention_operators` (:func:`.attention_operators.fused_rotary_attention`). No GPU ran these
+kernels: the tests run them in Triton's interpreter against float64 references, and
+:mod:`.targets` compiles them for sm_75, sm_80 and sm_90.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _checks
+from ..attention.blockwise import _check_arguments, _check_every_query_sees_a_key, _Options
+from .triton_rotary import _fixed_point_phase, _interpreted, _widened, cos_sin_of_int32_turns, round_to_dtype
+
+MAX_FREQUENCY = 2.0**16
+"""The frequencies (and, for Leaky ReRoPE, frequencies / leaky_scale) the kernel reduces exactly."""
+
+MAX_POSITION = 2**31
+"""Positions must satisfy ``|m|`` < MAX_POSITION (float32 angles within 1.35 2^-24, int64 differences)."""
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+"""The dtypes of q, k and v the kernel takes (one for all three)."""
+
+_LN2 = math.log(2.0)
+_LOG2E = 1 / _LN2
+MAX_POSITION_C = tl.constexpr(MAX_POSITION)  # the jit functions read constexpr globals only
+LN2_C = tl.constexpr(_LN2)
+
+GPU_LAUNCH = (64, 32, 8)
+"""(BLOCK_M, BLOCK_N, num_warps) on a GPU unless given: the largest tiles that compile without
+register spills for sm_90 in every mode (``rope.kernels.targets``; untimed: no GPU ran it)."""
+
+PLAIN, RE_ROPE, LEAKY = 0, 1, 2
+"""The kernel's MODE: RoPE only, ReRoPE, Leaky ReRoPE."""
+
+
+@triton.jit
+def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Offsets (a_i, b_i) of the two coordinates of pair i, [HALF_PAD], and the mask of real pairs."""
+    j = tl.arange(0, HALF_PAD)
+    if INTERLEAVED:
+        a = 2 * j
+        b = 2 * j + 1
+    else:
+        a = j
+        b = j + HALF
+    return a, b, j < HALF
+
+
+@triton.jit
+def _load_head(row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
+               TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """(x_a, x_b, x_tail): the pairs' two halves [R, HALF_PAD] and the unrotated tail [R, TAIL_PAD]
+    of the heads at ``row`` (pointers to coordinate 0, [R]), zero where masked or padded."""
+    a, b, pair_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    mask = row_mask[:, None] & pair_mask[None, :]
+    xa = tl.load(row[:, None] + a[None, :], mask=mask, other=0.0)
+    xb = tl.load(row[:, None] + b[None, :], mask=mask, other=0.0)
+    t = 2 * HALF + tl.arange(0, TAIL_PAD)
+    tail = tl.load(row[:, None] + t[None, :], mask=row_mask[:, None] & (t < 2 * HALF + TAIL)[None, :], other=0.0)
+    return xa, xb, tail
+
+
+@triton.jit
+def _rotated(xa, xb, turns, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+    """R x for the angles 2 pi turns / 2^64 (int64, wrapping), in float32, rounded to x's dtype;
+    x itself without ``ROTATE`` (the benchmark's baseline: the same kernel without RoPE)."""
+    if ROTATE:
+        cos, sin = cos_sin_of_int32_turns(turns >> 32)
+        a = _widened(xa, tl.float32, BF16_BY_BITS)
+        b = _widened(xb, tl.float32, BF16_BY_BITS)
+        ya = round_to_dtype(tl.fma(a, cos, -(b * sin)), xa.dtype, BF16_BY_BITS)
+        yb = round_to_dtype(tl.fma(b, cos, a * sin), xb.dtype, BF16_BY_BITS)
+    else:
+        ya, yb = xa, xb
+    return ya, yb
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """acc + a b with float32 accumulation. Triton's interpreter multiplies bfloat16 matrices
+    wrongly: there (``BF16_BY_BITS``) they are widened to float32 first (exactly), and the float32
+    products of bfloat16 numbers are exact, which is what the GPU's bfloat16 dot computes."""
+    if BF16_BY_BITS and a.dtype == tl.bfloat16:
+        a = _widened(a, tl.float32, BF16_BY_BITS)
+        b = _widened(b, tl.float32, BF16_BY_BITS)
+        result = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc, input_precision=PRECISION)
+    return result
+
+
+@triton.jit
+def _logits(qa, qb, qt, ka, kb, kt, HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """q . k for every (query, key) of the tile, float32 [BLOCK_M, BLOCK_N]: the pairs' halves and the tail."""
+    x = _dot(qa, tl.trans(ka), tl.zeros((qa.shape[0], ka.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
+    x = _dot(qb, tl.trans(kb), x, PRECISION, BF16_BY_BITS)
+    if HAS_TAIL:
+        x = _dot(qt, tl.trans(kt), x, PRECISION, BF16_BY_BITS)
+    return x
+
+
+@triton.jit
+def _query_head(bh, heads_q, group):
+    """(batch row, query head, key head), int64, of program axis value ``bh`` = batch heads_q + head."""
+    head = bh % heads_q
+    return (bh // heads_q).to(tl.int64), head.to(tl.int64), (head // group).to(tl.int64)
+
+
+@triton.jit
+def _token_block(POS, start, length, BLOCK: tl.constexpr):
+    """(index, mask, positions, lowest, highest) of the tokens [start, start + BLOCK) of a sequence
+    of ``length``: int64 indices and positions [BLOCK], and the extreme positions of the real ones
+    (the tile rule's m_lo, m_hi or n_lo, n_hi)."""
+    index = start + tl.arange(0, BLOCK)
+    mask = index < length
+    index = index.to(tl.int64)
+    positions = tl.load(POS + index, mask=mask, other=0).to(tl.int64)
+    lowest = tl.min(tl.where(mask, positions, MAX_POSITION_C), 0)
+    highest = tl.max(tl.where(mask, positions, -MAX_POSITION_C), 0)
+    return index, mask, positions, lowest, highest
+
+
+@triton.jit
+def _frame_turns(FREQ, LEAKY_FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, MODE: tl.constexpr):
+    """(T, T') [1, HALF_PAD]: the turns per position of theta_i and, for Leaky ReRoPE, of theta_i / k
+    (T(hi_i) + T(lo_i)); T' is T for the other modes (unused)."""
+    j = tl.arange(0, HALF_PAD)
+    theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float64)
+    per = _fixed_point_phase(theta)[None, :]
+    if MODE == 2:
+        hi = tl.load(LEAKY_FREQ + j, mask=j < HALF, other=0.0).to(tl.float64)
+        lo = tl.load(LEAKY_FREQ + HALF + j, mask=j < HALF, other=0.0).to(tl.float64)
+        leaky_per = (_fixed_point_phase(hi) + _fixed_point_phase(lo))[None, :]
+    else:
+        leaky_per = per
+    return per, leaky_per
+
+
+@triton.jit
+def _query_frames(qa, qb, m, window, per, leaky_per, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+                  ROTATE: tl.constexpr):
+    """(qa1, qb1, qa2, qb2, bent_turns): a query block rotated for pass 1 (m theta) and pass 2
+    (ReRoPE: w theta for every query; Leaky ReRoPE: (m - w) theta / k + w theta), and the turns of
+    pass 2; without a window pass 2 is pass 1."""
+    turns = m[:, None] * per
+    qa1, qb1 = _rotated(qa, qb, turns, BF16_BY_BITS, ROTATE)
+    if MODE == 0:
+        qa2, qb2, bent_turns = qa1, qb1, turns
+    else:
+        if MODE == 1:
+            bent_turns = tl.zeros_like(m)[:, None] + window * per
+        else:
+            bent_turns = (m - window)[:, None] * leaky_per + window * per
+        qa2, qb2 = _rotated(qa, qb, bent_turns, BF16_BY_BITS, ROTATE)
+    return qa1, qb1, qa2, qb2, bent_turns
+
+
+@triton.jit
+def _key_frames(ka, kb, n, per, leaky_per, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+    """(ka1, kb1, ka2, kb2): a key block rotated for pass 1 (n theta) and pass 2 (ReRoPE:
+    unrotated; Leaky ReRoPE: n theta / k); without a window pass 2 is pass 1."""
+    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+    if MODE == 1:
+        ka2, kb2 = ka, kb
+    elif MODE == 2:
+        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, BF16_BY_BITS, ROTATE)
+    else:
+        ka2, kb2 = ka1, kb1
+    return ka1, kb1, ka2, kb2
+
+
+@triton.jit
+def attention_forward_kernel(
+    # Tensors: q, k, v; the outputs (out in q's dtype, lse float32); positions and frequencies
+    # (LEAKY_FREQ: the two float32 pieces hi, lo of theta / k, [2, HALF], Leaky ReRoPE only)
+    Q, K, V,
+    OUT, LSE,
+    Q_POS, K_POS, FREQ, LEAKY_FREQ,
+    # Strides (batch, token, head) in elements; the last dimension of each is contiguous
+    sq_b, sq_s, sq_h,
+    sk_b, sk_s, sk_h,
+    sv_b, sv_s, sv_h,
+    so_b, so_s, so_h,
+    # Sizes
+    q_len, k_len, heads_q, group,
+    # softmax_scale * log2(e), and the ReRoPE window w
+    qk_scale, window,
+    # Compile time: widths, layout, options (kernel_constants)
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+    V_DIM: tl.constexpr, V_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+    # Launch sizes
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (i, b h): queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b,
+    against every key block of key head h // group. Launched by :func:`launch`."""
+    bh = tl.program_id(1)
+    batch, head, head_k = _query_head(bh, heads_q, group)
+    HAS_TAIL: tl.constexpr = TAIL > 0
+
+    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
+    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+    # The query block, rotated once per frame (pass 1; pass 2 for ReRoPE / Leaky ReRoPE)
+    qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                            INTERLEAVED)
+    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+
+    m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_run = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, V_PAD), tl.float32)
+    d = tl.arange(0, V_PAD)
+    k_head = K + batch * sk_b + head_k * sk_h
+    v_head = V + batch * sv_b + head_k * sv_h
+    for start in range(0, k_len, BLOCK_N):
+        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, k_len, BLOCK_N)
+        if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
+            ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+            # Each frame's keys are rotated only where the tile takes that pass
+            if MODE == 0:
+                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+                x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            else:
+                if m_hi - n_lo < window:  # plain: every pair has r < w
+                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+                    x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                else:
+                    if MODE == 1:  # ReRoPE: keys unrotated
+                        ka2, kb2 = ka, kb
+                    else:
+                        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, BF16_BY_BITS, ROTATE)
+                    x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
+                        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+                        plain = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                        x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
+            valid = col_mask[None, :]
+            if CAUSAL:
+                valid = valid & (n[None, :] <= m[:, None])
+            x = tl.where(valid, x * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_run, tl.max(x, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen only masked keys
+            p = tl.exp2(x - shift[:, None])
+            rescale = tl.exp2(m_run - shift)
+            l_run = l_run * rescale + tl.sum(p, 1)
+            v_mask = col_mask[:, None] & (d < V_DIM)[None, :]
+            v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=v_mask, other=0.0)
+            p_v = round_to_dtype(p, v.dtype, BF16_BY_BITS)
+            acc = _dot(p_v, v, acc * rescale[:, None], PRECISION, BF16_BY_BITS)
+            m_run = m_new
+
+    seen = l_run > 0  # every real row: launch() refuses queries without a key
+    out = acc / tl.where(seen, l_run, 1.0)[:, None]
+    o_row = OUT + batch * so_b + rows * so_s + head * so_h
+    o_mask = row_mask[:, None] & (d < V_DIM)[None, :]
+    tl.store(o_row[:, None] + d[None, :], round_to_dtype(out, OUT.dtype.element_ty, BF16_BY_BITS), mask=o_mask)
+    lse = (m_run + tl.log2(tl.where(seen, l_run, 1.0))) * LN2_C
+    tl.store(LSE + bh.to(tl.int64) * q_len + rows, lse, mask=row_mask)
+
+
+def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved: bool, causal: bool, mode: int,
+                     dtype: torch.dtype, bf16_by_bits: bool = False, rotate: bool = True) -> dict:
+    """The ``tl.constexpr`` arguments of :func:`attention_forward_kernel` other than the launch sizes.
+    ``tl.dot`` needs every dimension of at least 16: the pads are powers of two from 16."""
+    half, tail = rotary_dim // 2, head_dim - rotary_dim
+    pad = lambda width: max(16, triton.next_power_of_2(max(width, 1)))  # noqa: E731
+    return dict(
+        HALF=half, HALF_PAD=pad(half), TAIL=tail, TAIL_PAD=pad(tail), V_DIM=v_dim, V_PAD=pad(v_dim),
+        INTERLEAVED=interleaved, CAUSAL=causal, MODE=mode,
+        PRECISION="ieee" if dtype == torch.float32 else "tf32",  # float32: no TF32 rounding of the operands
+        BF16_BY_BITS=bf16_by_bits, ROTATE=rotate,
+    )
+
+
+def leaky_frequencies(inv_freq: torch.Tensor, leaky_scale: float) -> torch.Tensor:
+    """float32 ``[2, rotary_dim / 2]``: hi_i = RN(theta_i / k) and lo_i = RN(theta_i / k - hi_i),
+    theta_i / k computed in float64 (exact to 2^-53 relative), so hi_i + lo_i is within 2^-48
+    of it relative."""
+    scaled = inv_freq.to(torch.float64) / leaky_scale
+    hi = scaled.to(torch.float32)
+    lo = (scaled - hi.to(torch.float64)).to(torch.float32)
+    return torch.stack([hi, lo])
+
+
+def check_kernel_dtypes(q, k, v, inv_freq) -> None:
+    """The kernel's dtypes (metadata only, as a fake implementation may check): float16, bfloat16 or
+    float32 q, k and v of one dtype, float32 inv_freq."""
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q must be float16, bfloat16 or float32 for the kernel, got {q.dtype} "
+                        "(float64: rope.attention.blockwise.rotary_attention)")
+    for name, t in dict(k=k, v=v).items():
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    _checks.float_tensor("inv_freq", inv_freq, dtypes=(torch.float32,), dim=1)
+
+
+def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bool,
+                         leaky: torch.Tensor | None) -> None:
+    """What the kernel adds to :func:`rope.attention.blockwise._check_arguments`: its dtypes,
+    float32 frequencies (and the pieces of theta / k, ``leaky``) below 2^16, positions below 2^31,
+    a key for every query."""
+    check_kernel_dtypes(q, k, v, inv_freq)
+    _checks.finite_frequencies("inv_freq", inv_freq)
+    _checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(), "values below 2^16 in magnitude")
+    if leaky is not None:
+        _checks.assert_values("inv_freq", (leaky[0].abs() < MAX_FREQUENCY).all(),
+                              "values with |theta| / leaky_scale below 2^16 (Leaky ReRoPE's second pass)")
+    for name, positions in dict(q_positions=q_positions, k_positions=k_positions).items():
+        _checks.assert_values(name, (positions.abs() < MAX_POSITION).all(), "values in (-2^31, 2^31)")
+    _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The checked arguments of one call, as the forward and the backward kernels take them."""
+
+    options: _Options
+    mode: int
+    q_positions: torch.Tensor  # int64, contiguous
+    k_positions: torch.Tensor
+    inv_freq: torch.Tensor  # float32, contiguous
+    leaky: torch.Tensor  # the pieces of theta / k (Leaky ReRoPE), else inv_freq (unused)
+    constants: dict
+    sizes: dict  # BLOCK_M, BLOCK_N
+    launch_options: dict  # num_warps (num_stages)
+
+    def runtime_scalars(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
+        """q_len, k_len, heads_q, group, qk_scale = softmax_scale log2(e), window."""
+        return (q.shape[1], k.shape[1], q.shape[2], q.shape[2] // k.shape[2], self.options.scale * _LOG2E,
+                self.options.window or 0)
+
+
+def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causal, window, leaky_scale,
+                   softmax_scale, block_m, block_n, num_warps, num_stages, rotate=True) -> Launch:
+    """Check every argument of :func:`launch` (the package's errors, naming the argument) and
+    derive what the kernels take."""
+    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                               softmax_scale, 16)  # block_size: the reference's; the kernel's are below
+    leaky = None
+    if options.leaky_scale is not None and inv_freq.is_floating_point():
+        leaky = leaky_frequencies(inv_freq, options.leaky_scale)
+    _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, options.causal, leaky)
+    for name, value in dict(block_m=block_m, block_n=block_n).items():
+        if value is not None:
+            value = _checks.integer(name, value, minimum=16)
+            if value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+    for name, t in dict(q=q, k=k, v=v).items():
+        if t.numel() and t.stride(3) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+    mode = PLAIN if options.window is None else RE_ROPE if options.leaky_scale is None else LEAKY
+    interpreted = _interpreted()
+    default = (16, 16, 4) if interpreted else GPU_LAUNCH  # the interpreter runs programs at a fixed cost each
+    constants = kernel_constants(q.shape[3], 2 * inv_freq.numel(), v.shape[3],
+                                 interleaved=options.layout == "interleaved", causal=options.causal, mode=mode,
+                                 dtype=q.dtype, bf16_by_bits=interpreted,
+                                 rotate=_checks.flag("rotate", rotate))
+    return Launch(
+        options=options, mode=mode,
+        q_positions=q_positions.to(torch.int64).contiguous(), k_positions=k_positions.to(torch.int64).contiguous(),
+        inv_freq=inv_freq.contiguous(), leaky=inv_freq.contiguous() if leaky is None else leaky,
+        constants=constants, sizes=dict(BLOCK_M=block_m or default[0], BLOCK_N=block_n or default[1]),
+        launch_options=dict(num_warps=num_warps or default[2]) | (
+            {} if num_stages is None else dict(num_stages=_checks.integer("num_stages", num_stages, minimum=1))),
+    )
+
+
+def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
+           window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
+           block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+           num_stages: int | None = None, rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): attention with RoPE, ReRoPE or Leaky ReRoPE logits, q and k rotated on load.
+
+    Shapes (as :func:`rope.attention.blockwise.rotary_attention`)::
+
+        q            [batch, q_len, heads_q, d]      float16/bfloat16/float32
+        k            [batch, k_len, heads_k, d]      heads_q a multiple of heads_k
+        v            [batch, k_len, heads_k, v_dim]
+        q_positions  [q_len]                         integers, |m| < 2^31, any order
+        k_positions  [k_len]
+        inv_freq     [rotary_dim / 2]                float32, |theta_i| < 2^16
+        out          [batch, q_len, heads_q, v_dim]  q's dtype
+        lse          [batch, heads_q, q_len]         float32, natural log
+
+    q, k and v share one dtype and have a contiguous last dimension (strided views, e.g. slices
+    of a packed projection, are read in place); rotary_dim <= d; ``lse`` is the log of each row's
+    softmax normaliser, sum_j exp(s L_ij), over its unmasked keys.
+
+    The logits and options are those of :func:`rope.attention.blockwise.rotary_attention` (which
+    is the float64 reference of this kernel); the arithmetic is in the module docstring.
+    ``block_m`` and ``block_n`` (powers of two, at least 16) and ``num_warps``, ``num_stages``
+    fix the launch; by default 16 x 16 in Triton's interpreter and :data:`GPU_LAUNCH` on a GPU.
+    ``rotate=False`` skips the rotations (attention on q and k as given, a window still selecting
+    between the frames' identical logits): the same kernel without RoPE, the benchmark's baseline.
+    """
+    run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
+                         leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
+                         num_warps=num_warps, num_stages=num_stages, rotate=rotate)
+    batch, q_len, heads_q, _ = q.shape
+    out = q.new_empty(batch, q_len, heads_q, v.shape[3])
+    lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or q_len == 0:
+        return out, lse
+    grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
+    attention_forward_kernel[grid](
+        q, k, v,
+        out, lse,
+        run.q_positions, run.k_positions, run.inv_freq, run.leaky,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *out.stride()[:3],
+        *run.runtime_scalars(q, k),
+        **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
+    )
+    return out, lse

@@ -1,0 +1,330 @@
+"""The backward of :mod:`.triton_attention`: dq, dk and dv with q and k rotated on load.
+
+FlashAttention-2's backward (Dao 2023, Algorithm 2), as :mod:`rope.attention.blockwise` derives
+it, in two Triton kernels that recompute the tiles from the saved output O and row logsumexp
+LSE instead of storing them. With dO the incoming gradient and, per query row i,
+D_i = sum_d dO_id O_id - dLSE_i (the gradient of LSE enters here)::
+
+    P_ij  = exp(s L_ij - LSE_i)      (0 where masked)
+    dV_j  = sum_i P_ij dO_i
+    dL_ij = s P_ij (dO_i . V_j - D_i)
+
+and, the logits being bilinear in the rotated vectors, dq_rot = dL k_rot and dk_rot = dL^T q_rot
+in each frame (pass 1: the tokens' own rotations; pass 2 of ReRoPE / Leaky ReRoPE: the bent
+frame), turned back by the transposed rotations (the same angles, sin negated) and summed; the
+unrotated tail's gradients need no turning back.
+
+* :func:`attention_dkdv_kernel`: a program owns BLOCK_N keys of one key head, rotates them once
+  per frame, and streams the query blocks of every query head of its group (GQA: the group's
+  gradients are summed in registers, never in memory): dk and dv written once.
+* :func:`attention_dq_kernel`: a program owns BLOCK_M queries of one head and streams the key
+  blocks: dq written once.
+
+The arithmetic is the forward's: rotations in float32 from exactly reduced angles, rounded to the
+inputs' dtype as dot operands; P and dL rounded to the inputs' dtype for their products (float32
+inputs: IEEE float32, no TF32), float32 accumulators, each gradient rounded once to its input's
+dtype. Causal tiles with every key after every query are skipped; a tile the window does not
+split takes one frame, the others both, pair by pair (``MODE`` > 0 computes both frames' logits
+wherever the tile has a pair in each, as the forward).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _checks
+from .triton_attention import (
+    _dot,
+    _frame_turns,
+    _key_frames,
+    _load_head,
+    _logits,
+    _pair_offsets,
+    _query_frames,
+    _query_head,
+    _token_block,
+    prepare_launch,
+)
+from .triton_rotary import cos_sin_of_int32_turns, round_to_dtype
+
+LOG2E_C = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _turned_back(ga, gb, turns, ROTATE: tl.constexpr):
+    """R^T g in float32 for the angles 2 pi turns / 2^64: (g_a cos + g_b sin, g_b cos - g_a sin);
+    g itself without ``ROTATE``."""
+    if ROTATE:
+        cos, sin = cos_sin_of_int32_turns(turns >> 32)
+        ya = tl.fma(ga, cos, gb * sin)
+        yb = tl.fma(gb, cos, -(ga * sin))
+    else:
+        ya, yb = ga, gb
+    return ya, yb
+
+
+@triton.jit
+def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta,
+                               window, qk_scale, softmax_scale, MODE: tl.constexpr, HAS_TAIL: tl.constexpr,
+                               PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """(P, dL, bent) of one tile, [BLOCK_M, BLOCK_N] float32: the recomputed softmax weights, the
+    logits' gradient s P (dP - D) and the mask of pairs that take pass 2 (False without a window)."""
+    x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+    bent = (m[:, None] - n[None, :]) >= window
+    if MODE != 0:
+        bent_x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+        x = tl.where(bent, bent_x, x)
+    else:
+        bent = bent & (window < 0)  # no pair is bent (window is 0)
+    p = tl.where(valid, tl.exp2(x * qk_scale - lse[:, None] * LOG2E_C), 0.0)
+    dp = _dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
+    d_logits = p * (dp - delta[:, None]) * softmax_scale
+    return p, d_logits, bent
+
+
+@triton.jit
+def _store_head(row, row_mask, ga, gb, gt, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
+                TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """Write a float32 gradient (pairs' halves and tail) into the heads at ``row``, rounded to their dtype."""
+    a, b, pair_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    mask = row_mask[:, None] & pair_mask[None, :]
+    dtype = row.dtype.element_ty
+    tl.store(row[:, None] + a[None, :], round_to_dtype(ga, dtype, BF16_BY_BITS), mask=mask)
+    tl.store(row[:, None] + b[None, :], round_to_dtype(gb, dtype, BF16_BY_BITS), mask=mask)
+    if TAIL > 0:
+        t = 2 * HALF + tl.arange(0, TAIL_PAD)
+        tail_mask = row_mask[:, None] & (t < 2 * HALF + TAIL)[None, :]
+        tl.store(row[:, None] + t[None, :], round_to_dtype(gt, dtype, BF16_BY_BITS), mask=tail_mask)
+
+
+@triton.jit
+def attention_dkdv_kernel(
+    # Tensors: q, k, v, dO; the row logsumexp and D (float32 [batch, heads_q, q_len]); dk, dv;
+    # positions and frequencies as the forward kernel takes them
+    Q, K, V, DO,
+    LSE, DELTA,
+    DK, DV,
+    Q_POS, K_POS, FREQ, LEAKY_FREQ,
+    # Strides (batch, token, head) in elements; the last dimension of each is contiguous
+    sq_b, sq_s, sq_h,
+    sk_b, sk_s, sk_h,
+    sv_b, sv_s, sv_h,
+    sdo_b, sdo_s, sdo_h,
+    sdk_b, sdk_s, sdk_h,
+    sdv_b, sdv_s, sdv_h,
+    # Sizes, log2(e) softmax_scale, the window; and softmax_scale itself
+    q_len, k_len, heads_q, group,
+    qk_scale, window,
+    softmax_scale,
+    # Compile time: as the forward kernel (triton_attention.kernel_constants)
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+    V_DIM: tl.constexpr, V_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (j, b h_k): dk and dv of keys [j BLOCK_N, (j + 1) BLOCK_N) of key head h_k of batch
+    row b, summed over the query heads h_k group .. (h_k + 1) group - 1 and all their query blocks."""
+    heads_k = heads_q // group
+    bh = tl.program_id(1)
+    batch = (bh // heads_k).to(tl.int64)
+    head_k = (bh % heads_k).to(tl.int64)
+    HAS_TAIL: tl.constexpr = TAIL > 0
+    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+
+    cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
+    ka, kb, kt = _load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                            INTERLEAVED)
+    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+    d = tl.arange(0, V_PAD)
+    v = tl.load(V + batch * sv_b + head_k * sv_h + cols[:, None] * sv_s + d[None, :],
+                mask=col_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
+
+    dv = tl.zeros((BLOCK_N, V_PAD), tl.float32)
+    dka1 = tl.zeros((BLOCK_N, HALF_PAD), tl.float32)
+    dkb1 = tl.zeros((BLOCK_N, HALF_PAD), tl.float32)
+    dka2 = tl.zeros((BLOCK_N, HALF_PAD), tl.float32)
+    dkb2 = tl.zeros((BLOCK_N, HALF_PAD), tl.float32)
+    dkt = tl.zeros((BLOCK_N, TAIL_PAD), tl.float32)
+    for g in range(0, group):
+        head = head_k * group + g
+        q_head = Q + batch * sq_b + head * sq_h
+        do_head = DO + batch * sdo_b + head * sdo_h
+        row_head = (batch * heads_q + head) * q_len
+        for start in range(0, q_len, BLOCK_M):
+            rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, start, q_len, BLOCK_M)
+            if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
+                qa, qb, qt = _load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+                qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS,
+                                                               ROTATE)
+                valid = row_mask[:, None] & col_mask[None, :]
+                if CAUSAL:
+                    valid = valid & (n[None, :] <= m[:, None])
+                lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
+                delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
+                do_mask = row_mask[:, None] & (d < V_DIM)[None, :]
+                do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
+                p, d_logits, bent = _probabilities_and_dlogits(
+                    qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, window, qk_scale,
+                    softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                dv = _dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
+                dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
+                dl1 = tl.where(bent, 0.0, dl).to(qa.dtype)
+                dka1 = _dot(tl.trans(dl1), qa1, dka1, PRECISION, BF16_BY_BITS)
+                dkb1 = _dot(tl.trans(dl1), qb1, dkb1, PRECISION, BF16_BY_BITS)
+                if MODE != 0:
+                    dl2 = tl.where(bent, dl, 0.0).to(qa.dtype)
+                    dka2 = _dot(tl.trans(dl2), qa2, dka2, PRECISION, BF16_BY_BITS)
+                    dkb2 = _dot(tl.trans(dl2), qb2, dkb2, PRECISION, BF16_BY_BITS)
+                if HAS_TAIL:
+                    dkt = _dot(tl.trans(dl), qt, dkt, PRECISION, BF16_BY_BITS)
+
+    dka, dkb = _turned_back(dka1, dkb1, n[:, None] * per, ROTATE)
+    if MODE == 1:
+        dka += dka2
+        dkb += dkb2
+    elif MODE == 2:
+        dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, ROTATE)
+        dka += dka2
+        dkb += dkb2
+    _store_head(DK + batch * sdk_b + cols * sdk_s + head_k * sdk_h, col_mask, dka, dkb, dkt, HALF, HALF_PAD, TAIL,
+                TAIL_PAD, INTERLEAVED, BF16_BY_BITS)
+    dv_row = DV + batch * sdv_b + cols * sdv_s + head_k * sdv_h
+    tl.store(dv_row[:, None] + d[None, :], round_to_dtype(dv, DV.dtype.element_ty, BF16_BY_BITS),
+             mask=col_mask[:, None] & (d < V_DIM)[None, :])
+
+
+@triton.jit
+def attention_dq_kernel(
+    # Tensors: as attention_dkdv_kernel, with dq the output
+    Q, K, V, DO,
+    LSE, DELTA,
+    DQ,
+    Q_POS, K_POS, FREQ, LEAKY_FREQ,
+    # Strides (batch, token, head) in elements
+    sq_b, sq_s, sq_h,
+    sk_b, sk_s, sk_h,
+    sv_b, sv_s, sv_h,
+    sdo_b, sdo_s, sdo_h,
+    sdq_b, sdq_s, sdq_h,
+    # Sizes, log2(e) softmax_scale, the window; and softmax_scale itself
+    q_len, k_len, heads_q, group,
+    qk_scale, window,
+    softmax_scale,
+    # Compile time: as the forward kernel
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+    V_DIM: tl.constexpr, V_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (i, b h): dq of queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b."""
+    bh = tl.program_id(1)
+    batch, head, head_k = _query_head(bh, heads_q, group)
+    HAS_TAIL: tl.constexpr = TAIL > 0
+    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+
+    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
+    qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                            INTERLEAVED)
+    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+    d = tl.arange(0, V_PAD)
+    do = tl.load(DO + batch * sdo_b + head * sdo_h + rows[:, None] * sdo_s + d[None, :],
+                 mask=row_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
+    row_head = bh.to(tl.int64) * q_len
+    lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
+    delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
+
+    dqa1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
+    dqb1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
+    dqa2 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
+    dqb2 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
+    dqt = tl.zeros((BLOCK_M, TAIL_PAD), tl.float32)
+    k_head = K + batch * sk_b + head_k * sk_h
+    v_head = V + batch * sv_b + head_k * sv_h
+    for start in range(0, k_len, BLOCK_N):
+        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, k_len, BLOCK_N)
+        if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
+            ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+            ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+            v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=col_mask[:, None] & (d < V_DIM)[None, :],
+                        other=0.0)
+            valid = row_mask[:, None] & col_mask[None, :]
+            if CAUSAL:
+                valid = valid & (n[None, :] <= m[:, None])
+            p, d_logits, bent = _probabilities_and_dlogits(
+                qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, window, qk_scale,
+                softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
+            dl1 = tl.where(bent, 0.0, dl).to(qa.dtype)
+            dqa1 = _dot(dl1, ka1, dqa1, PRECISION, BF16_BY_BITS)
+            dqb1 = _dot(dl1, kb1, dqb1, PRECISION, BF16_BY_BITS)
+            if MODE != 0:
+                dl2 = tl.where(bent, dl, 0.0).to(qa.dtype)
+                dqa2 = _dot(dl2, ka2, dqa2, PRECISION, BF16_BY_BITS)
+                dqb2 = _dot(dl2, kb2, dqb2, PRECISION, BF16_BY_BITS)
+            if HAS_TAIL:
+                dqt = _dot(dl, kt, dqt, PRECISION, BF16_BY_BITS)
+
+    dqa, dqb = _turned_back(dqa1, dqb1, m[:, None] * per, ROTATE)
+    if MODE != 0:
+        dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, ROTATE)
+        dqa += dqa2
+        dqb += dqb2
+    _store_head(DQ + batch * sdq_b + rows * sdq_s + head * sdq_h, row_mask, dqa, dqb, dqt, HALF, HALF_PAD, TAIL,
+                TAIL_PAD, INTERLEAVED, BF16_BY_BITS)
+
+
+def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse=None, *,
+                    layout: str = "half", causal: bool = True, window: int | None = None,
+                    leaky_scale: float | None = None, softmax_scale: float | None = None,
+                    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                    num_stages: int | None = None,
+                    rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in the dtypes of q, k and v: the gradients of :func:`.triton_attention.launch`
+    for its ``out`` and ``lse`` and the incoming ``grad_out`` (out's shape) and ``grad_lse``
+    (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
+    (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline)."""
+    run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
+                         leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
+                         num_warps=num_warps, num_stages=num_stages, rotate=rotate)
+    _check_saved(q, v, out, lse, grad_out, grad_lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if dq.numel() == 0 or q.shape[1] == 0:
+        return dq, dk.zero_(), dv.zero_()
+    delta = (grad_out.float() * out.float()).sum(dim=-1).transpose(1, 2)  # D, [batch, heads_q, q_len]
+    if grad_lse is not None:
+        delta = delta - grad_lse
+    delta = delta.contiguous()
+    lse = lse.contiguous()
+    batch, q_len, heads_q, _ = q.shape
+    common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
+    scalars = (*run.runtime_scalars(q, k), run.options.scale)
+    launch_options = dict(**run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False)
+    grid = (triton.cdiv(k.shape[1], run.sizes["BLOCK_N"]), batch * k.shape[2])
+    attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
+                                *dv.stride()[:3], *scalars, **launch_options)
+    grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
+    attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3], *scalars,
+                              **launch_options)
+    return dq, dk, dv
+
+
+def _check_saved(q, v, out, lse, grad_out, grad_lse) -> None:
+    """The forward's outputs and their gradients: out and grad_out of q's dtype and out's shape with a
+    contiguous last dimension, lse and grad_lse float32 [batch, heads_q, q_len], all on q's device."""
+    batch, q_len, heads_q, _ = q.shape
+    shapes = dict(out=(batch, q_len, heads_q, v.shape[3]), lse=(batch, heads_q, q_len))
+    tensors = dict(out=out, lse=lse, grad_out=grad_out) | ({} if grad_lse is None else dict(grad_lse=grad_lse))
+    for name, t in tensors.items():
+        dtype = torch.float32 if name.endswith("lse") else q.dtype
+        _checks.float_tensor(name, t, dtypes=(dtype,))
+        expected = shapes[name.removeprefix("grad_")]
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} must have shape {list(expected)}, got {list(t.shape)}")
+    if grad_out.numel() and grad_out.stride(3) != 1:
+        raise ValueError(f"grad_out must have a contiguous last dimension, got strides {grad_out.stride()}")
+    _checks.same_device("q", q, **tensors)

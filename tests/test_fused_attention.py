@@ -1,0 +1,486 @@
+"""The RoPE-inside-attention Triton kernel against float64 references.
+
+Without a GPU the kernel runs in Triton's interpreter on CPU tensors (tests/conftest.py), at small
+sizes. Two references, both float64 and built from the library's exactly reduced rotations:
+
+* :func:`same_roundings`: the whole matrix of logits from the rotated q and k *rounded to their
+  dtype* (the kernel's dot operands, which a separate rotary pass would have written), the
+  softmax and P V in float64. The kernel differs from it only by float32 cos/sin (which may move a
+  rotated value to the neighbouring number of its dtype when it lies near a tie), P rounded to
+  v's dtype (at most u relative per weight, so u max|v| on the output) and float32 accumulation:
+  :data:`SLACK` u max |v| holds that with room, u the unit roundoff of the dtype.
+* :func:`rope.attention.blockwise.blockwise_attention`, the exact result (tested against the
+  whole matrix in tests/test_blockwise_attention.py): float32 inputs are held to it too.
+"""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import rope
+from helpers import random_qk
+from rope.attention.blockwise import blockwise_attention, rotary_attention
+from rope.attention.rerope import _rotated, bent_frame
+from rope.kernels import triton_attention
+from rope.kernels.attention_operators import fused_attention, fused_rotary_attention
+from rope.kernels.triton_attention import launch
+from rope.kernels.triton_attention_backward import launch_backward
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+METHODS = {"rope": (None, None), "rerope": (5, None), "leaky16": (5, 16.0), "leaky0.5": (5, 0.5)}
+
+
+def case(seed, *, q_len=20, k_len=37, heads_q=4, heads_k=2, head_dim=32, pairs=16, v_dim=None, dtype=torch.float32,
+         q_positions=None, k_positions=None, base=1e4):
+    """Random q, k, v of ``dtype`` (drawn in float64, rounded), queries the last q_len of the keys'
+    contiguous positions unless given, float32 frequencies base^(-2i/rotary_dim)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = random_qk(gen, 2, q_len, heads_q, heads_k, head_dim, k_seq=k_len, dtype=dtype)
+    v = torch.randn(2, k_len, heads_k, v_dim or head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    k_positions = torch.arange(k_len) + 3 if k_positions is None else k_positions
+    q_positions = k_positions[-1] - q_len + 1 + torch.arange(q_len) if q_positions is None else q_positions
+    theta = rope.inv_freq({"rope_theta": base}, 2 * pairs)[0]
+    return [t.to(DEVICE) for t in (q, k, v, q_positions, k_positions, theta)]
+
+
+def same_roundings(q, k, v, q_positions, k_positions, theta, *, layout="half", causal=True, window=None,
+                   leaky_scale=None, softmax_scale=None):
+    """(out, lse) in float64 from the rotated q and k rounded to their dtype (module docstring); the
+    second pass in the frame of rope.attention.rerope.bent_frame."""
+    group = q.shape[2] // k.shape[2]
+
+    def logits(frame):
+        q_rot = _rotated(q, *frame(q_positions, True), layout).to(q.dtype).double()
+        k_rot = _rotated(k, *frame(k_positions, False), layout).to(k.dtype).double()
+        return torch.einsum("bihd,bjhd->bhij", q_rot, k_rot.repeat_interleave(group, dim=2))
+
+    x = logits(lambda positions, query: (positions, theta))
+    if window is not None:
+        bent = logits(lambda positions, query: bent_frame(positions, theta, window, leaky_scale, query))
+        x = torch.where((q_positions[:, None] - k_positions[None, :]) < window, x, bent)
+    x = x * (softmax_scale or 1 / math.sqrt(q.shape[3]))
+    if causal:
+        x = x.masked_fill(k_positions[None, :] > q_positions[:, None], -math.inf)
+    values = v.double().repeat_interleave(group, dim=2)
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(x, dim=-1), values), torch.logsumexp(x, dim=-1)
+
+
+SLACK = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 16}
+"""The tolerance in units of u max|v| (module docstring)."""
+
+
+def tolerance(q, k, v, softmax_scale=None):
+    """SLACK u max|v|, plus max|v| times one float32 rounding of the largest possible logit
+    s max||q|| max||k|| (the float32 accumulation, which matters for large logits)."""
+    scale = softmax_scale or 1 / math.sqrt(q.shape[3])
+    largest = scale * q.double().norm(dim=-1).max().item() * k.double().norm(dim=-1).max().item()
+    return v.double().abs().max().item() * (SLACK[v.dtype] * UNIT[v.dtype] + 2.0**-24 * largest)
+
+
+def check(inputs, **options):
+    """Run the kernel; assert its output and lse within :func:`tolerance` of :func:`same_roundings`
+    (float32: also of the exact blockwise result)."""
+    q, k, v = inputs[:3]
+    out, lse = launch(*inputs, **options)
+    reference = {name: value for name, value in options.items() if not name.startswith(("block_", "num_"))}
+    cpu = [t.cpu() for t in inputs]
+    expected, expected_lse = same_roundings(*cpu, **reference)
+    assert out.dtype == q.dtype and out.shape == expected.shape and lse.dtype == torch.float32
+    err, bound = (out.cpu().double() - expected).abs().max().item(), tolerance(*cpu[:3], options.get("softmax_scale"))
+    assert err <= bound, f"output error {err:.3g} > {bound:.3g}"
+    lse_err = ((lse.cpu().double() - expected_lse).abs() / (1 + expected_lse.abs())).max().item()
+    assert lse_err <= SLACK[q.dtype] * UNIT[q.dtype], f"lse error {lse_err:.3g}"
+    if q.dtype == torch.float32:
+        exact, exact_lse = blockwise_attention(*cpu, **reference)
+        assert (out.cpu().double() - exact).abs().max().item() <= 4 * bound
+        assert ((lse.cpu().double() - exact_lse).abs() / (1 + exact_lse.abs())).max().item() <= 64 * UNIT[q.dtype]
+    return out, expected
+
+
+def test_the_tolerance_is_below_what_a_wrong_angle_costs():
+    """A kernel that rotated keys one position off, bent at the wrong window or not at all would fail check()."""
+    q, k, v, q_positions, k_positions, theta = case(0)
+    right = blockwise_attention(q, k, v, q_positions, k_positions, theta, window=5)[0]
+    for wrong in (blockwise_attention(q, k, v, q_positions, k_positions + 1, theta, window=5)[0],
+                  blockwise_attention(q, k, v, q_positions, k_positions, theta, window=6)[0],
+                  blockwise_attention(q, k, v, q_positions, k_positions, theta)[0]):
+        for dtype in UNIT:
+            assert (wrong - right).abs().max().item() > 10 * tolerance(q.to(dtype), k.to(dtype), v.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("causal", [True, False])
+def test_matches_the_reference(dtype, method, causal):
+    window, leaky_scale = METHODS[method]
+    check(case(1, dtype=dtype), causal=causal, window=window, leaky_scale=leaky_scale)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_interleaved_layout(method, dtype):
+    window, leaky_scale = METHODS[method]
+    check(case(2, dtype=dtype), layout="interleaved", window=window, leaky_scale=leaky_scale)
+
+
+@pytest.mark.parametrize("heads_q, heads_k", [(4, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("method", ["rope", "leaky16"])
+def test_gqa_mqa_partial_rotary_and_value_width(heads_q, heads_k, method):
+    window, leaky_scale = METHODS[method]
+    inputs = case(3, heads_q=heads_q, heads_k=heads_k, head_dim=40, pairs=4, v_dim=24, dtype=torch.bfloat16)
+    out, _ = check(inputs, layout="interleaved", window=window, leaky_scale=leaky_scale)
+    assert out.shape == (2, 20, heads_q, 24)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("method", METHODS)
+def test_head_dims_64_and_128(head_dim, method):
+    window, leaky_scale = METHODS[method]
+    inputs = case(4, q_len=20, k_len=33, head_dim=head_dim, pairs=head_dim // 2, dtype=torch.float16)
+    check(inputs, window=window, leaky_scale=leaky_scale)
+
+
+def test_query_head_h_reads_key_head_h_over_group():
+    q, k, v, q_positions, k_positions, theta = case(5, heads_q=6, heads_k=2, dtype=torch.float32)
+    out, _ = launch(q, k, v, q_positions, k_positions, theta)
+    for h in range(6):
+        alone, _ = launch(q[:, :, h:h + 1], k[:, :, h // 3:h // 3 + 1], v[:, :, h // 3:h // 3 + 1], q_positions,
+                          k_positions, theta)
+        torch.testing.assert_close(out[:, :, h:h + 1], alone, rtol=0, atol=0)
+
+
+POSITIONS = ["offset", "ragged", "unsorted", "reversed", "decode", "decode_ahead", "negative", "near_2^31"]
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("method", METHODS)
+def test_positions_with_offsets_gaps_and_other_lengths(positions, method):
+    window, leaky_scale = METHODS[method]
+    gen = torch.Generator().manual_seed(6)
+    offset = 10**3 if leaky_scale is not None else 10**6  # the reference's Leaky angles are float64 products
+    k_len = 25
+    k_positions = {
+        "offset": torch.arange(k_len) + offset,
+        "ragged": torch.cumsum(torch.randint(1, 5, (k_len,), generator=gen), 0) + offset,
+        "unsorted": torch.randperm(90, generator=gen)[:k_len] + offset,
+        "negative": torch.arange(k_len) - 60,
+        "reversed": torch.arange(k_len).flip(0) + offset,  # causal: early queries see nothing of the first block
+        "near_2^31": torch.arange(k_len) + (2**31 - k_len if leaky_scale is None else offset),
+    }.get(positions, torch.arange(k_len) + offset)
+    q_len = 1 if positions.startswith("decode") else 23
+    q_positions = {
+        "ragged": k_positions[-q_len:] + torch.randint(0, 3, (q_len,), generator=gen),
+        "unsorted": k_positions[torch.randperm(k_len, generator=gen)[:q_len]],
+        "decode": k_positions[-1:],
+        "decode_ahead": k_positions[-1:] + 7,
+    }.get(positions, k_positions[-q_len:])
+    if positions == "near_2^31" and leaky_scale is None:
+        q_positions = q_positions.clamp(max=2**31 - 1)
+    inputs = case(7, q_len=q_len, k_len=k_len, q_positions=q_positions, k_positions=k_positions,
+                  dtype=torch.float16)
+    check(inputs, causal=True, window=window, leaky_scale=leaky_scale)
+    if positions in ("unsorted", "decode_ahead", "near_2^31"):
+        check(inputs, causal=False, window=window, leaky_scale=leaky_scale)
+
+
+def test_every_tile_kind_occurs_and_matches():
+    """Contiguous positions, window 20, 16 x 16 tiles: plain, bent, both and skipped tiles in one call."""
+    inputs = case(8, q_len=64, k_len=64, dtype=torch.float32)
+    _, stats = rotary_attention(*inputs, window=20, block_size=16, return_stats=True)
+    assert min(stats.tiles_plain, stats.tiles_bent, stats.tiles_both, stats.tiles_skipped) > 0, stats
+    for leaky_scale in (None, 16.0):
+        check(inputs, window=20, leaky_scale=leaky_scale, block_m=16, block_n=16)
+        check(inputs, window=20, leaky_scale=leaky_scale, block_m=32, block_n=16)
+
+
+@pytest.mark.parametrize("leaky_scale", [None, 4.0])
+def test_window_one_and_a_window_beyond_every_distance(leaky_scale):
+    inputs = case(9, q_len=20, k_len=30, dtype=torch.float32)
+    check(inputs, window=1, leaky_scale=leaky_scale)
+    plain, _ = launch(*inputs)
+    wide, _ = launch(*inputs, window=100, leaky_scale=leaky_scale)
+    torch.testing.assert_close(wide, plain, rtol=0, atol=0)  # every tile plain: the same operations
+
+
+def test_large_logits_and_softmax_scale():
+    """The online softmax at logits of a few thousand (exp would overflow without the running max)."""
+    q, k, v, q_positions, k_positions, theta = case(10, dtype=torch.float32)
+    check([q * 30, k * 30, v, q_positions, k_positions, theta], window=5, softmax_scale=0.5)
+    check([q, k, v, q_positions, k_positions, theta], softmax_scale=3.0)
+
+
+def test_a_row_masked_in_its_first_tiles():
+    """Reversed key positions: a query's first key blocks are all in its future."""
+    k_positions = torch.arange(48).flip(0)
+    inputs = case(11, q_len=20, k_len=48, q_positions=torch.arange(20), k_positions=k_positions,
+                  dtype=torch.float32)
+    check(inputs, window=3)
+
+
+def test_strided_views_of_a_packed_projection():
+    """q, k, v as slices of one [batch, seq, heads, 3 d] tensor: only the last dimension is contiguous."""
+    q, k, v, q_positions, k_positions, theta = case(12, q_len=37, heads_q=2, heads_k=2, dtype=torch.float16)
+    packed = torch.cat([q, k, v], dim=3)
+    views = [packed[..., :32], packed[..., 32:64], packed[..., 64:]]
+    assert not views[0].is_contiguous()
+    out, lse = launch(*views, q_positions, k_positions, theta, window=5)
+    expected, expected_lse = launch(q, k, v, q_positions, k_positions, theta, window=5)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+def test_empty_queries_and_empty_batch():
+    q, k, v, q_positions, k_positions, theta = case(13)
+    out, lse = launch(q[:, :0], k, v, q_positions[:0], k_positions, theta)
+    assert out.shape == (2, 0, 4, 32) and lse.shape == (2, 4, 0)
+    out, lse = launch(q[:0], k[:0], v[:0], q_positions, k_positions, theta)
+    assert out.shape == (0, 20, 4, 32) and lse.shape == (0, 4, 20)
+
+
+def test_launch_sizes_do_not_change_the_result_beyond_rounding():
+    inputs = case(14, q_len=50, k_len=50, dtype=torch.bfloat16)
+    for block_m, block_n in ((16, 32), (32, 16), (64, 64)):
+        check(inputs, window=5, leaky_scale=2.0, block_m=block_m, block_n=block_n)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max over the NaN row
+def test_non_finite_values_stay_in_their_rows():
+    """A NaN in one query makes that query's output NaN and no other (keys and values are shared)."""
+    q, k, v, q_positions, k_positions, theta = case(15, dtype=torch.float32)
+    q = q.clone()
+    q[0, 7, 1, 3] = math.nan
+    out, _ = launch(q, k, v, q_positions, k_positions, theta, window=5)
+    nan = out.isnan().any(dim=-1)
+    assert nan[0, 7, 1] and nan.sum() == 1
+
+
+def _bad(**changes):
+    q, k, v, q_positions, k_positions, theta = case(16, q_len=11, k_len=13)
+    arguments = dict(q=q, k=k, v=v, q_positions=q_positions, k_positions=k_positions, inv_freq=theta, window=2)
+    arguments.update({name: change(arguments[name]) if callable(change) else change
+                      for name, change in changes.items()})
+    return arguments
+
+
+BAD = [
+    (dict(q=lambda q: q.double(), k=lambda k: k.double(), v=lambda v: v.double()), TypeError, "float64: rope"),
+    (dict(k=lambda k: k.half()), TypeError, "k must have q's dtype"),
+    (dict(v=lambda v: v.bfloat16()), TypeError, "v must have q's dtype"),
+    (dict(q=lambda q: q[0]), ValueError, "q must have shape"),
+    (dict(q=lambda q: q[:, :, :3]), ValueError, "multiple of heads_k"),
+    (dict(v=lambda v: v[:, :-1]), ValueError, "v .* must match k"),
+    (dict(q_positions=lambda p: p.double()), TypeError, "q_positions"),
+    (dict(k_positions=lambda p: p[:-1]), ValueError, "k_positions"),
+    (dict(q_positions=lambda p: p + 2**31), ValueError, "q_positions must hold values in"),
+    (dict(k_positions=lambda p: p - 2**31 - 20), ValueError, "k_positions must hold values in"),
+    (dict(q_positions=lambda p: p - 100), ValueError, "precedes every key"),
+    (dict(inv_freq=lambda t: t.double()), TypeError, "inv_freq"),
+    (dict(inv_freq=lambda t: t * 2.0**20), ValueError, "inv_freq must hold values below 2"),
+    (dict(inv_freq=lambda t: t * 2.0**13, leaky_scale=0.01), ValueError, "leaky_scale"),
+    (dict(inv_freq=torch.tensor([1.0, math.inf] * 8)), ValueError, "inv_freq"),
+    (dict(q=lambda q: q.transpose(1, 3).contiguous().transpose(1, 3)), ValueError, "q must have a contiguous last"),
+    (dict(layout="gptj"), ValueError, "layout"),
+    (dict(causal=1), TypeError, "causal"),
+    (dict(window=0), ValueError, "window"),
+    (dict(window=2.0), TypeError, "window"),
+    (dict(window=None, leaky_scale=4.0), ValueError, "leaky_scale .* needs a window"),
+    (dict(leaky_scale=-1.0), ValueError, "leaky_scale"),
+    (dict(softmax_scale=math.nan), ValueError, "softmax_scale"),
+    (dict(block_m=8), ValueError, "block_m"),
+    (dict(block_n=48), ValueError, "block_n must be a power of two"),
+    (dict(block_m=True), TypeError, "block_m"),
+    (dict(block_n=32.0), TypeError, "block_n"),
+]
+
+
+@pytest.mark.parametrize("changes, error, message", BAD, ids=[f"{next(iter(c))}-{m}" for c, _, m in BAD])
+def test_bad_arguments_are_named(changes, error, message):
+    with pytest.raises(error, match=message):
+        launch(**_bad(**changes))
+
+
+def test_the_leaky_frequencies_hold_theta_over_k_to_48_bits():
+    theta = rope.inv_freq({"rope_theta": 5e5}, 128)[0]
+    for scale in (16.0, 0.5, 3.0, 1 / 3):
+        hi, lo = triton_attention.leaky_frequencies(theta, scale).double()
+        exact = theta.double() / scale
+        assert torch.all((hi + lo - exact).abs() <= 2.0**-48 * exact)
+        assert torch.equal(hi.float().double(), hi) and torch.equal(lo.float().double(), lo)
+
+
+
+# --- the backward kernels and the operators -------------------------------------------------------------------------
+
+GRADIENT_SLACK = {torch.float16: 4, torch.bfloat16: 4, torch.float32: 32}
+"""Gradients within GRADIENT_SLACK u max|g| of float64 autograd of the exact function: the kernels
+round the rotated operands, P and dL to the inputs' dtype (measured: up to 2 u for float16 and
+bfloat16, up to 9 u for float32, whose float32 accumulation dominates)."""
+
+
+def float64_gradients(inputs, grad_out, **options):
+    """(out, dq, dk, dv): float64 autograd through the blockwise reference, q, k, v as given (rounded)."""
+    q, k, v, *rest = [t.cpu() for t in inputs]
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    out = rotary_attention(*leaves, *rest, **options)
+    return out, *torch.autograd.grad(out, leaves, grad_out.cpu().double())
+
+
+def kernel_gradients(inputs, grad_out, **options):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs[:3]]
+    out = fused_rotary_attention(*leaves, *inputs[3:], **options)
+    return out, *torch.autograd.grad(out, leaves, grad_out)
+
+
+def assert_gradients_match(inputs, seed=0, **options):
+    q = inputs[0]
+    batch, q_len, heads_q = q.shape[:3]
+    gen = torch.Generator().manual_seed(seed)
+    grad_out = torch.randn(batch, q_len, heads_q, inputs[2].shape[3], generator=gen, dtype=torch.float64)
+    grad_out = grad_out.to(q.dtype).to(q.device)
+    _, *grads = kernel_gradients(inputs, grad_out, **options)
+    _, *expected = float64_gradients(inputs, grad_out, **options)
+    for name, g, e, t in zip("qkv", grads, expected, inputs[:3]):
+        assert g.dtype == t.dtype and g.shape == t.shape
+        bound = GRADIENT_SLACK[q.dtype] * UNIT[q.dtype] * e.abs().max().item()
+        err = (g.cpu().double() - e).abs().max().item()
+        assert err <= bound, f"d{name}: error {err:.3g} > {bound:.3g}"
+    return grads, expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", METHODS)
+def test_gradients_match_float64_autograd(dtype, method):
+    window, leaky_scale = METHODS[method]
+    causal = method in ("rope", "leaky16")
+    assert_gradients_match(case(20, dtype=dtype), causal=causal, window=window, leaky_scale=leaky_scale)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradients_with_gqa_partial_rotary_value_width_and_unsorted_positions(method):
+    window, leaky_scale = METHODS[method]
+    gen = torch.Generator().manual_seed(21)
+    k_positions = torch.randperm(60, generator=gen)[:25]
+    q_positions = k_positions[torch.randperm(25, generator=gen)[:14]]
+    inputs = case(21, q_len=14, k_len=25, heads_q=3, heads_k=1, head_dim=40, pairs=12, v_dim=24,
+                  q_positions=q_positions, k_positions=k_positions, dtype=torch.bfloat16)
+    assert_gradients_match(inputs, layout="interleaved", window=window, leaky_scale=leaky_scale)
+
+
+def test_gradient_tolerance_is_below_what_a_wrong_frame_costs():
+    """Gradients of ReRoPE and of plain RoPE differ by far more than the tolerance."""
+    inputs = case(22, dtype=torch.float32)
+    grad_out = torch.randn(2, 20, 4, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    _, *bent = float64_gradients(inputs, grad_out, window=5)
+    _, *plain = float64_gradients(inputs, grad_out)
+    for b, p in zip(bent[:2], plain[:2]):
+        assert (b - p).abs().max() > 10 * GRADIENT_SLACK[torch.bfloat16] * UNIT[torch.bfloat16] * b.abs().max()
+
+
+def test_the_gradient_of_lse_is_the_softmax_weighted_key():
+    """Through torch.ops.rope.fused_attention's lse output: d(sum lse)/dq against float64."""
+    q, k, v, q_positions, k_positions, theta = case(23, dtype=torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, lse = fused_attention(*leaves, q_positions, k_positions, theta, "half", True, 5, None, None)
+    grads = torch.autograd.grad(lse.sum(), leaves[:2])
+    leaves64 = [t.double().requires_grad_() for t in (q, k, v)]
+    _, lse64 = blockwise_attention(*leaves64, q_positions, k_positions, theta, window=5)
+    expected = torch.autograd.grad(lse64.sum(), leaves64[:2])
+    for g, e in zip(grads, expected):
+        assert (g.double() - e).abs().max() <= 32 * UNIT[torch.float32] * e.abs().max()
+
+
+def test_empty_queries_give_zero_gradients():
+    q, k, v, q_positions, k_positions, theta = case(24)
+    leaves = [t.clone().requires_grad_() for t in (q[:, :0], k, v)]
+    out = fused_rotary_attention(*leaves, q_positions[:0], k_positions, theta, window=2)
+    dq, dk, dv = torch.autograd.grad(out, leaves, torch.ones_like(out))
+    assert dq.shape == (2, 0, 4, 32) and dk.abs().max() == dv.abs().max() == 0
+
+
+def test_opcheck_the_operators():
+    window, leaky_scale = METHODS["leaky16"]
+    q, k, v, q_positions, k_positions, theta = case(25, q_len=9, k_len=17, dtype=torch.float16)
+    arguments = (q, k, v, q_positions, k_positions, theta, "interleaved", False, window, leaky_scale, 0.3)
+    torch.library.opcheck(torch.ops.rope.fused_attention.default, arguments)
+    out, lse = fused_attention(*arguments)
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    torch.library.opcheck(torch.ops.rope.fused_attention_backward.default,
+                          (*arguments[:6], out, lse, grad_out, grad_lse, *arguments[6:]))
+
+
+def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients():
+    inputs = case(26, dtype=torch.float32)
+    q, k, v, q_positions, k_positions, theta = inputs
+
+    def attention(q, k, v):
+        return fused_rotary_attention(q, k, v, q_positions, k_positions, theta, window=5, leaky_scale=2.0)
+
+    grad_out = torch.randn(2, 20, 4, 32, generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(attention, fullgraph=True, backend="aot_eager")
+    results = []
+    for function in (attention, compiled):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = function(*leaves)
+        results.append([out, *torch.autograd.grad(out, leaves, grad_out)])
+    for eager, traced in zip(*results):
+        torch.testing.assert_close(traced, eager, rtol=0, atol=0)
+
+
+SAVED_BAD = [
+    (dict(out=lambda t: t.double()), TypeError, "out"),
+    (dict(out=lambda t: t[:, :-1]), ValueError, "out must have shape"),
+    (dict(lse=lambda t: t.double()), TypeError, "lse"),
+    (dict(lse=lambda t: t[0]), ValueError, "lse must have shape"),
+    (dict(grad_out=lambda t: t.half()), TypeError, "grad_out"),
+    (dict(grad_out=lambda t: t.transpose(1, 3).contiguous().transpose(1, 3)), ValueError, "grad_out must have a"),
+    (dict(grad_lse=lambda t: t[..., :-1]), ValueError, "grad_lse must have shape"),
+]
+
+
+@pytest.mark.parametrize("changes, error, message", SAVED_BAD, ids=[m for _, _, m in SAVED_BAD])
+def test_the_backward_refuses_bad_saved_tensors(changes, error, message):
+    q, k, v, q_positions, k_positions, theta = case(27, q_len=9, k_len=17)
+    out, lse = launch(q, k, v, q_positions, k_positions, theta)
+    saved = dict(out=out, lse=lse, grad_out=torch.randn_like(out), grad_lse=torch.randn_like(lse))
+    saved.update({name: change(saved[name]) for name, change in changes.items()})
+    with pytest.raises(error, match=message):
+        launch_backward(q, k, v, q_positions, k_positions, theta, **saved)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_without_rotation_it_is_attention_on_q_and_k_as_given(dtype):
+    """rotate=False (the benchmark's baseline): the logits of unrotated q and k, i.e. theta = 0,
+    in the forward and the backward; a window changes nothing then (both frames are the identity)."""
+    q, k, v, q_positions, k_positions, theta = case(28, dtype=dtype)
+    zero = torch.zeros_like(theta)
+    for window in (None, 5):
+        out, lse = launch(q, k, v, q_positions, k_positions, theta, window=window, rotate=False)
+        expected, expected_lse = launch(q, k, v, q_positions, k_positions, zero)
+        assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+        grad_out = torch.randn_like(out)
+        grads = launch_backward(q, k, v, q_positions, k_positions, theta, out, lse, grad_out, window=window,
+                                rotate=False)
+        for g, e in zip(grads, launch_backward(q, k, v, q_positions, k_positions, zero, out, lse, grad_out)):
+            if window is None:
+                assert torch.equal(g, e)
+            else:  # the two frames' gradients are accumulated apart, then added: another order of sums
+                torch.testing.assert_close(g, e)
+    with pytest.raises(TypeError, match="rotate"):
+        launch(q, k, v, q_positions, k_positions, theta, rotate=0)
+
+
+@pytest.mark.slow
+def test_the_attention_benchmark_runs_every_method_and_they_agree():
+    """benchmarks/bench_attention.py --check: each method forward and backward at a tiny size."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0
