@@ -35,12 +35,13 @@ METHODS = {"rope": (None, None), "rerope": (5, None), "leaky16": (5, 16.0), "lea
 
 
 def case(seed, *, q_len=20, k_len=37, heads_q=4, heads_k=2, head_dim=32, pairs=16, v_dim=None, dtype=torch.float32,
-         q_positions=None, k_positions=None, base=1e4):
+         q_positions=None, k_positions=None, base=1e4, batch=1):
     """Random q, k, v of ``dtype`` (drawn in float64, rounded), queries the last q_len of the keys'
-    contiguous positions unless given, float32 frequencies base^(-2i/rotary_dim)."""
+    contiguous positions unless given, float32 frequencies base^(-2i/rotary_dim). One batch row
+    unless asked (the interpreter's time grows with the programs; the batch tests take 2)."""
     gen = torch.Generator().manual_seed(seed)
-    q, k = random_qk(gen, 2, q_len, heads_q, heads_k, head_dim, k_seq=k_len, dtype=dtype)
-    v = torch.randn(2, k_len, heads_k, v_dim or head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    q, k = random_qk(gen, batch, q_len, heads_q, heads_k, head_dim, k_seq=k_len, dtype=dtype)
+    v = torch.randn(batch, k_len, heads_k, v_dim or head_dim, generator=gen, dtype=torch.float64).to(dtype)
     k_positions = torch.arange(k_len) + 3 if k_positions is None else k_positions
     q_positions = k_positions[-1] - q_len + 1 + torch.arange(q_len) if q_positions is None else q_positions
     theta = rope.inv_freq({"rope_theta": base}, 2 * pairs)[0]
@@ -131,7 +132,7 @@ def test_interleaved_layout(method, dtype):
 @pytest.mark.parametrize("method", ["rope", "leaky16"])
 def test_gqa_mqa_partial_rotary_and_value_width(heads_q, heads_k, method):
     window, leaky_scale = METHODS[method]
-    inputs = case(3, heads_q=heads_q, heads_k=heads_k, head_dim=40, pairs=4, v_dim=24, dtype=torch.bfloat16)
+    inputs = case(3, heads_q=heads_q, heads_k=heads_k, head_dim=40, pairs=4, v_dim=24, dtype=torch.bfloat16, batch=2)
     out, _ = check(inputs, layout="interleaved", window=window, leaky_scale=leaky_scale)
     assert out.shape == (2, 20, heads_q, 24)
 
@@ -146,7 +147,7 @@ def test_head_dims_64_and_128(head_dim, method):
 
 
 def test_query_head_h_reads_key_head_h_over_group():
-    q, k, v, q_positions, k_positions, theta = case(5, heads_q=6, heads_k=2, dtype=torch.float32)
+    q, k, v, q_positions, k_positions, theta = case(5, heads_q=6, heads_k=2, dtype=torch.float32, batch=2)
     out, _ = launch(q, k, v, q_positions, k_positions, theta)
     for h in range(6):
         alone, _ = launch(q[:, :, h:h + 1], k[:, :, h // 3:h // 3 + 1], v[:, :, h // 3:h // 3 + 1], q_positions,
@@ -157,8 +158,11 @@ def test_query_head_h_reads_key_head_h_over_group():
 POSITIONS = ["offset", "ragged", "unsorted", "reversed", "decode", "decode_ahead", "negative", "near_2^31"]
 
 
-@pytest.mark.parametrize("positions", POSITIONS)
-@pytest.mark.parametrize("method", METHODS)
+POSITION_CASES = [(positions, method) for positions in POSITIONS for method in ("rope", "leaky16")] + [
+    (positions, method) for positions in ("unsorted", "reversed", "decode_ahead") for method in ("rerope", "leaky0.5")]
+
+
+@pytest.mark.parametrize("positions, method", POSITION_CASES)
 def test_positions_with_offsets_gaps_and_other_lengths(positions, method):
     window, leaky_scale = METHODS[method]
     gen = torch.Generator().manual_seed(6)
@@ -224,7 +228,7 @@ def test_a_row_masked_in_its_first_tiles():
 
 def test_strided_views_of_a_packed_projection():
     """q, k, v as slices of one [batch, seq, heads, 3 d] tensor: only the last dimension is contiguous."""
-    q, k, v, q_positions, k_positions, theta = case(12, q_len=37, heads_q=2, heads_k=2, dtype=torch.float16)
+    q, k, v, q_positions, k_positions, theta = case(12, q_len=37, heads_q=2, heads_k=2, dtype=torch.float16, batch=2)
     packed = torch.cat([q, k, v], dim=3)
     views = [packed[..., :32], packed[..., 32:64], packed[..., 64:]]
     assert not views[0].is_contiguous()
@@ -234,7 +238,7 @@ def test_strided_views_of_a_packed_projection():
 
 
 def test_empty_queries_and_empty_batch():
-    q, k, v, q_positions, k_positions, theta = case(13)
+    q, k, v, q_positions, k_positions, theta = case(13, batch=2)
     out, lse = launch(q[:, :0], k, v, q_positions[:0], k_positions, theta)
     assert out.shape == (2, 0, 4, 32) and lse.shape == (2, 4, 0)
     out, lse = launch(q[:0], k[:0], v[:0], q_positions, k_positions, theta)
@@ -351,12 +355,16 @@ def assert_gradients_match(inputs, seed=0, **options):
     return grads, expected
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("method", METHODS)
+GRADIENT_CASES = [(torch.float32, method) for method in METHODS] + [
+    (torch.bfloat16, "rerope"), (torch.bfloat16, "leaky16"), (torch.float16, "rope"), (torch.float16, "leaky0.5")]
+
+
+@pytest.mark.parametrize("dtype, method", GRADIENT_CASES)
 def test_gradients_match_float64_autograd(dtype, method):
     window, leaky_scale = METHODS[method]
     causal = method in ("rope", "leaky16")
-    assert_gradients_match(case(20, dtype=dtype), causal=causal, window=window, leaky_scale=leaky_scale)
+    inputs = case(20, q_len=16, k_len=27, dtype=dtype)
+    assert_gradients_match(inputs, causal=causal, window=window, leaky_scale=leaky_scale)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -365,7 +373,7 @@ def test_gradients_with_gqa_partial_rotary_value_width_and_unsorted_positions(me
     gen = torch.Generator().manual_seed(21)
     k_positions = torch.randperm(60, generator=gen)[:25]
     q_positions = k_positions[torch.randperm(25, generator=gen)[:14]]
-    inputs = case(21, q_len=14, k_len=25, heads_q=3, heads_k=1, head_dim=40, pairs=12, v_dim=24,
+    inputs = case(21, q_len=14, k_len=25, heads_q=3, heads_k=1, head_dim=40, pairs=12, v_dim=24, batch=2,
                   q_positions=q_positions, k_positions=k_positions, dtype=torch.bfloat16)
     assert_gradients_match(inputs, layout="interleaved", window=window, leaky_scale=leaky_scale)
 
@@ -373,7 +381,7 @@ def test_gradients_with_gqa_partial_rotary_value_width_and_unsorted_positions(me
 def test_gradient_tolerance_is_below_what_a_wrong_frame_costs():
     """Gradients of ReRoPE and of plain RoPE differ by far more than the tolerance."""
     inputs = case(22, dtype=torch.float32)
-    grad_out = torch.randn(2, 20, 4, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grad_out = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     _, *bent = float64_gradients(inputs, grad_out, window=5)
     _, *plain = float64_gradients(inputs, grad_out)
     for b, p in zip(bent[:2], plain[:2]):
@@ -394,7 +402,7 @@ def test_the_gradient_of_lse_is_the_softmax_weighted_key():
 
 
 def test_empty_queries_give_zero_gradients():
-    q, k, v, q_positions, k_positions, theta = case(24)
+    q, k, v, q_positions, k_positions, theta = case(24, batch=2)
     leaves = [t.clone().requires_grad_() for t in (q[:, :0], k, v)]
     out = fused_rotary_attention(*leaves, q_positions[:0], k_positions, theta, window=2)
     dq, dk, dv = torch.autograd.grad(out, leaves, torch.ones_like(out))
@@ -403,7 +411,7 @@ def test_empty_queries_give_zero_gradients():
 
 def test_opcheck_the_operators():
     window, leaky_scale = METHODS["leaky16"]
-    q, k, v, q_positions, k_positions, theta = case(25, q_len=9, k_len=17, dtype=torch.float16)
+    q, k, v, q_positions, k_positions, theta = case(25, q_len=9, k_len=17, heads_q=2, heads_k=1, dtype=torch.float16)
     arguments = (q, k, v, q_positions, k_positions, theta, "interleaved", False, window, leaky_scale, 0.3)
     torch.library.opcheck(torch.ops.rope.fused_attention.default, arguments)
     out, lse = fused_attention(*arguments)
@@ -413,13 +421,12 @@ def test_opcheck_the_operators():
 
 
 def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients():
-    inputs = case(26, dtype=torch.float32)
-    q, k, v, q_positions, k_positions, theta = inputs
+    q, k, v, q_positions, k_positions, theta = case(26, q_len=9, k_len=17, heads_q=2, heads_k=1, dtype=torch.float32)
 
     def attention(q, k, v):
         return fused_rotary_attention(q, k, v, q_positions, k_positions, theta, window=5, leaky_scale=2.0)
 
-    grad_out = torch.randn(2, 20, 4, 32, generator=torch.Generator().manual_seed(1))
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
     compiled = torch.compile(attention, fullgraph=True, backend="aot_eager")
     results = []
     for function in (attention, compiled):
@@ -455,7 +462,7 @@ def test_the_backward_refuses_bad_saved_tensors(changes, error, message):
 def test_without_rotation_it_is_attention_on_q_and_k_as_given(dtype):
     """rotate=False (the benchmark's baseline): the logits of unrotated q and k, i.e. theta = 0,
     in the forward and the backward; a window changes nothing then (both frames are the identity)."""
-    q, k, v, q_positions, k_positions, theta = case(28, dtype=dtype)
+    q, k, v, q_positions, k_positions, theta = case(28, q_len=9, k_len=17, heads_q=2, heads_k=1, dtype=dtype)
     zero = torch.zeros_like(theta)
     for window in (None, 5):
         out, lse = launch(q, k, v, q_positions, k_positions, theta, window=window, rotate=False)
@@ -484,3 +491,29 @@ def test_the_attention_benchmark_runs_every_method_and_they_agree():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--check"]) == 0
+
+
+def test_decoding_from_an_unrotated_cache_follows_dynamic_ntk():
+    """The kernel rotates keys on load, so a cache of unrotated keys decodes with each step's own
+    dynamic-NTK frequencies: every step equals the no-cache reference at that length (transformers
+    issue #25104's bug, keys rotated once at insertion with stale frequencies, would not)."""
+    config = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0, "max_position_embeddings": 16}
+    q, k, v, *_ = case(29, q_len=40, k_len=40, dtype=torch.float32)
+    stale_keys, stale_gap = [], 0.0
+    for t in range(30, 40):  # beyond max_position_embeddings: the base moves every step
+        theta = rope.inv_freq(config, 32, seq_len=t + 1)[0]
+        positions = torch.arange(t + 1)
+        out, _ = launch(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta)
+        expected = rotary_attention(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta)
+        assert (out.double() - expected).abs().max() <= tolerance(q, k, v)
+        # the same step from keys rotated when they were cached, each with its own step's frequencies
+        stale_keys.append(rope.apply_rotary(k[:, t:t + 1], k[:, t:t + 1], positions[-1:], theta, backend="torch")[0])
+        if t > 30:
+            cached = torch.cat(stale_keys, dim=1)
+            q_rot = rope.apply_rotary(q[:, t:t + 1], q[:, t:t + 1], positions[-1:], theta, backend="torch")[0]
+            stale = rotary_attention(q_rot, cached, v[:, 30:t + 1], torch.zeros(1, dtype=torch.int64),
+                                     torch.zeros(t - 29, dtype=torch.int64), torch.zeros_like(theta), causal=False)
+            fresh = rotary_attention(q[:, t:t + 1], k[:, 30:t + 1], v[:, 30:t + 1], positions[-1:], positions[30:],
+                                     theta)
+            stale_gap = max(stale_gap, (stale - fresh).abs().max().item())
+    assert stale_gap > 100 * tolerance(q, k, v)
