@@ -13,6 +13,7 @@ import rope
 from helpers import random_qk
 from rope.attention import rerope
 from rope.attention.blockwise import TileStats, rotary_attention
+from rope.attention.logn import logn_scale
 from strategies import layouts, seeds
 
 METHODS = {"rope": (None, None), "rerope": (3, None), "leaky16": (3, 16.0), "leaky0.5": (3, 0.5)}
@@ -33,7 +34,7 @@ def case(seed, *, q_len=11, k_len=13, heads_q=4, heads_k=2, head_dim=10, pairs=5
 
 
 def reference(q, k, v, q_positions, k_positions, theta, *, layout="half", causal=True, window=None, leaky_scale=None,
-              softmax_scale=None):
+              softmax_scale=None, logn_length=None):
     """The whole [batch, heads_q, q_len, k_len] matrix: training-form logits, scale, mask, softmax, @ V."""
     if window is None:
         logits = rerope.rotary_scores(q, k, q_positions, k_positions, theta, layout=layout)
@@ -41,6 +42,8 @@ def reference(q, k, v, q_positions, k_positions, theta, *, layout="half", causal
         logits = rerope.rerope_scores(q, k, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
                                       layout=layout)
     x = logits * (softmax_scale or 1 / math.sqrt(q.shape[3]))
+    if logn_length is not None:
+        x = x * logn_scale(q_positions, logn_length)[:, None]
     if causal:
         x = x.masked_fill(k_positions[None, :] > q_positions[:, None], -math.inf)
     values = v.to(torch.float64).repeat_interleave(q.shape[2] // k.shape[2], dim=2)
@@ -342,6 +345,11 @@ BAD = [
     (dict(block_size=4.0), TypeError, "block_size"),
     (dict(block_size=True), TypeError, "block_size"),
     (dict(block_size=None), TypeError, "block_size"),
+    (dict(logn_length=1), ValueError, "logn_length"),
+    (dict(logn_length=16.0), TypeError, "logn_length"),
+    (dict(logn_length=False), TypeError, "logn_length"),
+    (dict(q_positions=lambda p: p - 30, k_positions=lambda p: p - 30, logn_length=8), ValueError,
+     "q_positions must hold no negative position"),
 ]
 
 
@@ -529,3 +537,14 @@ def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients(method):
     for got, expected in zip(*results):
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_log_n_scaling_multiplies_each_query_row(method):
+    """logn_length L: the logits of the query at m times max(1, ln(m + 1) / ln L) (rope.attention.logn),
+    in the output and the gradients; positions past L so that the factors differ from 1 and by row."""
+    window, leaky_scale = METHODS[method]
+    inputs = case(31, q_len=9, k_len=20)
+    assert logn_scale(inputs[3], 8).min() > 1
+    check(inputs, 4, window=window, leaky_scale=leaky_scale, logn_length=8)
+    assert_gradients_match(inputs, 4, window=window, leaky_scale=leaky_scale, logn_length=8)

@@ -23,6 +23,7 @@ pytest.importorskip("triton")
 import rope
 from helpers import random_qk
 from rope.attention.blockwise import blockwise_attention, rotary_attention
+from rope.attention.logn import logn_scale
 from rope.attention.rerope import _rotated, bent_frame
 from rope.kernels import triton_attention
 from rope.kernels.attention_operators import fused_attention, fused_rotary_attention
@@ -49,7 +50,7 @@ def case(seed, *, q_len=20, k_len=37, heads_q=4, heads_k=2, head_dim=32, pairs=1
 
 
 def same_roundings(q, k, v, q_positions, k_positions, theta, *, layout="half", causal=True, window=None,
-                   leaky_scale=None, softmax_scale=None):
+                   leaky_scale=None, softmax_scale=None, logn_length=None):
     """(out, lse) in float64 from the rotated q and k rounded to their dtype (module docstring); the
     second pass in the frame of rope.attention.rerope.bent_frame."""
     group = q.shape[2] // k.shape[2]
@@ -64,6 +65,8 @@ def same_roundings(q, k, v, q_positions, k_positions, theta, *, layout="half", c
         bent = logits(lambda positions, query: bent_frame(positions, theta, window, leaky_scale, query))
         x = torch.where((q_positions[:, None] - k_positions[None, :]) < window, x, bent)
     x = x * (softmax_scale or 1 / math.sqrt(q.shape[3]))
+    if logn_length is not None:
+        x = x * logn_scale(q_positions, logn_length)[:, None]
     if causal:
         x = x.masked_fill(k_positions[None, :] > q_positions[:, None], -math.inf)
     values = v.double().repeat_interleave(group, dim=2)
@@ -74,10 +77,11 @@ SLACK = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 16}
 """The tolerance in units of u max|v| (module docstring)."""
 
 
-def tolerance(q, k, v, softmax_scale=None):
+def tolerance(q, k, v, softmax_scale=None, factor=1.0):
     """SLACK u max|v|, plus max|v| times one float32 rounding of the largest possible logit
-    s max||q|| max||k|| (the float32 accumulation, which matters for large logits)."""
-    scale = softmax_scale or 1 / math.sqrt(q.shape[3])
+    s f max||q|| max||k|| (the float32 accumulation, which matters for large logits; f the largest
+    log-n factor)."""
+    scale = (softmax_scale or 1 / math.sqrt(q.shape[3])) * factor
     largest = scale * q.double().norm(dim=-1).max().item() * k.double().norm(dim=-1).max().item()
     return v.double().abs().max().item() * (SLACK[v.dtype] * UNIT[v.dtype] + 2.0**-24 * largest)
 
@@ -91,7 +95,9 @@ def check(inputs, **options):
     cpu = [t.cpu() for t in inputs]
     expected, expected_lse = same_roundings(*cpu, **reference)
     assert out.dtype == q.dtype and out.shape == expected.shape and lse.dtype == torch.float32
-    err, bound = (out.cpu().double() - expected).abs().max().item(), tolerance(*cpu[:3], options.get("softmax_scale"))
+    factor = 1.0 if options.get("logn_length") is None else logn_scale(cpu[3], options["logn_length"]).max().item()
+    err = (out.cpu().double() - expected).abs().max().item()
+    bound = tolerance(*cpu[:3], options.get("softmax_scale"), factor)
     assert err <= bound, f"output error {err:.3g} > {bound:.3g}"
     lse_err = ((lse.cpu().double() - expected_lse).abs() / (1 + expected_lse.abs())).max().item()
     assert lse_err <= SLACK[q.dtype] * UNIT[q.dtype], f"lse error {lse_err:.3g}"
@@ -282,10 +288,17 @@ BAD = [
     (dict(q_positions=lambda p: p + 2**31), ValueError, "q_positions must hold values in"),
     (dict(k_positions=lambda p: p - 2**31 - 20), ValueError, "k_positions must hold values in"),
     (dict(q_positions=lambda p: p - 100), ValueError, "precedes every key"),
+    (dict(q_positions=lambda p: p - 100, k_positions=lambda p: p - 100, logn_length=8), ValueError,
+     "q_positions must hold no negative position"),
+    (dict(logn_length=1), ValueError, "logn_length"),
+    (dict(logn_length=8.0), TypeError, "logn_length"),
+    (dict(logn_length=True), TypeError, "logn_length"),
+    (dict(k=lambda k: k[:, :0], v=lambda v: v[:, :0], k_positions=lambda p: p[:0], causal=False), ValueError,
+     "k_positions is empty"),
     (dict(inv_freq=lambda t: t.double()), TypeError, "inv_freq"),
     (dict(inv_freq=lambda t: t * 2.0**20), ValueError, "inv_freq must hold values below 2"),
     (dict(inv_freq=lambda t: t * 2.0**13, leaky_scale=0.01), ValueError, "leaky_scale"),
-    (dict(inv_freq=torch.tensor([1.0, math.inf] * 8)), ValueError, "inv_freq"),
+    (dict(inv_freq=torch.tensor([1.0, math.inf] * 8, device=DEVICE)), ValueError, "inv_freq"),
     (dict(q=lambda q: q.transpose(1, 3).contiguous().transpose(1, 3)), ValueError, "q must have a contiguous last"),
     (dict(layout="gptj"), ValueError, "layout"),
     (dict(causal=1), TypeError, "causal"),
@@ -426,7 +439,7 @@ def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients():
     def attention(q, k, v):
         return fused_rotary_attention(q, k, v, q_positions, k_positions, theta, window=5, leaky_scale=2.0)
 
-    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     compiled = torch.compile(attention, fullgraph=True, backend="aot_eager")
     results = []
     for function in (attention, compiled):
@@ -501,8 +514,8 @@ def test_decoding_from_an_unrotated_cache_follows_dynamic_ntk():
     q, k, v, *_ = case(29, q_len=40, k_len=40, dtype=torch.float32)
     stale_keys, stale_gap = [], 0.0
     for t in range(30, 40):  # beyond max_position_embeddings: the base moves every step
-        theta = rope.inv_freq(config, 32, seq_len=t + 1)[0]
-        positions = torch.arange(t + 1)
+        theta = rope.inv_freq(config, 32, seq_len=t + 1)[0].to(DEVICE)
+        positions = torch.arange(t + 1, device=DEVICE)
         out, _ = launch(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta)
         expected = rotary_attention(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta)
         assert (out.double() - expected).abs().max() <= tolerance(q, k, v)
@@ -511,9 +524,25 @@ def test_decoding_from_an_unrotated_cache_follows_dynamic_ntk():
         if t > 30:
             cached = torch.cat(stale_keys, dim=1)
             q_rot = rope.apply_rotary(q[:, t:t + 1], q[:, t:t + 1], positions[-1:], theta, backend="torch")[0]
-            stale = rotary_attention(q_rot, cached, v[:, 30:t + 1], torch.zeros(1, dtype=torch.int64),
-                                     torch.zeros(t - 29, dtype=torch.int64), torch.zeros_like(theta), causal=False)
+            stale = rotary_attention(q_rot, cached, v[:, 30:t + 1], torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                                     torch.zeros(t - 29, dtype=torch.int64, device=DEVICE), torch.zeros_like(theta),
+                                     causal=False)
             fresh = rotary_attention(q[:, t:t + 1], k[:, 30:t + 1], v[:, 30:t + 1], positions[-1:], positions[30:],
                                      theta)
             stale_gap = max(stale_gap, (stale - fresh).abs().max().item())
     assert stale_gap > 100 * tolerance(q, k, v)
+
+
+@pytest.mark.parametrize("dtype, method", [(torch.float32, "rope"), (torch.bfloat16, "leaky16"),
+                                           (torch.float16, "rerope")])
+def test_log_n_scaling_forward_and_backward(dtype, method):
+    """logn_length L: each query's logits times max(1, ln(m + 1) / ln L), as rope.attention.logn defines it
+    (positions up to 2^5 above L, so the factors reach about 1.2 and differ row by row)."""
+    window, leaky_scale = METHODS[method]
+    inputs = case(30, q_len=16, k_len=40, dtype=dtype)
+    assert logn_scale(inputs[3].cpu(), 16).max() > 1.2
+    check(inputs, window=window, leaky_scale=leaky_scale, logn_length=16)
+    assert_gradients_match(inputs, window=window, leaky_scale=leaky_scale, logn_length=16)
+    plain, _ = launch(*inputs, window=window, leaky_scale=leaky_scale)
+    scaled, _ = launch(*inputs, window=window, leaky_scale=leaky_scale, logn_length=16)
+    assert (scaled.double() - plain.double()).abs().max() > 10 * tolerance(*inputs[:3])

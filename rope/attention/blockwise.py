@@ -132,7 +132,8 @@ def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
     _checks.same_device("q", q, v=v)
 
 
-def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size) -> _Options:
+def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size,
+                   logn_length=None) -> _Options:
     """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim))."""
     check_layout(layout)
     _checks.flag("causal", causal)
@@ -145,20 +146,45 @@ def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale,
     else:
         scale = _checks.number("softmax_scale", softmax_scale, positive=True)
     block_size = _checks.integer("block_size", block_size, minimum=1)
-    return _Options(layout, causal, window, leaky_scale, scale, block_size)
+    logn_length = _checks.optional_integer("logn_length", logn_length, minimum=2)  # ln L must be positive
+    return _Options(layout, causal, window, leaky_scale, scale, block_size, logn_length)
 
 
 def _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size) -> _Options:
+                     softmax_scale, block_size, logn_length=None) -> _Options:
     """Everything but tensor values (the real and the fake implementations alike); return the options."""
     _check_tensors(q, k, v, q_positions, k_positions, inv_freq)
-    return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size)
+    return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size, logn_length)
 
 
-def _check_values(q_positions, k_positions, inv_freq, causal: bool) -> None:
-    """What only the real implementation can see: finite frequencies, and a key for every query row."""
+def _check_values(q_positions, k_positions, inv_freq, causal: bool, logn_length=None) -> None:
+    """What only the real implementation can see: finite frequencies, a key for every query row, and
+    with log-n scaling no negative query position."""
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    if logn_length is not None:
+        check_logn_positions(q_positions)
     _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
+
+
+def check_logn_positions(q_positions: torch.Tensor) -> None:
+    """Log-n scaling counts the keys a query sees from position 0: no negative query position
+    (eager ``ValueError`` off CUDA, a device assertion on it)."""
+    if q_positions.numel():
+        _checks.assert_values("q_positions", q_positions.min() >= 0,
+                              "no negative position with logn_length (log-n scaling counts keys from position 0)")
+
+
+def logn_factors(q_positions: torch.Tensor, logn_length: int) -> torch.Tensor:
+    """float64 ``max(1, ln(m + 1) / ln L)`` per query position m (:func:`rope.attention.logn.logn_scale`,
+    without its host-side check: the positions are checked by :func:`check_logn_positions`)."""
+    return (torch.log(q_positions.to(torch.float64) + 1) / math.log(logn_length)).clamp(min=1.0)
+
+
+def _row_scale(m: torch.Tensor, options: _Options):
+    """The factor of each query row's logits: s, or with log-n scaling s max(1, ln(m + 1) / ln L), [i, 1]."""
+    if options.logn_length is None:
+        return options.scale
+    return options.scale * logn_factors(m, options.logn_length)[:, None]
 
 
 def _check_every_query_sees_a_key(m: list[int], n: list[int], causal: bool) -> None:
@@ -173,7 +199,7 @@ def _check_every_query_sees_a_key(m: list[int], n: list[int], causal: bool) -> N
 def rotary_attention(
     q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
     window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
-    block_size: int = 128, return_stats: bool = False,
+    block_size: int = 128, return_stats: bool = False, logn_length: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, TileStats]:
     """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, block by block, in float64.
 
@@ -190,9 +216,11 @@ def rotary_attention(
     L is the plain RoPE logit (``window=None``), ReRoPE's (``window=w``) or Leaky ReRoPE's
     (``window=w, leaky_scale=k``) exactly as :func:`.rerope.rerope_scores_two_pass` defines it,
     with the exactly reduced angles of :func:`.rerope._rotated`. ``s`` is ``softmax_scale``, by
-    default ``1 / sqrt(d)``. ``causal`` masks every key whose position exceeds the query's.
-    The output is float64 whatever the inputs' dtype: the inputs are taken exactly as given and
-    every operation is float64, which makes this a reference for kernels, not a fast path.
+    default ``1 / sqrt(d)``; with ``logn_length`` L (log-n scaling, :mod:`.logn`) the logits of the
+    query at position m are also multiplied by ``max(1, ln(m + 1) / ln L)`` (positions from 0).
+    ``causal`` masks every key whose position exceeds the query's. The output is float64 whatever
+    the inputs' dtype: the inputs are taken exactly as given and every operation is float64, which
+    makes this a reference for kernels, not a fast path.
 
     Memory: at most a ``block_size x block_size`` tile of logits per batch and head exists at a
     time (see the module docstring for the online softmax and the tile rule); ``return_stats=True``
@@ -212,11 +240,12 @@ def rotary_attention(
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
     """
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size)
+                               softmax_scale, block_size, logn_length)
     _checks.flag("return_stats", return_stats)
     out, _ = blockwise_attention(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal,
                                  window=options.window, leaky_scale=options.leaky_scale,
-                                 softmax_scale=options.scale, block_size=options.block_size)
+                                 softmax_scale=options.scale, block_size=options.block_size,
+                                 logn_length=options.logn_length)
     if not return_stats:
         return out
     stats = TileStats()  # counted on the host from the positions alone (a graph break under torch.compile)
@@ -235,6 +264,7 @@ class _Options:
     leaky_scale: float | None
     scale: float
     block_size: int
+    logn_length: int | None = None
 
 
 def _tiles(q_positions, k_positions, options: _Options, stats: TileStats | None = None):
@@ -270,7 +300,7 @@ def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: _Options):
         else:
             bent_mask = m[:, None] - n[None, :] >= options.window
             logits = torch.where(bent_mask, bent, logits)
-    x = logits * options.scale
+    x = logits * _row_scale(m, options)
     if options.causal and may_mask:  # some key of the tile may follow some query
         x = x.masked_fill(n[None, :] > m[:, None], -math.inf)
     return x, bent_mask
@@ -363,7 +393,7 @@ def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, ou
             values = v[:, j0:j1].to(torch.float64).repeat_interleave(group, dim=2)
             dv[:, j0:j1] += _group_sum(torch.einsum("bhij,bhid->bjhd", p, d_out), group)
             d_p = torch.einsum("bhid,bjhd->bhij", d_out, values)
-            d_logits = p * (d_p - delta[..., None]) * options.scale  # dL = s dS
+            d_logits = p * (d_p - delta[..., None]) * _row_scale(m, options)  # dL = s dS
             parts = {"plain": [d_logits, None], "bent": [None, d_logits]}.get(kind)
             if parts is None:  # both: split by the window mask
                 parts = [d_logits.masked_fill(bent_mask, 0.0), d_logits.masked_fill(~bent_mask, 0.0)]
@@ -409,6 +439,7 @@ def blockwise_attention(
     leaky_scale: Number | None = None,
     softmax_scale: Number | None = None,
     block_size: Number = 128,
+    logn_length: Number | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the float64 output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the
     float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]``. Differentiable in q, k and
@@ -418,17 +449,17 @@ def blockwise_attention(
         TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
     """
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size)
-    _check_values(q_positions, k_positions, inv_freq, causal)
+                               softmax_scale, block_size, logn_length)
+    _check_values(q_positions, k_positions, inv_freq, causal, options.logn_length)
     with torch.no_grad():
         return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
 
 
 @blockwise_attention.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
-      softmax_scale=None, block_size=128):
+      softmax_scale=None, block_size=128, logn_length=None):
     _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size)
+                     softmax_scale, block_size, logn_length)
     batch, q_len, heads_q, _ = q.shape
     return (q.new_empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64),
             q.new_empty(batch, heads_q, q_len, dtype=torch.float64))
@@ -464,11 +495,12 @@ def blockwise_attention_backward(
     leaky_scale: Number | None = None,
     softmax_scale: Number | None = None,
     block_size: Number = 128,
+    logn_length: Number | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
     (module docstring) for its saved ``out``, ``lse`` and the incoming ``grad_out``, ``grad_lse``."""
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size)
+                               softmax_scale, block_size, logn_length)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     with torch.no_grad():
         grads = _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
@@ -477,9 +509,9 @@ def blockwise_attention_backward(
 
 @blockwise_attention_backward.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
-      window=None, leaky_scale=None, softmax_scale=None, block_size=128):
+      window=None, leaky_scale=None, softmax_scale=None, block_size=128, logn_length=None):
     _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size)
+                     softmax_scale, block_size, logn_length)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 

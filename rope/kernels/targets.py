@@ -78,7 +78,7 @@ _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 def _attention_type(name: str, dtype: str) -> str:
     """The Triton type of a runtime argument of the attention kernels, by its name."""
-    if name in ("LSE", "DELTA", "FREQ", "LEAKY_FREQ"):
+    if name in ("LSE", "DELTA", "FREQ", "LEAKY_FREQ", "ROW_SCALE"):
         return "*fp32"
     if name in ("Q_POS", "K_POS"):
         return "*i64"
@@ -90,12 +90,13 @@ def _attention_type(name: str, dtype: str) -> str:
 
 
 def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, interleaved: bool, head_dim: int,
-                              tail: int, kernel: str = "forward",
+                              tail: int, kernel: str = "forward", logn: bool = False,
                               sizes: tuple[int, int, int] = triton_attention.GPU_LAUNCH):
     """One of the attention kernels (``kernel``: "forward", :mod:`.triton_attention`; "dkdv" or "dq",
     :mod:`.triton_attention_backward`) for q/k/v of Triton type ``dtype``, ``mode`` (PLAIN,
     RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail`` unrotated coordinates, launch ``sizes`` =
-    (BLOCK_M, BLOCK_N, num_warps), compiled as the launchers compile it."""
+    (BLOCK_M, BLOCK_N, num_warps), with log-n scaling (``logn``) or not, compiled as the launchers
+    compile it."""
     import torch
 
     function = {"forward": triton_attention.attention_forward_kernel,
@@ -103,7 +104,7 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
                 "dq": triton_attention_backward.attention_dq_kernel}[kernel]
     block_m, block_n, warps = sizes
     constants = triton_attention.kernel_constants(head_dim, head_dim - tail, head_dim, interleaved=interleaved,
-                                                  causal=causal, mode=mode,
+                                                  causal=causal, mode=mode, logn=logn,
                                                   dtype=getattr(torch, _TORCH_DTYPES[dtype]))
     constants.update(BLOCK_M=block_m, BLOCK_N=block_n)
     names = function.arg_names
@@ -119,13 +120,13 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
 
 
 ATTENTION_VARIANTS = [
-    # (dtype, mode, causal, interleaved, head_dim, tail, kernel): every mode, dtype and layout once,
-    # both head dims, and the two backward kernels in the largest mode
-    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "forward"),
-    ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "forward"),
-    ("fp32", triton_attention.PLAIN, True, False, 64, 0, "forward"),
-    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dkdv"),
-    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dq"),
+    # (dtype, mode, causal, interleaved, head_dim, tail, kernel, logn): every mode, dtype and layout
+    # once, both head dims, and the two backward kernels in the largest mode, with and without log-n
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "forward", True),
+    ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "forward", False),
+    ("fp32", triton_attention.PLAIN, True, False, 64, 0, "forward", False),
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dkdv", True),
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dq", False),
 ]
 """The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 
@@ -184,8 +185,8 @@ def main(arches: list[int]) -> int:
         failures += _report(label, lambda: compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after,
                                                            float64_math))
     for arch, variant in itertools.product(arches, ATTENTION_VARIANTS):
-        label = "sm_{} attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={}".format(
-            arch, *variant)
+        label = ("sm_{} attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} "
+                 "logn={}").format(arch, *variant)
         failures += _report(label, lambda: compile_attention_variant(arch, *variant))
     return 1 if failures else 0
 

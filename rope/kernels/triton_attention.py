@@ -33,6 +33,9 @@ of rotated vectors:
   <= ``|p|`` theta_i 2^-48 / k beside the fixed-point rounding: below 2^-17 rad for ``|p|`` < 2^31
   and theta_i / k <= 1.
 
+Log-n scaling (``logn_length`` L, :mod:`rope.attention.logn`): each query row's logits are also
+multiplied by max(1, ln(m + 1) / ln L), a float32 factor per query computed on the host.
+
 A tile takes pass 1, pass 2 or both by the rule of :mod:`rope.attention.blockwise`, evaluated in
 the kernel from the extreme positions of its query and key blocks (one dot product per tile except
 where the boundary r = m - n = w crosses it); causal tiles with every key after every query are
@@ -59,7 +62,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from ..attention.blockwise import _check_arguments, _check_every_query_sees_a_key, _Options
+from ..attention.blockwise import _check_arguments, _Options, check_logn_positions, logn_factors
 from .triton_rotary import _fixed_point_phase, _interpreted, _widened, cos_sin_of_int32_turns, round_to_dtype
 
 MAX_FREQUENCY = 2.0**16
@@ -158,6 +161,16 @@ def _query_head(bh, heads_q, group):
 
 
 @triton.jit
+def _row_factors(ROW_SCALE, rows, row_mask, LOGN: tl.constexpr):
+    """The log-n factors of the query rows, float32 [BLOCK_M]: loaded with LOGN, else 1."""
+    if LOGN:
+        factors = tl.load(ROW_SCALE + rows, mask=row_mask, other=1.0)
+    else:
+        factors = tl.full(rows.shape, 1.0, tl.float32)
+    return factors
+
+
+@triton.jit
 def _token_block(POS, start, length, BLOCK: tl.constexpr):
     """(index, mask, positions, lowest, highest) of the tokens [start, start + BLOCK) of a sequence
     of ``length``: int64 indices and positions [BLOCK], and the extreme positions of the real ones
@@ -223,10 +236,11 @@ def _key_frames(ka, kb, n, per, leaky_per, MODE: tl.constexpr, BF16_BY_BITS: tl.
 @triton.jit
 def attention_forward_kernel(
     # Tensors: q, k, v; the outputs (out in q's dtype, lse float32); positions and frequencies
-    # (LEAKY_FREQ: the two float32 pieces hi, lo of theta / k, [2, HALF], Leaky ReRoPE only)
+    # (LEAKY_FREQ: the two float32 pieces hi, lo of theta / k, [2, HALF], Leaky ReRoPE only); with
+    # LOGN, ROW_SCALE: each query's log-n factor max(1, ln(m + 1) / ln L), float32 [q_len]
     Q, K, V,
     OUT, LSE,
-    Q_POS, K_POS, FREQ, LEAKY_FREQ,
+    Q_POS, K_POS, FREQ, LEAKY_FREQ, ROW_SCALE,
     # Strides (batch, token, head) in elements; the last dimension of each is contiguous
     sq_b, sq_s, sq_h,
     sk_b, sk_s, sk_h,
@@ -240,7 +254,7 @@ def attention_forward_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
     # Launch sizes
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -256,6 +270,7 @@ def attention_forward_kernel(
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+    row_scale = _row_factors(ROW_SCALE, rows, row_mask, LOGN) * qk_scale  # log2(e) s, times log-n factors
 
     m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_run = tl.zeros((BLOCK_M,), tl.float32)
@@ -288,7 +303,7 @@ def attention_forward_kernel(
             valid = col_mask[None, :]
             if CAUSAL:
                 valid = valid & (n[None, :] <= m[:, None])
-            x = tl.where(valid, x * qk_scale, float("-inf"))
+            x = tl.where(valid, x * row_scale[:, None], float("-inf"))
             m_new = tl.maximum(m_run, tl.max(x, 1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen only masked keys
             p = tl.exp2(x - shift[:, None])
@@ -310,7 +325,7 @@ def attention_forward_kernel(
 
 
 def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved: bool, causal: bool, mode: int,
-                     dtype: torch.dtype, bf16_by_bits: bool = False, rotate: bool = True) -> dict:
+                     dtype: torch.dtype, bf16_by_bits: bool = False, rotate: bool = True, logn: bool = False) -> dict:
     """The ``tl.constexpr`` arguments of :func:`attention_forward_kernel` other than the launch sizes.
     ``tl.dot`` needs every dimension of at least 16: the pads are powers of two from 16."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
@@ -319,7 +334,7 @@ def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved:
         HALF=half, HALF_PAD=pad(half), TAIL=tail, TAIL_PAD=pad(tail), V_DIM=v_dim, V_PAD=pad(v_dim),
         INTERLEAVED=interleaved, CAUSAL=causal, MODE=mode,
         PRECISION="ieee" if dtype == torch.float32 else "tf32",  # float32: no TF32 rounding of the operands
-        BF16_BY_BITS=bf16_by_bits, ROTATE=rotate,
+        BF16_BY_BITS=bf16_by_bits, ROTATE=rotate, LOGN=logn,
     )
 
 
@@ -358,7 +373,13 @@ def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bo
                               "values with |theta| / leaky_scale below 2^16 (Leaky ReRoPE's second pass)")
     for name, positions in dict(q_positions=q_positions, k_positions=k_positions).items():
         _checks.assert_values(name, (positions.abs() < MAX_POSITION).all(), "values in (-2^31, 2^31)")
-    _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
+    # a key for every query, checked on the device (no host synchronisation on CUDA)
+    if q_positions.numel() and not k_positions.numel():
+        raise ValueError("k_positions is empty: the queries have no key to attend to")
+    if causal and q_positions.numel():
+        _checks.assert_values("q_positions", q_positions.min() >= k_positions.min(),
+                              "no position before every key position (causal: such a query precedes every key "
+                              "and has nothing to attend to)")
 
 
 @dataclass(frozen=True)
@@ -371,6 +392,7 @@ class Launch:
     k_positions: torch.Tensor
     inv_freq: torch.Tensor  # float32, contiguous
     leaky: torch.Tensor  # the pieces of theta / k (Leaky ReRoPE), else inv_freq (unused)
+    row_scale: torch.Tensor  # float32 log-n factors per query (logn_length), else inv_freq (unused)
     constants: dict
     sizes: dict  # BLOCK_M, BLOCK_N
     launch_options: dict  # num_warps (num_stages)
@@ -382,15 +404,19 @@ class Launch:
 
 
 def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causal, window, leaky_scale,
-                   softmax_scale, block_m, block_n, num_warps, num_stages, rotate=True) -> Launch:
+                   softmax_scale, block_m, block_n, num_warps, num_stages, rotate=True, logn_length=None) -> Launch:
     """Check every argument of :func:`launch` (the package's errors, naming the argument) and
     derive what the kernels take."""
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, 16)  # block_size: the reference's; the kernel's are below
+                               softmax_scale, 16, logn_length)  # block_size: the reference's; the kernel's below
     leaky = None
     if options.leaky_scale is not None and inv_freq.is_floating_point():
         leaky = leaky_frequencies(inv_freq, options.leaky_scale)
     _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, options.causal, leaky)
+    row_scale = inv_freq.contiguous()
+    if options.logn_length is not None:
+        check_logn_positions(q_positions)
+        row_scale = logn_factors(q_positions, options.logn_length).to(torch.float32).contiguous()
     for name, value in dict(block_m=block_m, block_n=block_n).items():
         if value is not None:
             value = _checks.integer(name, value, minimum=16)
@@ -405,11 +431,11 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
     constants = kernel_constants(q.shape[3], 2 * inv_freq.numel(), v.shape[3],
                                  interleaved=options.layout == "interleaved", causal=options.causal, mode=mode,
                                  dtype=q.dtype, bf16_by_bits=interpreted,
-                                 rotate=_checks.flag("rotate", rotate))
+                                 rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
     return Launch(
         options=options, mode=mode,
         q_positions=q_positions.to(torch.int64).contiguous(), k_positions=k_positions.to(torch.int64).contiguous(),
-        inv_freq=inv_freq.contiguous(), leaky=inv_freq.contiguous() if leaky is None else leaky,
+        inv_freq=inv_freq.contiguous(), leaky=inv_freq.contiguous() if leaky is None else leaky, row_scale=row_scale,
         constants=constants, sizes=dict(BLOCK_M=block_m or default[0], BLOCK_N=block_n or default[1]),
         launch_options=dict(num_warps=num_warps or default[2]) | (
             {} if num_stages is None else dict(num_stages=_checks.integer("num_stages", num_stages, minimum=1))),
@@ -419,7 +445,8 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
 def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
            window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
            block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-           num_stages: int | None = None, rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+           num_stages: int | None = None, rotate: bool = True,
+           logn_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): attention with RoPE, ReRoPE or Leaky ReRoPE logits, q and k rotated on load.
 
     Shapes (as :func:`rope.attention.blockwise.rotary_attention`)::
@@ -441,12 +468,14 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     is the float64 reference of this kernel); the arithmetic is in the module docstring.
     ``block_m`` and ``block_n`` (powers of two, at least 16) and ``num_warps``, ``num_stages``
     fix the launch; by default 16 x 16 in Triton's interpreter and :data:`GPU_LAUNCH` on a GPU.
+    ``logn_length`` L multiplies the logits of the query at position m by
+    ``max(1, ln(m + 1) / ln L)`` (log-n scaling, :mod:`rope.attention.logn`; positions from 0).
     ``rotate=False`` skips the rotations (attention on q and k as given, a window still selecting
     between the frames' identical logits): the same kernel without RoPE, the benchmark's baseline.
     """
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
-                         num_warps=num_warps, num_stages=num_stages, rotate=rotate)
+                         num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length)
     batch, q_len, heads_q, _ = q.shape
     out = q.new_empty(batch, q_len, heads_q, v.shape[3])
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
@@ -456,7 +485,7 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     attention_forward_kernel[grid](
         q, k, v,
         out, lse,
-        run.q_positions, run.k_positions, run.inv_freq, run.leaky,
+        run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
         *q.stride()[:3],
         *k.stride()[:3],
         *v.stride()[:3],

@@ -44,6 +44,7 @@ from .triton_attention import (
     _pair_offsets,
     _query_frames,
     _query_head,
+    _row_factors,
     _token_block,
     prepare_launch,
 )
@@ -67,10 +68,11 @@ def _turned_back(ga, gb, turns, ROTATE: tl.constexpr):
 
 @triton.jit
 def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta,
-                               window, qk_scale, softmax_scale, MODE: tl.constexpr, HAS_TAIL: tl.constexpr,
+                               factors, window, qk_scale, softmax_scale, MODE: tl.constexpr, HAS_TAIL: tl.constexpr,
                                PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
     """(P, dL, bent) of one tile, [BLOCK_M, BLOCK_N] float32: the recomputed softmax weights, the
-    logits' gradient s P (dP - D) and the mask of pairs that take pass 2 (False without a window)."""
+    logits' gradient s f P (dP - D) (f the rows' log-n ``factors``, else 1) and the mask of pairs
+    that take pass 2 (False without a window)."""
     x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
     bent = (m[:, None] - n[None, :]) >= window
     if MODE != 0:
@@ -78,9 +80,9 @@ def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v
         x = tl.where(bent, bent_x, x)
     else:
         bent = bent & (window < 0)  # no pair is bent (window is 0)
-    p = tl.where(valid, tl.exp2(x * qk_scale - lse[:, None] * LOG2E_C), 0.0)
+    p = tl.where(valid, tl.exp2(x * (qk_scale * factors)[:, None] - lse[:, None] * LOG2E_C), 0.0)
     dp = _dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
-    d_logits = p * (dp - delta[:, None]) * softmax_scale
+    d_logits = p * (dp - delta[:, None]) * (softmax_scale * factors)[:, None]
     return p, d_logits, bent
 
 
@@ -106,7 +108,7 @@ def attention_dkdv_kernel(
     Q, K, V, DO,
     LSE, DELTA,
     DK, DV,
-    Q_POS, K_POS, FREQ, LEAKY_FREQ,
+    Q_POS, K_POS, FREQ, LEAKY_FREQ, ROW_SCALE,
     # Strides (batch, token, head) in elements; the last dimension of each is contiguous
     sq_b, sq_s, sq_h,
     sk_b, sk_s, sk_h,
@@ -122,7 +124,7 @@ def attention_dkdv_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (j, b h_k): dk and dv of keys [j BLOCK_N, (j + 1) BLOCK_N) of key head h_k of batch
@@ -164,11 +166,12 @@ def attention_dkdv_kernel(
                     valid = valid & (n[None, :] <= m[:, None])
                 lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
                 delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
+                factors = _row_factors(ROW_SCALE, rows, row_mask, LOGN)
                 do_mask = row_mask[:, None] & (d < V_DIM)[None, :]
                 do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
                 p, d_logits, bent = _probabilities_and_dlogits(
-                    qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, window, qk_scale,
-                    softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
+                    qk_scale, softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 dv = _dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
                 dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
                 dl1 = tl.where(bent, 0.0, dl).to(qa.dtype)
@@ -202,7 +205,7 @@ def attention_dq_kernel(
     Q, K, V, DO,
     LSE, DELTA,
     DQ,
-    Q_POS, K_POS, FREQ, LEAKY_FREQ,
+    Q_POS, K_POS, FREQ, LEAKY_FREQ, ROW_SCALE,
     # Strides (batch, token, head) in elements
     sq_b, sq_s, sq_h,
     sk_b, sk_s, sk_h,
@@ -217,7 +220,7 @@ def attention_dq_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (i, b h): dq of queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b."""
@@ -236,6 +239,7 @@ def attention_dq_kernel(
     row_head = bh.to(tl.int64) * q_len
     lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
     delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
+    factors = _row_factors(ROW_SCALE, rows, row_mask, LOGN)
 
     dqa1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
     dqb1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
@@ -255,8 +259,8 @@ def attention_dq_kernel(
             if CAUSAL:
                 valid = valid & (n[None, :] <= m[:, None])
             p, d_logits, bent = _probabilities_and_dlogits(
-                qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, window, qk_scale,
-                softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
+                qk_scale, softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
             dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
             dl1 = tl.where(bent, 0.0, dl).to(qa.dtype)
             dqa1 = _dot(dl1, ka1, dqa1, PRECISION, BF16_BY_BITS)
@@ -281,15 +285,15 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
                     layout: str = "half", causal: bool = True, window: int | None = None,
                     leaky_scale: float | None = None, softmax_scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                    num_stages: int | None = None,
-                    rotate: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    num_stages: int | None = None, rotate: bool = True,
+                    logn_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the gradients of :func:`.triton_attention.launch`
     for its ``out`` and ``lse`` and the incoming ``grad_out`` (out's shape) and ``grad_lse``
     (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
     (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline)."""
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
-                         num_warps=num_warps, num_stages=num_stages, rotate=rotate)
+                         num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dq.numel() == 0 or q.shape[1] == 0:
@@ -300,7 +304,7 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     delta = delta.contiguous()
     lse = lse.contiguous()
     batch, q_len, heads_q, _ = q.shape
-    common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky)
+    common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     scalars = (*run.runtime_scalars(q, k), run.options.scale)
     launch_options = dict(**run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False)
