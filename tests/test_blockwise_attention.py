@@ -34,8 +34,12 @@ def case(seed, *, q_len=11, k_len=13, heads_q=4, heads_k=2, head_dim=10, pairs=5
 
 
 def reference(q, k, v, q_positions, k_positions, theta, *, layout="half", causal=True, window=None, leaky_scale=None,
-              softmax_scale=None, logn_length=None):
-    """The whole [batch, heads_q, q_len, k_len] matrix: training-form logits, scale, mask, softmax, @ V."""
+              softmax_scale=None, logn_length=None, attention_factor=1.0):
+    """The whole [batch, heads_q, q_len, k_len] matrix: training-form logits, scale, mask, softmax, @ V;
+    the attention factor scales the rotated coordinates of q and k (the first rotary_dim)."""
+    if attention_factor != 1.0:
+        rotary = torch.arange(q.shape[3]) < 2 * theta.numel()
+        q, k = (torch.where(rotary, attention_factor * t.double(), t.double()) for t in (q, k))
     if window is None:
         logits = rerope.rotary_scores(q, k, q_positions, k_positions, theta, layout=layout)
     else:
@@ -346,6 +350,10 @@ BAD = [
     (dict(block_size=True), TypeError, "block_size"),
     (dict(block_size=None), TypeError, "block_size"),
     (dict(logn_length=1), ValueError, "logn_length"),
+    (dict(attention_factor=0.0), ValueError, "attention_factor"),
+    (dict(attention_factor=math.nan), ValueError, "attention_factor"),
+    (dict(attention_factor="2"), TypeError, "attention_factor"),
+    (dict(attention_factor=True), TypeError, "attention_factor"),
     (dict(logn_length=16.0), TypeError, "logn_length"),
     (dict(logn_length=False), TypeError, "logn_length"),
     (dict(q_positions=lambda p: p - 30, k_positions=lambda p: p - 30, logn_length=8), ValueError,
@@ -548,3 +556,16 @@ def test_log_n_scaling_multiplies_each_query_row(method):
     assert logn_scale(inputs[3], 8).min() > 1
     check(inputs, 4, window=window, leaky_scale=leaky_scale, logn_length=8)
     assert_gradients_match(inputs, 4, window=window, leaky_scale=leaky_scale, logn_length=8)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_attention_factor_scales_the_rotated_coordinates(method):
+    """attention_factor a: the rotated coordinates of q and k times a (transformers' cos and sin carry
+    it), the unrotated tail not; output and gradients, with partial rotary so that the tail is there."""
+    window, leaky_scale = METHODS[method]
+    inputs = case(32, head_dim=12, pairs=4)
+    check(inputs, 4, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
+    assert_gradients_match(inputs, 4, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
+    plain = rotary_attention(*inputs, window=window, leaky_scale=leaky_scale)
+    assert (rotary_attention(*inputs, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
+            - plain).abs().max() > 1e-3

@@ -50,14 +50,19 @@ def case(seed, *, q_len=20, k_len=37, heads_q=4, heads_k=2, head_dim=32, pairs=1
 
 
 def same_roundings(q, k, v, q_positions, k_positions, theta, *, layout="half", causal=True, window=None,
-                   leaky_scale=None, softmax_scale=None, logn_length=None):
+                   leaky_scale=None, softmax_scale=None, logn_length=None, attention_factor=1.0):
     """(out, lse) in float64 from the rotated q and k rounded to their dtype (module docstring); the
     second pass in the frame of rope.attention.rerope.bent_frame."""
     group = q.shape[2] // k.shape[2]
 
+    rotary = torch.arange(q.shape[3]) < 2 * theta.numel()
+
+    def turned(x, positions, inv_freq):  # a R x on the rotated coordinates, rounded to x's dtype
+        return torch.where(rotary, attention_factor * _rotated(x, positions, inv_freq, layout), x.double())
+
     def logits(frame):
-        q_rot = _rotated(q, *frame(q_positions, True), layout).to(q.dtype).double()
-        k_rot = _rotated(k, *frame(k_positions, False), layout).to(k.dtype).double()
+        q_rot = turned(q, *frame(q_positions, True)).to(q.dtype).double()
+        k_rot = turned(k, *frame(k_positions, False)).to(k.dtype).double()
         return torch.einsum("bihd,bjhd->bhij", q_rot, k_rot.repeat_interleave(group, dim=2))
 
     x = logits(lambda positions, query: (positions, theta))
@@ -96,6 +101,7 @@ def check(inputs, **options):
     expected, expected_lse = same_roundings(*cpu, **reference)
     assert out.dtype == q.dtype and out.shape == expected.shape and lse.dtype == torch.float32
     factor = 1.0 if options.get("logn_length") is None else logn_scale(cpu[3], options["logn_length"]).max().item()
+    factor *= options.get("attention_factor", 1.0) ** 2
     err = (out.cpu().double() - expected).abs().max().item()
     bound = tolerance(*cpu[:3], options.get("softmax_scale"), factor)
     assert err <= bound, f"output error {err:.3g} > {bound:.3g}"
@@ -291,6 +297,9 @@ BAD = [
     (dict(q_positions=lambda p: p - 100, k_positions=lambda p: p - 100, logn_length=8), ValueError,
      "q_positions must hold no negative position"),
     (dict(logn_length=1), ValueError, "logn_length"),
+    (dict(attention_factor=-1.0), ValueError, "attention_factor"),
+    (dict(attention_factor=None), TypeError, "attention_factor"),
+    (dict(attention_factor=2.0, rotate=False), ValueError, "rotate=False takes 1"),
     (dict(logn_length=8.0), TypeError, "logn_length"),
     (dict(logn_length=True), TypeError, "logn_length"),
     (dict(k=lambda k: k[:, :0], v=lambda v: v[:, :0], k_positions=lambda p: p[:0], causal=False), ValueError,
@@ -545,4 +554,18 @@ def test_log_n_scaling_forward_and_backward(dtype, method):
     assert_gradients_match(inputs, window=window, leaky_scale=leaky_scale, logn_length=16)
     plain, _ = launch(*inputs, window=window, leaky_scale=leaky_scale)
     scaled, _ = launch(*inputs, window=window, leaky_scale=leaky_scale, logn_length=16)
+    assert (scaled.double() - plain.double()).abs().max() > 10 * tolerance(*inputs[:3])
+
+
+@pytest.mark.parametrize("dtype, method", [(torch.float32, "rope"), (torch.bfloat16, "rerope"),
+                                           (torch.float16, "leaky16")])
+def test_the_attention_factor_scales_the_rotated_coordinates(dtype, method):
+    """attention_factor a (YaRN's): the rotated coordinates of q and k times a, the tail not (partial
+    rotary here), as rope.attention.blockwise.rotary_attention defines it; forward and backward."""
+    window, leaky_scale = METHODS[method]
+    inputs = case(31, q_len=16, k_len=27, head_dim=40, pairs=12, dtype=dtype)
+    check(inputs, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
+    assert_gradients_match(inputs, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
+    plain, _ = launch(*inputs, window=window, leaky_scale=leaky_scale)
+    scaled, _ = launch(*inputs, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
     assert (scaled.double() - plain.double()).abs().max() > 10 * tolerance(*inputs[:3])

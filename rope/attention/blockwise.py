@@ -115,10 +115,20 @@ def _tile_kind(m_lo: int, m_hi: int, n_lo: int, n_hi: int, causal: bool, window:
     return "both"
 
 
-def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str, window: int,
-          leaky_scale: float | None, query: bool) -> torch.Tensor:
+def _turn(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: _Options,
+          conjugate: bool = False) -> torch.Tensor:
+    """a R_p x (a R_p^T x with ``conjugate``), float64: the rotation of :func:`.rerope._rotated` with
+    the attention factor a on the rotated coordinates (the first rotary_dim; the tail is not scaled)."""
+    turned = _rotated(x, positions, inv_freq, options.layout, conjugate=conjugate)
+    if options.attention_factor != 1.0:
+        turned[..., : 2 * inv_freq.numel()] *= options.attention_factor
+    return turned
+
+
+def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: _Options,
+          query: bool) -> torch.Tensor:
     """The pass-2 rotation of a query or key block, float64."""
-    return _rotated(x, *bent_frame(positions, inv_freq, window, leaky_scale, query), layout)
+    return _turn(x, *bent_frame(positions, inv_freq, options.window, options.leaky_scale, query), options)
 
 
 def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
@@ -133,7 +143,7 @@ def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
 
 
 def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size,
-                   logn_length=None) -> _Options:
+                   logn_length=None, attention_factor=1.0) -> _Options:
     """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim))."""
     check_layout(layout)
     _checks.flag("causal", causal)
@@ -147,14 +157,16 @@ def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale,
         scale = _checks.number("softmax_scale", softmax_scale, positive=True)
     block_size = _checks.integer("block_size", block_size, minimum=1)
     logn_length = _checks.optional_integer("logn_length", logn_length, minimum=2)  # ln L must be positive
-    return _Options(layout, causal, window, leaky_scale, scale, block_size, logn_length)
+    attention_factor = _checks.number("attention_factor", attention_factor, positive=True)
+    return _Options(layout, causal, window, leaky_scale, scale, block_size, logn_length, attention_factor)
 
 
 def _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, logn_length=None) -> _Options:
+                     softmax_scale, block_size, logn_length=None, attention_factor=1.0) -> _Options:
     """Everything but tensor values (the real and the fake implementations alike); return the options."""
     _check_tensors(q, k, v, q_positions, k_positions, inv_freq)
-    return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size, logn_length)
+    return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size, logn_length,
+                          attention_factor)
 
 
 def _check_values(q_positions, k_positions, inv_freq, causal: bool, logn_length=None) -> None:
@@ -200,6 +212,7 @@ def rotary_attention(
     q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
     window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
     block_size: int = 128, return_stats: bool = False, logn_length: int | None = None,
+    attention_factor: float = 1.0,
 ) -> torch.Tensor | tuple[torch.Tensor, TileStats]:
     """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, block by block, in float64.
 
@@ -218,6 +231,9 @@ def rotary_attention(
     with the exactly reduced angles of :func:`.rerope._rotated`. ``s`` is ``softmax_scale``, by
     default ``1 / sqrt(d)``; with ``logn_length`` L (log-n scaling, :mod:`.logn`) the logits of the
     query at position m are also multiplied by ``max(1, ln(m + 1) / ln L)`` (positions from 0).
+    ``attention_factor`` a (YaRN's, :func:`rope.inv_freq`'s second value) scales the rotated
+    coordinates of q and k, as transformers' cos and sin tables carry it: the rotary part of each
+    logit by a^2, the unrotated tail not at all.
     ``causal`` masks every key whose position exceeds the query's. The output is float64 whatever
     the inputs' dtype: the inputs are taken exactly as given and every operation is float64, which
     makes this a reference for kernels, not a fast path.
@@ -240,12 +256,12 @@ def rotary_attention(
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
     """
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size, logn_length)
+                               softmax_scale, block_size, logn_length, attention_factor)
     _checks.flag("return_stats", return_stats)
     out, _ = blockwise_attention(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal,
                                  window=options.window, leaky_scale=options.leaky_scale,
                                  softmax_scale=options.scale, block_size=options.block_size,
-                                 logn_length=options.logn_length)
+                                 logn_length=options.logn_length, attention_factor=options.attention_factor)
     if not return_stats:
         return out
     stats = TileStats()  # counted on the host from the positions alone (a graph break under torch.compile)
@@ -265,6 +281,7 @@ class _Options:
     scale: float
     block_size: int
     logn_length: int | None = None
+    attention_factor: float = 1.0
 
 
 def _tiles(q_positions, k_positions, options: _Options, stats: TileStats | None = None):
@@ -308,9 +325,8 @@ def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: _Options):
 
 def _block_rotations(x, positions, inv_freq, kind, options: _Options, query: bool):
     """(plain, bent) rotated copies of a block, float64, each None where the tile kind needs none."""
-    plain = _rotated(x, positions, inv_freq, options.layout) if kind in ("plain", "both") else None
-    bent = (_bent(x, positions, inv_freq, options.layout, options.window, options.leaky_scale, query)
-            if kind in ("bent", "both") else None)
+    plain = _turn(x, positions, inv_freq, options) if kind in ("plain", "both") else None
+    bent = _bent(x, positions, inv_freq, options, query) if kind in ("bent", "both") else None
     return plain, bent
 
 
@@ -350,17 +366,18 @@ def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: _Options):
     """The query block's (plain, bent) rotations, each computed on first need and kept for its key blocks."""
     plain, bent = q_rot
     if kind in ("plain", "both") and plain is None:
-        plain = _rotated(q_block, m, inv_freq, options.layout)
+        plain = _turn(q_block, m, inv_freq, options)
     if kind in ("bent", "both") and bent is None:
-        bent = _bent(q_block, m, inv_freq, options.layout, options.window, options.leaky_scale, query=True)
+        bent = _bent(q_block, m, inv_freq, options, query=True)
     return [plain, bent]
 
 
 def _unrotate(g, positions, inv_freq, options: _Options, bent: bool, query: bool):
-    """R^T g for the rotation a (plain or bent) pass applied to these tokens: the same angles, sin negated."""
+    """a R^T g for the rotation a R a (plain or bent) pass applied to these tokens: the same angles, sin
+    negated, and the attention factor a."""
     if bent:
         positions, inv_freq = bent_frame(positions, inv_freq, options.window, options.leaky_scale, query)
-    return _rotated(g, positions, inv_freq, options.layout, conjugate=True)
+    return _turn(g, positions, inv_freq, options, conjugate=True)
 
 
 def _group_sum(g, group):
@@ -440,6 +457,7 @@ def blockwise_attention(
     softmax_scale: Number | None = None,
     block_size: Number = 128,
     logn_length: Number | None = None,
+    attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the float64 output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the
     float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]``. Differentiable in q, k and
@@ -449,7 +467,7 @@ def blockwise_attention(
         TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
     """
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size, logn_length)
+                               softmax_scale, block_size, logn_length, attention_factor)
     _check_values(q_positions, k_positions, inv_freq, causal, options.logn_length)
     with torch.no_grad():
         return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
@@ -457,9 +475,9 @@ def blockwise_attention(
 
 @blockwise_attention.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
-      softmax_scale=None, block_size=128, logn_length=None):
+      softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0):
     _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, logn_length)
+                     softmax_scale, block_size, logn_length, attention_factor)
     batch, q_len, heads_q, _ = q.shape
     return (q.new_empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64),
             q.new_empty(batch, heads_q, q_len, dtype=torch.float64))
@@ -496,11 +514,12 @@ def blockwise_attention_backward(
     softmax_scale: Number | None = None,
     block_size: Number = 128,
     logn_length: Number | None = None,
+    attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
     (module docstring) for its saved ``out``, ``lse`` and the incoming ``grad_out``, ``grad_lse``."""
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size, logn_length)
+                               softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     with torch.no_grad():
         grads = _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
@@ -509,9 +528,9 @@ def blockwise_attention_backward(
 
 @blockwise_attention_backward.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
-      window=None, leaky_scale=None, softmax_scale=None, block_size=128, logn_length=None):
+      window=None, leaky_scale=None, softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0):
     _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, logn_length)
+                     softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 

@@ -1,7 +1,7 @@
 """The RoPE-inside-attention kernels as differentiable PyTorch operators.
 
 * ``torch.ops.rope.fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal,
-  window, leaky_scale, softmax_scale, logn_length) -> (out, lse)``: the forward kernel
+  window, leaky_scale, softmax_scale, logn_length, attention_factor) -> (out, lse)``: the forward kernel
   (:func:`.triton_attention.launch`); out in q's dtype, lse float32;
 * ``torch.ops.rope.fused_attention_backward(..., out, lse, grad_out, grad_lse, ...) -> (dq, dk,
   dv)``: the backward kernels (:func:`.triton_attention_backward.launch_backward`).
@@ -26,25 +26,27 @@ from .triton_attention_backward import _check_saved, launch_backward
 
 def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
                            causal: bool = True, window: int | None = None, leaky_scale: float | None = None,
-                           softmax_scale: float | None = None, logn_length: int | None = None) -> torch.Tensor:
+                           softmax_scale: float | None = None, logn_length: int | None = None,
+                           attention_factor: float = 1.0) -> torch.Tensor:
     """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, q and k rotated
     on load by the Triton kernels; differentiable in q, k and v.
 
-    Shapes and options (``logn_length``: log-n scaling of each query's logits) as
+    Shapes and options (``logn_length``: log-n scaling of each query's logits; ``attention_factor``:
+    YaRN's factor on the rotated coordinates) as
     :func:`rope.kernels.triton_attention.launch` (float16, bfloat16 or
     float32 q, k, v of one dtype; float32 inv_freq; integer positions in (-2^31, 2^31)); returns
     ``[batch, q_len, heads_q, v_dim]`` in q's dtype. The float64 reference is
     :func:`rope.attention.blockwise.rotary_attention`.
     """
     out, _ = fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                             softmax_scale, logn_length)
+                             softmax_scale, logn_length, attention_factor)
     return out
 
 
 def _check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                    softmax_scale, logn_length) -> None:
+                    softmax_scale, logn_length, attention_factor) -> None:
     _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
-                     16, logn_length)
+                     16, logn_length, attention_factor)
     check_kernel_dtypes(q, k, v, inv_freq)
 
 
@@ -62,17 +64,19 @@ def fused_attention(
     leaky_scale: Number | None = None,
     softmax_scale: Number | None = None,
     logn_length: Number | None = None,
+    attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of :func:`rope.kernels.triton_attention.launch`; differentiable in q, k and v."""
     return launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
-                  leaky_scale=leaky_scale, softmax_scale=softmax_scale, logn_length=logn_length)
+                  leaky_scale=leaky_scale, softmax_scale=softmax_scale, logn_length=logn_length,
+                  attention_factor=attention_factor)
 
 
 @fused_attention.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
-      softmax_scale=None, logn_length=None):
+      softmax_scale=None, logn_length=None, attention_factor=1.0):
     _check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
-                    logn_length)
+                    logn_length, attention_factor)
     batch, q_len, heads_q, _ = q.shape
     return q.new_empty(batch, q_len, heads_q, v.shape[3]), q.new_empty(batch, heads_q, q_len, dtype=torch.float32)
 
@@ -95,18 +99,19 @@ def fused_attention_backward(
     leaky_scale: Number | None = None,
     softmax_scale: Number | None = None,
     logn_length: Number | None = None,
+    attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of :func:`fused_attention` (:func:`rope.kernels.triton_attention_backward.launch_backward`)."""
     return launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout=layout,
                            causal=causal, window=window, leaky_scale=leaky_scale, softmax_scale=softmax_scale,
-                           logn_length=logn_length)
+                           logn_length=logn_length, attention_factor=attention_factor)
 
 
 @fused_attention_backward.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
-      window=None, leaky_scale=None, softmax_scale=None, logn_length=None):
+      window=None, leaky_scale=None, softmax_scale=None, logn_length=None, attention_factor=1.0):
     _check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
-                    logn_length)
+                    logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 

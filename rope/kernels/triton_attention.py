@@ -115,11 +115,14 @@ def _load_head(row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: 
 
 
 @triton.jit
-def _rotated(xa, xb, turns, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
-    """R x for the angles 2 pi turns / 2^64 (int64, wrapping), in float32, rounded to x's dtype;
-    x itself without ``ROTATE`` (the benchmark's baseline: the same kernel without RoPE)."""
+def _rotated(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+    """a R x for the angles 2 pi turns / 2^64 (int64, wrapping) and the attention factor a =
+    ``factor``, in float32, rounded to x's dtype; x itself without ``ROTATE`` (the benchmark's
+    baseline: the same kernel without RoPE, where launch() requires a = 1)."""
     if ROTATE:
         cos, sin = cos_sin_of_int32_turns(turns >> 32)
+        cos = cos * factor
+        sin = sin * factor
         a = _widened(xa, tl.float32, BF16_BY_BITS)
         b = _widened(xb, tl.float32, BF16_BY_BITS)
         ya = round_to_dtype(tl.fma(a, cos, -(b * sin)), xa.dtype, BF16_BY_BITS)
@@ -127,6 +130,17 @@ def _rotated(xa, xb, turns, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
     else:
         ya, yb = xa, xb
     return ya, yb
+
+
+@triton.jit
+def _scaled(x, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+    """a x rounded to x's dtype (ReRoPE's unrotated keys with the attention factor a = ``factor``);
+    x itself when a = 1 or without ``ROTATE``."""
+    if ROTATE:
+        y = round_to_dtype(_widened(x, tl.float32, BF16_BY_BITS) * factor, x.dtype, BF16_BY_BITS)
+    else:
+        y = x
+    return y
 
 
 @triton.jit
@@ -201,13 +215,13 @@ def _frame_turns(FREQ, LEAKY_FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, M
 
 
 @triton.jit
-def _query_frames(qa, qb, m, window, per, leaky_per, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+def _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
                   ROTATE: tl.constexpr):
     """(qa1, qb1, qa2, qb2, bent_turns): a query block rotated for pass 1 (m theta) and pass 2
     (ReRoPE: w theta for every query; Leaky ReRoPE: (m - w) theta / k + w theta), and the turns of
     pass 2; without a window pass 2 is pass 1."""
     turns = m[:, None] * per
-    qa1, qb1 = _rotated(qa, qb, turns, BF16_BY_BITS, ROTATE)
+    qa1, qb1 = _rotated(qa, qb, turns, factor, BF16_BY_BITS, ROTATE)
     if MODE == 0:
         qa2, qb2, bent_turns = qa1, qb1, turns
     else:
@@ -215,19 +229,20 @@ def _query_frames(qa, qb, m, window, per, leaky_per, MODE: tl.constexpr, BF16_BY
             bent_turns = tl.zeros_like(m)[:, None] + window * per
         else:
             bent_turns = (m - window)[:, None] * leaky_per + window * per
-        qa2, qb2 = _rotated(qa, qb, bent_turns, BF16_BY_BITS, ROTATE)
+        qa2, qb2 = _rotated(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE)
     return qa1, qb1, qa2, qb2, bent_turns
 
 
 @triton.jit
-def _key_frames(ka, kb, n, per, leaky_per, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+def _key_frames(ka, kb, n, per, leaky_per, factor, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+                ROTATE: tl.constexpr):
     """(ka1, kb1, ka2, kb2): a key block rotated for pass 1 (n theta) and pass 2 (ReRoPE:
     unrotated; Leaky ReRoPE: n theta / k); without a window pass 2 is pass 1."""
-    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
     if MODE == 1:
-        ka2, kb2 = ka, kb
+        ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
     elif MODE == 2:
-        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, BF16_BY_BITS, ROTATE)
+        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
     else:
         ka2, kb2 = ka1, kb1
     return ka1, kb1, ka2, kb2
@@ -248,8 +263,8 @@ def attention_forward_kernel(
     so_b, so_s, so_h,
     # Sizes
     q_len, k_len, heads_q, group,
-    # softmax_scale * log2(e), and the ReRoPE window w
-    qk_scale, window,
+    # softmax_scale * log2(e), the ReRoPE window w, the attention factor a (on the rotated coordinates)
+    qk_scale, window, factor,
     # Compile time: widths, layout, options (kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
@@ -269,7 +284,8 @@ def attention_forward_kernel(
     # The query block, rotated once per frame (pass 1; pass 2 for ReRoPE / Leaky ReRoPE)
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE, BF16_BY_BITS,
+                                                   ROTATE)
     row_scale = _row_factors(ROW_SCALE, rows, row_mask, LOGN) * qk_scale  # log2(e) s, times log-n factors
 
     m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -284,20 +300,20 @@ def attention_forward_kernel(
             ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
             # Each frame's keys are rotated only where the tile takes that pass
             if MODE == 0:
-                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
                 x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
             else:
                 if m_hi - n_lo < window:  # plain: every pair has r < w
-                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
                     x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 else:
-                    if MODE == 1:  # ReRoPE: keys unrotated
-                        ka2, kb2 = ka, kb
+                    if MODE == 1:  # ReRoPE: keys unrotated (times the attention factor)
+                        ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
                     else:
-                        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, BF16_BY_BITS, ROTATE)
+                        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
                     x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                     if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
-                        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, BF16_BY_BITS, ROTATE)
+                        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
                         plain = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                         x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
             valid = col_mask[None, :]
@@ -404,11 +420,12 @@ class Launch:
 
 
 def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causal, window, leaky_scale,
-                   softmax_scale, block_m, block_n, num_warps, num_stages, rotate=True, logn_length=None) -> Launch:
+                   softmax_scale, block_m, block_n, num_warps, num_stages, rotate=True, logn_length=None,
+                   attention_factor=1.0) -> Launch:
     """Check every argument of :func:`launch` (the package's errors, naming the argument) and
     derive what the kernels take."""
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, 16, logn_length)  # block_size: the reference's; the kernel's below
+                               softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
     leaky = None
     if options.leaky_scale is not None and inv_freq.is_floating_point():
         leaky = leaky_frequencies(inv_freq, options.leaky_scale)
@@ -432,6 +449,8 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
                                  interleaved=options.layout == "interleaved", causal=options.causal, mode=mode,
                                  dtype=q.dtype, bf16_by_bits=interpreted,
                                  rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
+    if not constants["ROTATE"] and options.attention_factor != 1.0:
+        raise ValueError(f"attention_factor = {options.attention_factor} scales the rotation: rotate=False takes 1")
     return Launch(
         options=options, mode=mode,
         q_positions=q_positions.to(torch.int64).contiguous(), k_positions=k_positions.to(torch.int64).contiguous(),
@@ -445,8 +464,8 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
 def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
            window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
            block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-           num_stages: int | None = None, rotate: bool = True,
-           logn_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           num_stages: int | None = None, rotate: bool = True, logn_length: int | None = None,
+           attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): attention with RoPE, ReRoPE or Leaky ReRoPE logits, q and k rotated on load.
 
     Shapes (as :func:`rope.attention.blockwise.rotary_attention`)::
@@ -468,6 +487,8 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     is the float64 reference of this kernel); the arithmetic is in the module docstring.
     ``block_m`` and ``block_n`` (powers of two, at least 16) and ``num_warps``, ``num_stages``
     fix the launch; by default 16 x 16 in Triton's interpreter and :data:`GPU_LAUNCH` on a GPU.
+    ``attention_factor`` a multiplies the rotated coordinates of q and k (the rotary part of each
+    logit by a^2), as :func:`rope.attention.blockwise.rotary_attention` defines it.
     ``logn_length`` L multiplies the logits of the query at position m by
     ``max(1, ln(m + 1) / ln L)`` (log-n scaling, :mod:`rope.attention.logn`; positions from 0).
     ``rotate=False`` skips the rotations (attention on q and k as given, a window still selecting
@@ -475,7 +496,8 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     """
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
-                         num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length)
+                         num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
+                         attention_factor=attention_factor)
     batch, q_len, heads_q, _ = q.shape
     out = q.new_empty(batch, q_len, heads_q, v.shape[3])
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
@@ -490,7 +512,7 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
         *k.stride()[:3],
         *v.stride()[:3],
         *out.stride()[:3],
-        *run.runtime_scalars(q, k),
+        *run.runtime_scalars(q, k), run.options.attention_factor,
         **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
     )
     return out, lse

@@ -54,11 +54,13 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _turned_back(ga, gb, turns, ROTATE: tl.constexpr):
-    """R^T g in float32 for the angles 2 pi turns / 2^64: (g_a cos + g_b sin, g_b cos - g_a sin);
-    g itself without ``ROTATE``."""
+def _turned_back(ga, gb, turns, factor, ROTATE: tl.constexpr):
+    """a R^T g in float32 for the angles 2 pi turns / 2^64 and the attention factor a = ``factor``:
+    a (g_a cos + g_b sin, g_b cos - g_a sin); g itself without ``ROTATE``."""
     if ROTATE:
         cos, sin = cos_sin_of_int32_turns(turns >> 32)
+        cos = cos * factor
+        sin = sin * factor
         ya = tl.fma(ga, cos, gb * sin)
         yb = tl.fma(gb, cos, -(ga * sin))
     else:
@@ -116,10 +118,10 @@ def attention_dkdv_kernel(
     sdo_b, sdo_s, sdo_h,
     sdk_b, sdk_s, sdk_h,
     sdv_b, sdv_s, sdv_h,
-    # Sizes, log2(e) softmax_scale, the window; and softmax_scale itself
+    # Sizes, log2(e) softmax_scale, the window; softmax_scale itself and the attention factor
     q_len, k_len, heads_q, group,
     qk_scale, window,
-    softmax_scale,
+    softmax_scale, factor,
     # Compile time: as the forward kernel (triton_attention.kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
@@ -139,7 +141,7 @@ def attention_dkdv_kernel(
     cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
     ka, kb, kt = _load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
-    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, MODE, BF16_BY_BITS, ROTATE)
     d = tl.arange(0, V_PAD)
     v = tl.load(V + batch * sv_b + head_k * sv_h + cols[:, None] * sv_s + d[None, :],
                 mask=col_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
@@ -159,8 +161,8 @@ def attention_dkdv_kernel(
             rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, start, q_len, BLOCK_M)
             if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
                 qa, qb, qt = _load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
-                qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS,
-                                                               ROTATE)
+                qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE,
+                                                               BF16_BY_BITS, ROTATE)
                 valid = row_mask[:, None] & col_mask[None, :]
                 if CAUSAL:
                     valid = valid & (n[None, :] <= m[:, None])
@@ -184,12 +186,12 @@ def attention_dkdv_kernel(
                 if HAS_TAIL:
                     dkt = _dot(tl.trans(dl), qt, dkt, PRECISION, BF16_BY_BITS)
 
-    dka, dkb = _turned_back(dka1, dkb1, n[:, None] * per, ROTATE)
-    if MODE == 1:
-        dka += dka2
-        dkb += dkb2
+    dka, dkb = _turned_back(dka1, dkb1, n[:, None] * per, factor, ROTATE)
+    if MODE == 1:  # ReRoPE's keys: unrotated, times the attention factor
+        dka += dka2 * factor
+        dkb += dkb2 * factor
     elif MODE == 2:
-        dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, ROTATE)
+        dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, factor, ROTATE)
         dka += dka2
         dkb += dkb2
     _store_head(DK + batch * sdk_b + cols * sdk_s + head_k * sdk_h, col_mask, dka, dkb, dkt, HALF, HALF_PAD, TAIL,
@@ -212,10 +214,10 @@ def attention_dq_kernel(
     sv_b, sv_s, sv_h,
     sdo_b, sdo_s, sdo_h,
     sdq_b, sdq_s, sdq_h,
-    # Sizes, log2(e) softmax_scale, the window; and softmax_scale itself
+    # Sizes, log2(e) softmax_scale, the window; softmax_scale itself and the attention factor
     q_len, k_len, heads_q, group,
     qk_scale, window,
-    softmax_scale,
+    softmax_scale, factor,
     # Compile time: as the forward kernel
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
@@ -232,7 +234,8 @@ def attention_dq_kernel(
     rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE, BF16_BY_BITS,
+                                                   ROTATE)
     d = tl.arange(0, V_PAD)
     do = tl.load(DO + batch * sdo_b + head * sdo_h + rows[:, None] * sdo_s + d[None, :],
                  mask=row_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
@@ -252,7 +255,7 @@ def attention_dq_kernel(
         cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, k_len, BLOCK_N)
         if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
             ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
-            ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, MODE, BF16_BY_BITS, ROTATE)
+            ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, MODE, BF16_BY_BITS, ROTATE)
             v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=col_mask[:, None] & (d < V_DIM)[None, :],
                         other=0.0)
             valid = row_mask[:, None] & col_mask[None, :]
@@ -272,9 +275,9 @@ def attention_dq_kernel(
             if HAS_TAIL:
                 dqt = _dot(dl, kt, dqt, PRECISION, BF16_BY_BITS)
 
-    dqa, dqb = _turned_back(dqa1, dqb1, m[:, None] * per, ROTATE)
+    dqa, dqb = _turned_back(dqa1, dqb1, m[:, None] * per, factor, ROTATE)
     if MODE != 0:
-        dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, ROTATE)
+        dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, factor, ROTATE)
         dqa += dqa2
         dqb += dqb2
     _store_head(DQ + batch * sdq_b + rows * sdq_s + head * sdq_h, row_mask, dqa, dqb, dqt, HALF, HALF_PAD, TAIL,
@@ -285,15 +288,16 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
                     layout: str = "half", causal: bool = True, window: int | None = None,
                     leaky_scale: float | None = None, softmax_scale: float | None = None,
                     block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                    num_stages: int | None = None, rotate: bool = True,
-                    logn_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    num_stages: int | None = None, rotate: bool = True, logn_length: int | None = None,
+                    attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the gradients of :func:`.triton_attention.launch`
     for its ``out`` and ``lse`` and the incoming ``grad_out`` (out's shape) and ``grad_lse``
     (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
     (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline)."""
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
-                         num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length)
+                         num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
+                         attention_factor=attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if dq.numel() == 0 or q.shape[1] == 0:
@@ -306,7 +310,7 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     batch, q_len, heads_q, _ = q.shape
     common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
-    scalars = (*run.runtime_scalars(q, k), run.options.scale)
+    scalars = (*run.runtime_scalars(q, k), run.options.scale, run.options.attention_factor)
     launch_options = dict(**run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False)
     grid = (triton.cdiv(k.shape[1], run.sizes["BLOCK_N"]), batch * k.shape[2])
     attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
