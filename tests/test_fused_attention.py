@@ -297,6 +297,9 @@ BAD = [
     (dict(q_positions=lambda p: p - 100, k_positions=lambda p: p - 100, logn_length=8), ValueError,
      "q_positions must hold no negative position"),
     (dict(logn_length=1), ValueError, "logn_length"),
+    (dict(q_positions=lambda p: p.expand(2, -1)), ValueError, "q_positions must have shape"),
+    (dict(k_positions=lambda p: p[None, None]), ValueError, "k_positions must have shape"),
+    (dict(k_positions=lambda p: p.float()), TypeError, "k_positions"),
     (dict(attention_factor=-1.0), ValueError, "attention_factor"),
     (dict(attention_factor=None), TypeError, "attention_factor"),
     (dict(attention_factor=2.0, rotate=False), ValueError, "rotate=False takes 1"),
@@ -569,3 +572,34 @@ def test_the_attention_factor_scales_the_rotated_coordinates(dtype, method):
     plain, _ = launch(*inputs, window=window, leaky_scale=leaky_scale)
     scaled, _ = launch(*inputs, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
     assert (scaled.double() - plain.double()).abs().max() > 10 * tolerance(*inputs[:3])
+
+
+@pytest.mark.parametrize("shapes", ["both", "queries", "keys"])
+@pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
+def test_positions_per_batch_row(shapes, method):
+    """[batch, seq] positions (one row per sequence: ragged offsets, unsorted) for the queries, the keys
+    or both, against the 1-D reference run row by row; forward, backward and log-n factors per row."""
+    window, leaky_scale = METHODS[method]
+    q, k, v, _, _, theta = case(33, q_len=12, k_len=30, batch=3)
+    gen = torch.Generator().manual_seed(33)
+    k_rows = torch.stack([torch.randperm(60, generator=gen)[:30] + 7 * b for b in range(3)])
+    q_rows = torch.stack([k_rows[b][torch.randperm(30, generator=gen)[:12]] for b in range(3)])
+    q_positions = q_rows if shapes != "keys" else torch.randperm(40, generator=gen)[:12] + 60  # after most keys
+    k_positions = k_rows if shapes != "queries" else k_rows[0]
+    if shapes == "queries":
+        q_positions = torch.stack([k_rows[0][torch.randperm(30, generator=gen)[:12]] for _ in range(3)])
+    q_positions, k_positions = q_positions.to(DEVICE), k_positions.to(DEVICE)
+    options = dict(window=window, leaky_scale=leaky_scale, logn_length=16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fused_rotary_attention(*leaves, q_positions, k_positions, theta, **options)
+    grad_out = torch.randn(out.shape, generator=gen).to(DEVICE)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    for b in range(3):
+        rows = [t[b:b + 1].detach().double().requires_grad_() for t in (q, k, v)]
+        m = q_positions[b] if q_positions.dim() == 2 else q_positions
+        n = k_positions[b] if k_positions.dim() == 2 else k_positions
+        expected = rotary_attention(*rows, m, n, theta, **options)
+        expected_grads = torch.autograd.grad(expected, rows, grad_out[b:b + 1].double())
+        assert (out[b:b + 1].double() - expected).abs().max() <= 4 * tolerance(q, k, v, factor=2.0)
+        for g, e in zip(grads, expected_grads):
+            assert (g[b:b + 1].double() - e).abs().max() <= GRADIENT_SLACK[q.dtype] * UNIT[q.dtype] * e.abs().max()

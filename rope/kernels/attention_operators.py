@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch.types import Number
 
-from ..attention.blockwise import _check_arguments, backward_formula, setup_context
-from .triton_attention import check_kernel_dtypes, launch
+from ..attention.blockwise import backward_formula, setup_context
+from .triton_attention import check_metadata, launch
 from .triton_attention_backward import _check_saved, launch_backward
 
 
@@ -41,13 +41,6 @@ def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layou
     out, _ = fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                              softmax_scale, logn_length, attention_factor)
     return out
-
-
-def _check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                    softmax_scale, logn_length, attention_factor) -> None:
-    _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
-                     16, logn_length, attention_factor)
-    check_kernel_dtypes(q, k, v, inv_freq)
 
 
 @torch.library.custom_op("rope::fused_attention", mutates_args=())
@@ -75,7 +68,7 @@ def fused_attention(
 @fused_attention.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
       softmax_scale=None, logn_length=None, attention_factor=1.0):
-    _check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
+    check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
                     logn_length, attention_factor)
     batch, q_len, heads_q, _ = q.shape
     return q.new_empty(batch, q_len, heads_q, v.shape[3]), q.new_empty(batch, heads_q, q_len, dtype=torch.float32)
@@ -110,7 +103,7 @@ def fused_attention_backward(
 @fused_attention_backward.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
       window=None, leaky_scale=None, softmax_scale=None, logn_length=None, attention_factor=1.0):
-    _check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
+    check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
                     logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -43,8 +43,8 @@ skipped.
 
 Domain (:func:`launch` refuses the rest with ``ValueError``): float16, bfloat16 or float32 q, k
 and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k, Leaky ReRoPE);
-positions with ``|m|`` < 2^31, so that every angle is reduced exactly and every difference m - n is
-an int64; every query with a key to attend to.
+positions, one row for the batch or one per sequence, with ``|m|`` < 2^31, so that every angle is
+reduced exactly and every difference m - n is an int64; every query with a key to attend to.
 
 The backward is :mod:`.triton_attention_backward`; both are differentiable operators in
 :mod:`.attention_operators` (:func:`.attention_operators.fused_rotary_attention`). No GPU ran these
@@ -261,6 +261,8 @@ def attention_forward_kernel(
     sk_b, sk_s, sk_h,
     sv_b, sv_s, sv_h,
     so_b, so_s, so_h,
+    # Batch strides of the positions and of the log-n factors (0: one row shared by the batch)
+    spq_b, spk_b, srs_b,
     # Sizes
     q_len, k_len, heads_q, group,
     # softmax_scale * log2(e), the ReRoPE window w, the attention factor a (on the rotated coordinates)
@@ -279,14 +281,15 @@ def attention_forward_kernel(
     batch, head, head_k = _query_head(bh, heads_q, group)
     HAS_TAIL: tl.constexpr = TAIL > 0
 
-    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
+    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
     per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
     # The query block, rotated once per frame (pass 1; pass 2 for ReRoPE / Leaky ReRoPE)
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE, BF16_BY_BITS,
                                                    ROTATE)
-    row_scale = _row_factors(ROW_SCALE, rows, row_mask, LOGN) * qk_scale  # log2(e) s, times log-n factors
+    # log2(e) s, times the log-n factors
+    row_scale = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN) * qk_scale
 
     m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_run = tl.zeros((BLOCK_M,), tl.float32)
@@ -295,7 +298,7 @@ def attention_forward_kernel(
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
     for start in range(0, k_len, BLOCK_N):
-        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, k_len, BLOCK_N)
+        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
         if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
             ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
             # Each frame's keys are rotated only where the tile takes that pass
@@ -389,13 +392,46 @@ def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bo
                               "values with |theta| / leaky_scale below 2^16 (Leaky ReRoPE's second pass)")
     for name, positions in dict(q_positions=q_positions, k_positions=k_positions).items():
         _checks.assert_values(name, (positions.abs() < MAX_POSITION).all(), "values in (-2^31, 2^31)")
-    # a key for every query, checked on the device (no host synchronisation on CUDA)
-    if q_positions.numel() and not k_positions.numel():
+    # a key for every query, checked on the device (no host synchronisation on CUDA), row by row
+    if q_positions.numel() and not k_positions.shape[-1]:
         raise ValueError("k_positions is empty: the queries have no key to attend to")
     if causal and q_positions.numel():
-        _checks.assert_values("q_positions", q_positions.min() >= k_positions.min(),
-                              "no position before every key position (causal: such a query precedes every key "
-                              "and has nothing to attend to)")
+        first_query, first_key = q_positions.amin(dim=-1), k_positions.amin(dim=-1)
+        _checks.assert_values("q_positions", (first_query >= first_key).all(),
+                              "no position before every key position of its batch row (causal: such a query "
+                              "precedes every key and has nothing to attend to)")
+
+
+def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
+                   logn_length, attention_factor) -> _Options:
+    """Every check that reads no tensor value (a fake implementation runs it too); the options.
+    :func:`rope.attention.blockwise._check_arguments` with positions of one row or one per batch
+    row, and the kernel's dtypes."""
+    _checks.head_tensors(q=q, k=k)
+    q_positions = _position_rows("q_positions", q_positions, q.shape[0], q.shape[1])
+    k_positions = _position_rows("k_positions", k_positions, k.shape[0], k.shape[1])
+    options = _check_arguments(q, k, v, _first_row(q_positions), _first_row(k_positions), inv_freq, layout, causal,
+                               window, leaky_scale, softmax_scale, 16, logn_length,
+                               attention_factor)  # block_size 16: unused here
+    check_kernel_dtypes(q, k, v, inv_freq)
+    return options
+
+
+def _position_rows(name: str, positions, batch: int, length: int) -> torch.Tensor:
+    """Integer positions ``[length]`` (shared by the batch) or ``[batch, length]`` (one row per
+    sequence), checked; returned as they are."""
+    _checks.integer_tensor(name, positions)
+    if tuple(positions.shape) not in ((length,), (batch, length)):
+        raise ValueError(f"{name} must have shape [{length}] (shared by the batch) or [batch, {length}] = "
+                         f"[{batch}, {length}], got {list(positions.shape)}")
+    return positions
+
+
+def _first_row(positions: torch.Tensor) -> torch.Tensor:
+    """A 1-D stand-in of the same dtype, device and length, for the checks written for 1-D positions."""
+    if positions.dim() == 1:
+        return positions
+    return positions[0] if positions.shape[0] else positions.new_zeros(positions.shape[1])
 
 
 @dataclass(frozen=True)
@@ -404,11 +440,12 @@ class Launch:
 
     options: _Options
     mode: int
-    q_positions: torch.Tensor  # int64, contiguous
+    q_positions: torch.Tensor  # int64, contiguous, [q_len] or [batch, q_len]
     k_positions: torch.Tensor
+    batch_strides: tuple  # of q_positions, k_positions and row_scale (0: shared by the batch)
     inv_freq: torch.Tensor  # float32, contiguous
     leaky: torch.Tensor  # the pieces of theta / k (Leaky ReRoPE), else inv_freq (unused)
-    row_scale: torch.Tensor  # float32 log-n factors per query (logn_length), else inv_freq (unused)
+    row_scale: torch.Tensor  # float32 log-n factors per query (logn_length), q_positions' shape; else inv_freq
     constants: dict
     sizes: dict  # BLOCK_M, BLOCK_N
     launch_options: dict  # num_warps (num_stages)
@@ -424,8 +461,8 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
                    attention_factor=1.0) -> Launch:
     """Check every argument of :func:`launch` (the package's errors, naming the argument) and
     derive what the kernels take."""
-    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
+    options = check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                             softmax_scale, logn_length, attention_factor)
     leaky = None
     if options.leaky_scale is not None and inv_freq.is_floating_point():
         leaky = leaky_frequencies(inv_freq, options.leaky_scale)
@@ -451,9 +488,10 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
                                  rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
     if not constants["ROTATE"] and options.attention_factor != 1.0:
         raise ValueError(f"attention_factor = {options.attention_factor} scales the rotation: rotate=False takes 1")
+    q_positions, k_positions = q_positions.to(torch.int64).contiguous(), k_positions.to(torch.int64).contiguous()
     return Launch(
-        options=options, mode=mode,
-        q_positions=q_positions.to(torch.int64).contiguous(), k_positions=k_positions.to(torch.int64).contiguous(),
+        options=options, mode=mode, q_positions=q_positions, k_positions=k_positions,
+        batch_strides=tuple(t.stride(0) if t.dim() == 2 else 0 for t in (q_positions, k_positions, row_scale)),
         inv_freq=inv_freq.contiguous(), leaky=inv_freq.contiguous() if leaky is None else leaky, row_scale=row_scale,
         constants=constants, sizes=dict(BLOCK_M=block_m or default[0], BLOCK_N=block_n or default[1]),
         launch_options=dict(num_warps=num_warps or default[2]) | (
@@ -473,8 +511,8 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
         q            [batch, q_len, heads_q, d]      float16/bfloat16/float32
         k            [batch, k_len, heads_k, d]      heads_q a multiple of heads_k
         v            [batch, k_len, heads_k, v_dim]
-        q_positions  [q_len]                         integers, |m| < 2^31, any order
-        k_positions  [k_len]
+        q_positions  [q_len] or [batch, q_len]       integers, |m| < 2^31, any order
+        k_positions  [k_len] or [batch, k_len]       (one row per sequence, or shared)
         inv_freq     [rotary_dim / 2]                float32, |theta_i| < 2^16
         out          [batch, q_len, heads_q, v_dim]  q's dtype
         lse          [batch, heads_q, q_len]         float32, natural log
@@ -512,6 +550,7 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
         *k.stride()[:3],
         *v.stride()[:3],
         *out.stride()[:3],
+        *run.batch_strides,
         *run.runtime_scalars(q, k), run.options.attention_factor,
         **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
     )

@@ -118,6 +118,8 @@ def attention_dkdv_kernel(
     sdo_b, sdo_s, sdo_h,
     sdk_b, sdk_s, sdk_h,
     sdv_b, sdv_s, sdv_h,
+    # Batch strides of the positions and of the log-n factors (0: one row shared by the batch)
+    spq_b, spk_b, srs_b,
     # Sizes, log2(e) softmax_scale, the window; softmax_scale itself and the attention factor
     q_len, k_len, heads_q, group,
     qk_scale, window,
@@ -138,7 +140,7 @@ def attention_dkdv_kernel(
     HAS_TAIL: tl.constexpr = TAIL > 0
     per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
 
-    cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
+    cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
     ka, kb, kt = _load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, MODE, BF16_BY_BITS, ROTATE)
@@ -158,7 +160,7 @@ def attention_dkdv_kernel(
         do_head = DO + batch * sdo_b + head * sdo_h
         row_head = (batch * heads_q + head) * q_len
         for start in range(0, q_len, BLOCK_M):
-            rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, start, q_len, BLOCK_M)
+            rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, start, q_len, BLOCK_M)
             if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
                 qa, qb, qt = _load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
                 qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE,
@@ -168,7 +170,7 @@ def attention_dkdv_kernel(
                     valid = valid & (n[None, :] <= m[:, None])
                 lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
                 delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
-                factors = _row_factors(ROW_SCALE, rows, row_mask, LOGN)
+                factors = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
                 do_mask = row_mask[:, None] & (d < V_DIM)[None, :]
                 do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
                 p, d_logits, bent = _probabilities_and_dlogits(
@@ -214,6 +216,8 @@ def attention_dq_kernel(
     sv_b, sv_s, sv_h,
     sdo_b, sdo_s, sdo_h,
     sdq_b, sdq_s, sdq_h,
+    # Batch strides of the positions and of the log-n factors (0: one row shared by the batch)
+    spq_b, spk_b, srs_b,
     # Sizes, log2(e) softmax_scale, the window; softmax_scale itself and the attention factor
     q_len, k_len, heads_q, group,
     qk_scale, window,
@@ -231,7 +235,7 @@ def attention_dq_kernel(
     HAS_TAIL: tl.constexpr = TAIL > 0
     per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
 
-    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
+    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE, BF16_BY_BITS,
@@ -242,7 +246,7 @@ def attention_dq_kernel(
     row_head = bh.to(tl.int64) * q_len
     lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
     delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
-    factors = _row_factors(ROW_SCALE, rows, row_mask, LOGN)
+    factors = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
 
     dqa1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
     dqb1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
@@ -252,7 +256,7 @@ def attention_dq_kernel(
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
     for start in range(0, k_len, BLOCK_N):
-        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, k_len, BLOCK_N)
+        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
         if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
             ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
             ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, MODE, BF16_BY_BITS, ROTATE)
@@ -314,10 +318,10 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     launch_options = dict(**run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False)
     grid = (triton.cdiv(k.shape[1], run.sizes["BLOCK_N"]), batch * k.shape[2])
     attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
-                                *dv.stride()[:3], *scalars, **launch_options)
+                                *dv.stride()[:3], *run.batch_strides, *scalars, **launch_options)
     grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
-    attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3], *scalars,
-                              **launch_options)
+    attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
+                              *run.batch_strides, *scalars, **launch_options)
     return dq, dk, dv
 
 
