@@ -350,6 +350,8 @@ BAD = [
     (dict(block_size=True), TypeError, "block_size"),
     (dict(block_size=None), TypeError, "block_size"),
     (dict(logn_length=1), ValueError, "logn_length"),
+    (dict(q_positions=lambda p: p.expand(3, -1)), ValueError, "q_positions must have shape"),
+    (dict(k_positions=lambda p: p[None, None]), ValueError, "k_positions must have shape"),
     (dict(attention_factor=0.0), ValueError, "attention_factor"),
     (dict(attention_factor=math.nan), ValueError, "attention_factor"),
     (dict(attention_factor="2"), TypeError, "attention_factor"),
@@ -569,3 +571,35 @@ def test_the_attention_factor_scales_the_rotated_coordinates(method):
     plain = rotary_attention(*inputs, window=window, leaky_scale=leaky_scale)
     assert (rotary_attention(*inputs, window=window, leaky_scale=leaky_scale, attention_factor=1.25)
             - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("shapes", ["both", "queries", "keys"])
+@pytest.mark.parametrize("method", ["rope", "leaky16"])
+def test_positions_per_batch_row_equal_each_row_alone(shapes, method):
+    """[batch, seq] positions: each batch row's output, gradients and tiles are those of that row
+    computed alone with its own 1-D positions."""
+    window, leaky_scale = METHODS[method]
+    q, k, v, q_positions, k_positions, theta = case(33)  # batch 2
+    gen = torch.Generator().manual_seed(33)
+    k_rows = torch.stack([k_positions, torch.randperm(40, generator=gen)[:13]])
+    q_rows = torch.stack([q_positions, k_rows[1][torch.randperm(13, generator=gen)[:11]] + 2])
+    m = q_rows if shapes != "keys" else q_positions + 40
+    n = k_rows if shapes != "queries" else k_positions
+    if shapes == "queries":
+        m = torch.stack([q_positions, q_positions.flip(0)])
+    options = dict(window=window, leaky_scale=leaky_scale, block_size=4, logn_length=8)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, stats = rotary_attention(*leaves, m, n, theta, return_stats=True, **options)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    total = TileStats()
+    for b in range(2):
+        rows = [t[b:b + 1].detach().requires_grad_() for t in (q, k, v)]
+        m_b, n_b = (m[b] if m.dim() == 2 else m), (n[b] if n.dim() == 2 else n)
+        alone, row_stats = rotary_attention(*rows, m_b, n_b, theta, return_stats=True, **options)
+        assert torch.equal(out[b:b + 1], alone)
+        for g, e in zip(grads, torch.autograd.grad(alone, rows, grad_out[b:b + 1])):
+            assert torch.equal(g[b:b + 1], e)
+        for field in ("tiles_plain", "tiles_bent", "tiles_both", "tiles_skipped"):
+            setattr(total, field, getattr(total, field) + getattr(row_stats, field))
+    assert stats == total

@@ -131,11 +131,36 @@ def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, opti
     return _turn(x, *bent_frame(positions, inv_freq, options.window, options.leaky_scale, query), options)
 
 
+def position_rows(name: str, positions, batch: int, length: int) -> torch.Tensor:
+    """Integer positions ``[length]`` (shared by the batch) or ``[batch, length]`` (one row per
+    sequence), checked; returned as they are."""
+    _checks.integer_tensor(name, positions)
+    if tuple(positions.shape) not in ((length,), (batch, length)):
+        raise ValueError(f"{name} must have shape [{length}] (shared by the batch) or [batch, {length}] = "
+                         f"[{batch}, {length}], got {list(positions.shape)}")
+    return positions
+
+
+def first_row(positions: torch.Tensor) -> torch.Tensor:
+    """A 1-D stand-in of the same dtype, device and length, for the checks written for 1-D positions."""
+    if positions.dim() == 1:
+        return positions
+    return positions[0] if positions.shape[0] else positions.new_zeros(positions.shape[1])
+
+
+def _row(positions: torch.Tensor, b: int) -> torch.Tensor:
+    """Batch row b's positions: row b of ``[batch, seq]`` positions, or the shared ``[seq]`` ones."""
+    return positions[b] if positions.dim() == 2 else positions
+
+
 def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
     """The tensors' metadata (dtypes, shapes, devices) without reading any value
     (:func:`.rerope.check_qk` with ``values=False``): it runs in the fake implementation and while
-    torch.compile traces."""
-    check_qk(q, k, q_positions, k_positions, inv_freq, values=False)
+    torch.compile traces. Positions are ``[seq]`` (shared) or ``[batch, seq]``."""
+    _checks.head_tensors(q=q, k=k)
+    q_positions = position_rows("q_positions", q_positions, q.shape[0], q.shape[1])
+    k_positions = position_rows("k_positions", k_positions, k.shape[0], k.shape[1])
+    check_qk(q, k, first_row(q_positions), first_row(k_positions), inv_freq, values=False)
     _checks.head_tensors(v=v)
     if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v {tuple(v.shape)} must match k {tuple(k.shape)} in batch, seq and heads")
@@ -175,6 +200,11 @@ def _check_values(q_positions, k_positions, inv_freq, causal: bool, logn_length=
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
     if logn_length is not None:
         check_logn_positions(q_positions)
+    if q_positions.dim() == 2 or k_positions.dim() == 2:  # a key for every query of every batch row
+        for b in range(max(q_positions.shape[0] if q_positions.dim() == 2 else 1,
+                           k_positions.shape[0] if k_positions.dim() == 2 else 1)):
+            _check_every_query_sees_a_key(_row(q_positions, b).tolist(), _row(k_positions, b).tolist(), causal)
+        return
     _check_every_query_sees_a_key(q_positions.tolist(), k_positions.tolist(), causal)
 
 
@@ -221,8 +251,8 @@ def rotary_attention(
         q            [batch, q_len, heads_q, d]         float16/bfloat16/float32/float64
         k            [batch, k_len, heads_k, d]         heads_q a multiple of heads_k
         v            [batch, k_len, heads_k, v_dim]     v_dim may differ from d
-        q_positions  [q_len]                            integers: any order, gaps, offsets
-        k_positions  [k_len]
+        q_positions  [q_len] or [batch, q_len]          integers: any order, gaps, offsets
+        k_positions  [k_len] or [batch, k_len]          (shared, or one row each)
         inv_freq     [rotary_dim / 2]                   float32/float64, rotary_dim <= d
         returns      [batch, q_len, heads_q, v_dim]     float64
 
@@ -265,9 +295,16 @@ def rotary_attention(
     if not return_stats:
         return out
     stats = TileStats()  # counted on the host from the positions alone (a graph break under torch.compile)
-    for _ in _tiles(q_positions, k_positions, options, stats):
-        pass
+    for b in _batch_rows(q, q_positions, k_positions):
+        for _ in _tiles(_row(q_positions, b), _row(k_positions, b), options, stats):
+            pass
     return out, stats
+
+
+def _batch_rows(q, q_positions, k_positions):
+    """The batch rows whose tiles differ: every row where some positions are per row, else one (the
+    shared positions give every row the same tiles)."""
+    return range(q.shape[0]) if 2 in (q_positions.dim(), k_positions.dim()) else range(1)
 
 
 @dataclass(frozen=True)
@@ -470,7 +507,12 @@ def blockwise_attention(
                                softmax_scale, block_size, logn_length, attention_factor)
     _check_values(q_positions, k_positions, inv_freq, causal, options.logn_length)
     with torch.no_grad():
-        return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
+        if q_positions.dim() == k_positions.dim() == 1:
+            return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
+        rows = [_forward(q[b:b + 1], k[b:b + 1], v[b:b + 1], _row(q_positions, b), _row(k_positions, b), inv_freq,
+                         options, None) for b in range(q.shape[0])]
+        return _stacked(rows, q.new_empty(0, q.shape[1], q.shape[2], v.shape[3], dtype=torch.float64),
+                        q.new_empty(0, q.shape[2], q.shape[1], dtype=torch.float64))
 
 
 @blockwise_attention.register_fake
@@ -522,8 +564,20 @@ def blockwise_attention_backward(
                                softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     with torch.no_grad():
-        grads = _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
+        if q_positions.dim() == k_positions.dim() == 1:
+            grads = _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
+        else:  # row by row: each batch row has its own tiles
+            rows = [_backward(q[b:b + 1], k[b:b + 1], v[b:b + 1], _row(q_positions, b), _row(k_positions, b),
+                              inv_freq, options, out[b:b + 1], lse[b:b + 1], grad_out[b:b + 1], grad_lse[b:b + 1])
+                    for b in range(q.shape[0])]
+            grads = _stacked(rows, *(torch.zeros_like(t, dtype=torch.float64) for t in (q, k, v)))
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def _stacked(rows: list[tuple], *empty: torch.Tensor) -> tuple:
+    """The per-row results (tuples of tensors with a batch dimension of 1) joined along the batch;
+    ``empty`` (the results of a batch of 0) when there is no row."""
+    return tuple(torch.cat(parts) for parts in zip(*rows)) if rows else empty
 
 
 @blockwise_attention_backward.register_fake

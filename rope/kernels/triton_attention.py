@@ -404,34 +404,13 @@ def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bo
 
 def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
                    logn_length, attention_factor) -> _Options:
-    """Every check that reads no tensor value (a fake implementation runs it too); the options.
-    :func:`rope.attention.blockwise._check_arguments` with positions of one row or one per batch
-    row, and the kernel's dtypes."""
-    _checks.head_tensors(q=q, k=k)
-    q_positions = _position_rows("q_positions", q_positions, q.shape[0], q.shape[1])
-    k_positions = _position_rows("k_positions", k_positions, k.shape[0], k.shape[1])
-    options = _check_arguments(q, k, v, _first_row(q_positions), _first_row(k_positions), inv_freq, layout, causal,
-                               window, leaky_scale, softmax_scale, 16, logn_length,
-                               attention_factor)  # block_size 16: unused here
+    """Every check that reads no tensor value (a fake implementation runs it too); the options:
+    :func:`rope.attention.blockwise._check_arguments` (positions of one row or one per batch row)
+    and the kernel's dtypes."""
+    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                               softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
     check_kernel_dtypes(q, k, v, inv_freq)
     return options
-
-
-def _position_rows(name: str, positions, batch: int, length: int) -> torch.Tensor:
-    """Integer positions ``[length]`` (shared by the batch) or ``[batch, length]`` (one row per
-    sequence), checked; returned as they are."""
-    _checks.integer_tensor(name, positions)
-    if tuple(positions.shape) not in ((length,), (batch, length)):
-        raise ValueError(f"{name} must have shape [{length}] (shared by the batch) or [batch, {length}] = "
-                         f"[{batch}, {length}], got {list(positions.shape)}")
-    return positions
-
-
-def _first_row(positions: torch.Tensor) -> torch.Tensor:
-    """A 1-D stand-in of the same dtype, device and length, for the checks written for 1-D positions."""
-    if positions.dim() == 1:
-        return positions
-    return positions[0] if positions.shape[0] else positions.new_zeros(positions.shape[1])
 
 
 @dataclass(frozen=True)
