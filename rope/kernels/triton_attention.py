@@ -63,7 +63,14 @@ import triton.language as tl
 
 from .. import _checks
 from ..attention.blockwise import _check_arguments, _Options, check_logn_positions, logn_factors
-from .triton_rotary import _fixed_point_phase, _interpreted, _widened, cos_sin_of_int32_turns, round_to_dtype
+from .triton_rotary import (
+    _fixed_point_phase,
+    _interpreted,
+    _pair_offsets,
+    _widened,
+    cos_sin_of_int32_turns,
+    round_to_dtype,
+)
 
 MAX_FREQUENCY = 2.0**16
 """The frequencies (and, for Leaky ReRoPE, frequencies / leaky_scale) the kernel reduces exactly."""
@@ -85,19 +92,6 @@ register spills for sm_90 in every mode (``rope.kernels.targets``; untimed: no G
 
 PLAIN, RE_ROPE, LEAKY = 0, 1, 2
 """The kernel's MODE: RoPE only, ReRoPE, Leaky ReRoPE."""
-
-
-@triton.jit
-def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Offsets (a_i, b_i) of the two coordinates of pair i, [HALF_PAD], and the mask of real pairs."""
-    j = tl.arange(0, HALF_PAD)
-    if INTERLEAVED:
-        a = 2 * j
-        b = 2 * j + 1
-    else:
-        a = j
-        b = j + HALF
-    return a, b, j < HALF
 
 
 @triton.jit

@@ -266,7 +266,8 @@ def _head_block(Q, K, QO, KO, block, blocks_q, batch, s, s_mask, heads_q, heads_
 
 @triton.jit
 def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
-    """Offsets (a_i, b_i) of the two coordinates of pair i, and the mask of real pairs."""
+    """Offsets (a_i, b_i) of the two coordinates of pair i, and the mask of real pairs, [HALF_PAD]
+    (the attention kernels use it too)."""
     j = tl.arange(0, HALF_PAD)
     if INTERLEAVED:
         a = 2 * j
@@ -274,7 +275,7 @@ def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.co
     else:
         a = j
         b = j + HALF
-    return a[None, None, :], b[None, None, :], (j < HALF)[None, None, :]
+    return a, b, j < HALF
 
 
 @triton.jit
@@ -288,6 +289,7 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
     SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
     c_hi + c_lo, s_hi + s_lo, times 2^k."""
     a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
     mask = row_mask & j_mask
     if FLOAT64_MATH:
         ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
@@ -317,6 +319,7 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
 @triton.jit
 def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
     a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
     mask = row_mask & j_mask
     return tl.load(x_row + a, mask=mask, other=0.0), tl.load(x_row + b, mask=mask, other=0.0)
 
