@@ -5,6 +5,8 @@ import math
 import re
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -143,3 +145,25 @@ def names(message: str, name: str) -> bool:
     """Whether an error message names the argument or config key ``name``: as a word of its own,
     not part of a longer identifier or an attribute (``x.name``)."""
     return re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message) is not None
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an operation returns, inside custom operators too
+    (rope's): a mode sees only a custom operator's outputs, so it runs those operators' CPU
+    implementations itself, under the mode (``inside`` counts the operations seen there)."""
+
+    largest = 0
+    inside = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace not in ("aten", "prim", "prims"):  # a custom operator
+            before = self.largest
+            with self:
+                result = func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
+            self.inside += 1
+            self.largest = max(before, self.largest)
+        else:
+            result = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        self.largest = max([self.largest, *sizes])
+        return result

@@ -6,11 +6,9 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 import rope
-from helpers import random_qk
+from helpers import LargestTensor, random_qk
 from rope.attention import rerope
 from rope.attention.blockwise import TileStats, rotary_attention
 from rope.attention.logn import logn_scale
@@ -227,28 +225,6 @@ def test_no_window_computes_plain_tiles_only_and_causal_skips_the_future():
     assert stats == TileStats(tiles_plain=10, tiles_skipped=6)
     _, stats = rotary_attention(*inputs, block_size=8, causal=False, return_stats=True)
     assert stats == TileStats(tiles_plain=16)
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the most elements of any tensor an operation returns, inside custom operators too
-    (rope's): a mode sees only a custom operator's outputs, so it runs those operators' CPU
-    implementations itself, under the mode (``inside`` counts the operations seen there)."""
-
-    largest = 0
-    inside = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace not in ("aten", "prim", "prims"):  # a custom operator
-            before = self.largest
-            with self:
-                result = func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **(kwargs or {}))
-            self.inside += 1
-            self.largest = max(before, self.largest)
-        else:
-            result = func(*args, **(kwargs or {}))
-        sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-        self.largest = max([self.largest, *sizes])
-        return result
 
 
 def test_the_largest_tensor_mode_sees_inside_the_operators():

@@ -9,14 +9,26 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import LargestTensor
 from rope import reference
 from rope.attention.encodings import alibi_slopes
-from rope.experiment import METHODS, PRESETS, Context, ModelSpec, RecallTask, TaskSpec, TinyTransformer, run, runner
+from rope.experiment import (
+    METHODS,
+    PRESETS,
+    Context,
+    ModelSpec,
+    RecallTask,
+    TaskSpec,
+    TinyTransformer,
+    methods,
+    run,
+    runner,
+)
 from rope.experiment.__main__ import DEFAULT_OUT, main
 from rope.experiment.data import ANCHOR, MARKOV, RECALL, recall_distances
 from rope.experiment.methods import Alibi, LogN, ReRoPE, Rotary
 from rope.experiment.runner import load_results
-from rope.experiment.train import PlainProgress, progress_bar, scored_logits
+from rope.experiment.train import PlainProgress, evaluate, progress_bar, scored_logits
 from rope.frequencies import inv_freq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +134,9 @@ def test_entropy_rate_matches_the_chain():
         (lambda: ModelSpec(vocab_size=10, d_model=30, num_heads=4), "num_heads"),
         (lambda: run("huge"), "preset"),
         (lambda: dataclasses.replace(PRESETS["tiny"], seed=-1), "seed"),
+        (lambda: dataclasses.replace(PRESETS["tiny"], long_eval_multiples=[64]), "long_eval_multiples"),
+        (lambda: dataclasses.replace(PRESETS["tiny"], long_eval_multiples=(64, 0)), r"long_eval_multiples\[1\]"),
+        (lambda: dataclasses.replace(PRESETS["tiny"], long_eval_multiples=(32.0,)), "long_eval_multiples"),
         (lambda: run(PRESETS["tiny"], methods=["rope", "sinusoidal"]), "sinusoidal"),
         (lambda: run("tiny", output="results.json", overwrite="yes"), "overwrite"),
         (lambda: run("tiny", output=3), "output"),
@@ -154,13 +169,13 @@ def test_every_method_runs_at_twice_the_training_length(name):
 
 @pytest.mark.parametrize("name", ["pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "llama3", "leaky_rerope", "logn"])
 def test_extension_methods_change_nothing_within_the_training_length(name):
-    """At length <= L every factor is 1: the scheme gives RoPE's logits."""
+    """At length <= L every factor is 1: the scheme attends as RoPE does."""
     gen = torch.Generator().manual_seed(3)
-    q, k = (torch.randn(2, 4 * L, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    q, k, v = (torch.randn(2, 4 * L, 2, 16, generator=gen, dtype=torch.float64) for _ in range(3))
     for length in (L, 4 * L):
-        positions = torch.arange(length)
-        plain = METHODS["rope"].build(_ctx(length)).logits(q[:, :length], k[:, :length], positions)
-        scaled = METHODS[name].build(_ctx(length)).logits(q[:, :length], k[:, :length], positions)
+        inputs = q[:, :length], k[:, :length], v[:, :length], torch.arange(length)
+        plain = METHODS["rope"].build(_ctx(length)).attend(*inputs)
+        scaled = METHODS[name].build(_ctx(length)).attend(*inputs)
         assert torch.allclose(scaled, plain, rtol=0, atol=1e-12) == (length == L)
 
 
@@ -201,11 +216,56 @@ def test_schemes_match_explicit_rotation_matrices():
     assert torch.allclose(Alibi(2).logits(q, k, positions), unrotated + bias, atol=1e-12)
 
     window = 5
+    v = torch.randn(2, seq, 2, 3, generator=gen, dtype=torch.float64)
     bends = ((None, lambda r: min(r, window)), (2.5, lambda r: r if r < window else window + (r - window) / 2.5))
     for leaky, bend in bends:
-        expected = _matrix_logits(q, k, lambda m, n: rot(-bend(m - n)))  # q^T R_{-r'} k, r' = bent m - n
-        got = ReRoPE(theta, window, leaky).logits(q, k, positions)
-        assert torch.allclose(got[..., causal], expected[..., causal], atol=1e-10)
+        logits = _matrix_logits(q, k, lambda m, n: rot(-bend(m - n)))  # q^T R_{-r'} k, r' = bent m - n
+        weights = logits.masked_fill(~causal, -math.inf).softmax(dim=-1)
+        expected = torch.einsum("bhmn,bnhd->bmhd", weights, v)
+        got = ReRoPE(theta, window, leaky).attend(q, k, v, positions)
+        assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+        plain = Rotary(theta).attend(q, k, v, positions)  # control: the bend matters at this length
+        assert not torch.allclose(plain, expected, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("leaky", [None, 3.0])
+def test_rerope_attends_through_the_fused_kernel_where_it_uses_the_kernel(leaky, monkeypatch):
+    """The CUDA branch of ReRoPE.attend, run by Triton's interpreter on CPU tensors: float32 q, k, v
+    give the float64 attention of the rotated inputs within float32 rounding, and never reach the
+    blockwise operator."""
+    gen = torch.Generator().manual_seed(11)
+    seq, dim = 48, 16
+    q, k, v = (torch.randn(1, seq, 2, dim, generator=gen) for _ in range(3))
+    theta = inv_freq({"rope_type": "default", "rope_theta": 10000.0}, dim)[0]
+    positions = torch.arange(seq)
+    expected = ReRoPE(theta, 8, leaky).attend(q.double(), k.double(), v.double(), positions)
+    monkeypatch.setattr(methods, "uses_kernel", lambda device: True)
+    monkeypatch.setattr("rope.attention.blockwise.rotary_attention", None)  # would fail if called
+    got = ReRoPE(theta, 8, leaky).attend(q, k, v, positions)
+    assert got.dtype == torch.float32 and got.shape == (1, seq, 2, dim)
+    assert (got.double() - expected).abs().max() < 1e-5
+
+
+def test_only_cuda_devices_use_the_kernel():
+    assert methods.uses_kernel(torch.device("cuda", 0)) and not methods.uses_kernel(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["rerope", "leaky_rerope"])
+def test_rerope_never_forms_the_seq_by_seq_matrix_in_the_model(name):
+    """A whole forward pass of the model at 1024 tokens: ReRoPE's largest tensor is a tile, a
+    quarter of seq^2 at most, where RoPE's written-out attention forms heads x seq^2."""
+    torch.manual_seed(0)
+    model = TinyTransformer(TINY).eval()
+    seq = 1024
+    tokens, _ = RecallTask(SPEC).sample(1, seq, seed=4)
+    with torch.no_grad():
+        with LargestTensor() as rerope_mode:
+            logits = model(tokens, METHODS[name].build(_ctx(seq)))
+        with LargestTensor() as rope_mode:
+            model(tokens, METHODS["rope"].build(_ctx(seq)))
+    assert torch.isfinite(logits).all()
+    assert rerope_mode.inside > 0 and rerope_mode.largest <= seq**2 // 4
+    assert rope_mode.largest >= TINY.num_heads * seq**2
 
 
 def test_dynamic_ntk_reads_each_block_with_its_prefix_length():
@@ -246,6 +306,23 @@ def test_tiny_preset_results_file_has_every_method_and_finite_numbers(tiny_resul
     assert all(t["final_loss"] < t["first_loss"] for t in loaded["training"].values())
     for name in ("pi", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "llama3", "logn", "leaky_rerope"):
         assert loaded["methods"][name]["loss"][0] == pytest.approx(loaded["methods"]["rope"]["loss"][0], abs=1e-6)
+    # The longer lengths: the O(seq)-memory methods alone, scored as evaluate() scores them.
+    long = loaded["long"]
+    assert long["lengths"] == config.long_eval_lengths == [64 * config.training_length]
+    assert set(long["methods"]) == {n for n, m in METHODS.items() if m.linear_memory} == {"rerope", "leaky_rerope"}
+    assert [s["length"] for s in long["samples"]] == long["lengths"]
+    length = long["lengths"][0]
+    spec = ModelSpec(config.task.vocab_size, config.d_model, config.num_heads, config.num_layers, config.mlp_ratio)
+    torch.manual_seed(config.seed)
+    untrained = TinyTransformer(spec)
+    tokens, kinds = RecallTask(config.task).sample(1, length, runner.EVAL_SEED + length)
+    ctx = Context(length=length, training_length=config.training_length, head_dim=spec.head_dim,
+                  num_heads=spec.num_heads, rope_theta=config.rope_theta, finetune_factor=4.0)
+    fresh = evaluate(untrained, METHODS["rerope"], ctx, tokens, kinds, batch_size=1)
+    assert fresh["loss"] > long["methods"]["rerope"]["loss"][0] + 0.1  # the trained model was scored
+    for row in long["methods"].values():
+        assert all(0.0 < x < 2 * math.log(config.task.vocab_size) for x in row["loss"])
+    assert "O(seq)-memory methods at longer lengths" in path.with_suffix(".md").read_text()
 
 
 def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_results, tmp_path, capsys):
@@ -255,6 +332,7 @@ def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_result
     again = load_results(path)
     for name in ("rope", "yarn"):
         assert again["methods"][name] == results["methods"][name]
+    assert again["long"] == {"lengths": [], "samples": [], "methods": {}}  # no O(seq)-memory method was asked for
     assert "YaRN" in capsys.readouterr().out
     table = path.with_suffix(".md").read_text()
     assert "preset `tiny`" in table and f"| YaRN | {again['methods']['yarn']['loss'][0]:.3f} |" in table
@@ -354,10 +432,11 @@ def test_gpu_preset_sizes_run_end_to_end():
     and a short evaluation so that it fits in the CPU suite: shapes and configs are consistent."""
     config = dataclasses.replace(
         PRESETS["gpu"], name="gpu-smoke", steps=2, batch_size=2, warmup_steps=1, finetune_steps=1,
-        eval_multiples=(1, 2), eval_tokens=512, eval_batch_tokens=512, threads=1,
+        eval_multiples=(1, 2), long_eval_multiples=(3,), eval_tokens=512, eval_batch_tokens=512, threads=1,
     )
     results = run(config, methods=["rope", "dynamic_ntk", "leaky_rerope", "alibi", "yarn_finetuned"], progress=False)
-    assert results["lengths"] == [256, 512]
+    assert results["lengths"] == [256, 512] and results["long"]["lengths"] == [768]
+    assert list(results["long"]["methods"]) == ["leaky_rerope"]
     assert results["config"]["d_model"] == PRESETS["gpu"].d_model
     for row in results["methods"].values():
         assert all(math.isfinite(v) for v in row["loss"])

@@ -4,7 +4,9 @@ A small causal transformer is trained at L tokens on a synthetic language with l
 and long-range (keyed recall) structure, then evaluated at 1x to 16x L with every
 context-extension method of the book: RoPE without scaling, PI, NTK-aware, dynamic NTK,
 NTK-by-parts, YaRN, Llama 3, ReRoPE, Leaky ReRoPE and log-n on the RoPE model; ALiBi and NoPE
-models trained the same way; PI and YaRN after a short fine-tune at a longer length.
+models trained the same way; PI and YaRN after a short fine-tune at a longer length. ReRoPE and
+Leaky ReRoPE attend in linear memory (RoPE inside attention) and are also evaluated at longer
+lengths (32x to 256x L in the cpu preset).
 
 ``python -m rope.experiment --preset cpu`` runs it (``tiny``: seconds, ``gpu``: larger).
 

@@ -23,7 +23,8 @@ q^T R_{r'} k with the rectified relative position r' of :func:`rope.attention.re
 in Su's inference-time two-pass form (:func:`rope.attention.rerope.rerope_scores_two_pass`)
 (Su 2023), window w = L/2 and, for the leaky form, slope 1/k with k = max(1, (length - w) / (L - w)),
 which maps the largest distance length - 1 just inside the trained range (and is plain RoPE up
-to L); ``logn`` multiplies the
+to L). They attend in O(seq) memory, with RoPE inside attention (:class:`ReRoPE`), so they are
+also evaluated at the config's longer ``long_eval_multiples``; ``logn`` multiplies the
 logits of the query at position m by max(1, ln(m + 1) / ln L) (:func:`rope.attention.logn.logn_scale`), a
 factor that is exactly 1 during training, so the RoPE model needs no separate training for it.
 ``alibi`` and ``nope`` are models trained with an ALiBi bias (:func:`rope.attention.encodings.alibi_bias`)
@@ -46,10 +47,19 @@ from ..hf import apply_rotary_pos_emb, rotate_half_tables
 
 
 class PositionScheme:
-    """Maps q, k ``[batch, seq, heads, head_dim]`` and positions ``[seq]`` to logits ``[batch, heads, seq, seq]``."""
+    """Maps q, k ``[batch, seq, heads, head_dim]`` and positions ``[seq]`` to logits ``[batch, heads, seq, seq]``,
+    and q, k, v to the causal attention output ``[batch, seq, heads, head_dim]``."""
 
     def logits(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """sum_n softmax_n(a_mn) v_n over the keys n <= m, from the whole seq x seq matrix of :meth:`logits`."""
+        seq = q.shape[1]
+        logits = self.logits(q, k, positions)  # [batch, heads, seq, seq], scaled by 1/sqrt(head_dim)
+        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
+        return torch.einsum("bhmn,bnhd->bmhd", weights, v)
 
 
 def _dot(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -97,24 +107,44 @@ class LogN(Rotary):
         return super().logits(q, k, positions) * scale[:, None]
 
 
+BLOCK_SIZE = 256
+"""Tile size of the blockwise path: fewer Python-level tiles than 128, no slower per token than 512 on CPU."""
+
+
 class ReRoPE(PositionScheme):
-    """q_m^T R_{r'} k_n / sqrt(d) with ReRoPE's rectified relative position r' (two float64 RoPE
-    passes joined by the window mask, rounded to the dtype of q); ``leaky_scale`` None is ReRoPE,
-    a number k > 1 is Leaky ReRoPE."""
+    """Causal attention over q_m^T R_{r'} k_n / sqrt(d), ReRoPE's rectified relative position r'
+    (``leaky_scale`` None is ReRoPE, a number k > 1 is Leaky ReRoPE), in O(seq) memory: RoPE inside
+    attention, q and k rotated tile by tile and the seq x seq logits never formed.
+
+    On CUDA the fused Triton kernel (:func:`rope.kernels.attention_operators.fused_rotary_attention`,
+    float32 frequencies), elsewhere the blockwise float64 operator
+    (:func:`rope.attention.blockwise.rotary_attention`) rounded once to the dtype of q; both compute
+    the logits of Su's two-pass form (:func:`rope.attention.rerope.rerope_scores_two_pass`), whose
+    two float64 seq x seq matrices per head bounded the evaluation length before."""
 
     def __init__(self, frequencies: torch.Tensor, window: int, leaky_scale: float | None = None):
         self.frequencies = frequencies
         self.window = window
         self.leaky_scale = leaky_scale
 
-    def logits(self, q, k, positions):
-        from ..attention.rerope import rerope_scores_two_pass
+    def attend(self, q, k, v, positions):
+        options = {"layout": "half", "causal": True, "window": self.window, "leaky_scale": self.leaky_scale}
+        positions = positions.to(q.device)
+        if uses_kernel(q.device):
+            from ..kernels.attention_operators import fused_rotary_attention
 
-        scores = rerope_scores_two_pass(
-            q, k, positions, positions, self.frequencies.to(q.device),
-            window=self.window, leaky_scale=self.leaky_scale, layout="half",
-        )
-        return scores.to(q.dtype) / math.sqrt(q.shape[-1])
+            frequencies = self.frequencies.to(device=q.device, dtype=torch.float32)
+            return fused_rotary_attention(q, k, v, positions, positions, frequencies, **options)
+        from ..attention.blockwise import rotary_attention
+
+        out = rotary_attention(q, k, v, positions, positions, self.frequencies.to(q.device),
+                               block_size=BLOCK_SIZE, **options)
+        return out.to(q.dtype)
+
+
+def uses_kernel(device: torch.device) -> bool:
+    """Whether :class:`ReRoPE` attends with the Triton kernel on ``device``: on CUDA, where Triton compiles it."""
+    return device.type == "cuda"
 
 
 class Alibi(PositionScheme):
@@ -180,6 +210,7 @@ class Method:
     model: str
     build: Callable[[Context], PositionScheme]
     per_prefix: bool = False
+    linear_memory: bool = False  # attends in O(seq) memory: evaluated at the long_eval_multiples too
 
 
 METHODS: dict[str, Method] = {
@@ -203,9 +234,10 @@ METHODS: dict[str, Method] = {
                                "high_freq_factor": 4.0, "original_max_position_embeddings": c.training_length}),
         ),
         Method("rerope", "ReRoPE", "rope",
-               lambda c: ReRoPE(_default_frequencies(c), c.training_length // 2)),
+               lambda c: ReRoPE(_default_frequencies(c), c.training_length // 2), linear_memory=True),
         Method("leaky_rerope", "Leaky ReRoPE", "rope",
-               lambda c: ReRoPE(_default_frequencies(c), c.training_length // 2, _leaky_scale(c))),
+               lambda c: ReRoPE(_default_frequencies(c), c.training_length // 2, _leaky_scale(c)),
+               linear_memory=True),
         Method("logn", "RoPE + log-n", "rope", lambda c: LogN(_default_frequencies(c), c.training_length)),
         Method("alibi", "ALiBi (trained)", "alibi", lambda c: Alibi(c.num_heads)),
         Method("nope", "NoPE (trained)", "nope", lambda c: NoPosition()),

@@ -8,8 +8,9 @@ attention logits
 
 where the scheme rotates q and k (RoPE and its context-extension variants), adds a bias (ALiBi)
 or does nothing (NoPE: only the causal mask tells positions apart; Haviv et al. 2022). The
-attention is written out (no fused kernel) so that every scheme, including ReRoPE's per-pair
-relative positions, plugs into the same place.
+attention is written out (``scheme.attend``: the whole seq x seq matrix) so that every scheme
+plugs into the same place; ReRoPE's scheme replaces it with RoPE inside attention, which never
+forms that matrix.
 """
 
 from __future__ import annotations
@@ -61,11 +62,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.spec.num_heads, self.spec.head_dim).unbind(2)
-        logits = scheme.logits(q, k, positions)  # [batch, heads, seq, seq], scaled by 1/sqrt(head_dim)
-        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
-        weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
-        mixed = torch.einsum("bhmn,bnhd->bmhd", weights, v).reshape(batch, seq, -1)
-        return self.out(mixed)
+        return self.out(scheme.attend(q, k, v, positions).reshape(batch, seq, -1))
 
 
 class Block(nn.Module):

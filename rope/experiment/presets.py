@@ -33,6 +33,7 @@ class ExperimentConfig:
     finetune_steps: int = 100
     finetune_learning_rate: float = 1e-3
     eval_multiples: tuple[int, ...] = (1, 2, 4, 8, 16)
+    long_eval_multiples: tuple[int, ...] = (32, 64, 128, 256)  # linear-memory methods only
     eval_tokens: int = 8192
     eval_batch_tokens: int = 4096
     seed: int = 0
@@ -56,23 +57,32 @@ class ExperimentConfig:
         self._store("rope_theta", number("rope_theta", self.rope_theta))
         if not self.rope_theta > 1:
             raise ValueError(f"rope_theta must be > 1, got {self.rope_theta}")
-        if not isinstance(self.eval_multiples, tuple):
-            raise TypeError(f"eval_multiples must be a tuple of positive ints, got {self.eval_multiples!r}")
+        for key in ("eval_multiples", "long_eval_multiples"):
+            multiples = getattr(self, key)
+            if not isinstance(multiples, tuple):
+                raise TypeError(f"{key} must be a tuple of positive ints, got {multiples!r}")
+            self._store(key, tuple(integer(f"{key}[{i}]", m, minimum=1) for i, m in enumerate(multiples)))
         if not self.eval_multiples:
             raise ValueError("eval_multiples must hold at least one multiple of training_length")
-        self._store("eval_multiples", tuple(integer(f"eval_multiples[{i}]", m, minimum=1)
-                                            for i, m in enumerate(self.eval_multiples)))
 
     def _store(self, key: str, value) -> None:
         object.__setattr__(self, key, value)  # frozen: the checked value replaces the given one
 
     @property
     def eval_lengths(self) -> list[int]:
+        """The lengths every method is evaluated at."""
         return [m * self.training_length for m in self.eval_multiples]
+
+    @property
+    def long_eval_lengths(self) -> list[int]:
+        """The further lengths at which only the methods that attend in O(seq) memory are evaluated
+        (``Method.linear_memory``: ReRoPE and Leaky ReRoPE, with RoPE inside attention)."""
+        return [m * self.training_length for m in self.long_eval_multiples]
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["eval_multiples"] = list(self.eval_multiples)
+        out["long_eval_multiples"] = list(self.long_eval_multiples)
         return out
 
 
@@ -83,7 +93,7 @@ PRESETS: dict[str, ExperimentConfig] = {
         task=TaskSpec(markov_vocab=16, successors=3, anchors=16, span=3),
         d_model=32, num_heads=2, num_layers=2, training_length=16,
         steps=40, batch_size=16, warmup_steps=5, finetune_steps=8,
-        eval_tokens=512, eval_batch_tokens=1024, threads=1,
+        eval_tokens=512, eval_batch_tokens=1024, long_eval_multiples=(64,), threads=1,
     ),
     # A few minutes on one CPU thread (more threads were slower on a shared 2-core machine):
     # the committed results file.
@@ -95,6 +105,6 @@ PRESETS: dict[str, ExperimentConfig] = {
         d_model=256, num_heads=8, num_layers=4, training_length=256,
         steps=4000, batch_size=64, learning_rate=1e-3, warmup_steps=200,
         finetune_steps=400, finetune_learning_rate=3e-4,
-        eval_tokens=131072, eval_batch_tokens=8192,
+        eval_tokens=131072, eval_batch_tokens=8192, long_eval_multiples=(32, 64, 128, 256),
     ),
 }

@@ -5,7 +5,9 @@ length L: RoPE (``rope``), ALiBi (``alibi``) and no position encoding (``nope``)
 the RoPE model are then fine-tuned at ``finetune_factor`` x L, with PI and with YaRN at that
 factor (same tokens per step, so the batch shrinks by the factor). Every method of
 :data:`rope.experiment.methods.METHODS` is evaluated at each length of ``eval_lengths`` on the
-same held-out sequences.
+same held-out sequences; the methods that attend in O(seq) memory (``Method.linear_memory``:
+ReRoPE and Leaky ReRoPE, with RoPE inside attention) also at the longer ``long_eval_lengths``,
+where the other methods' seq x seq logits would not fit.
 
 The run seed (``ExperimentConfig.seed``, ``--seed``) sets the initialization and the training
 and fine-tuning batches; the language and the held-out sequences do not depend on it, so runs
@@ -176,9 +178,13 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
     task = RecallTask(config.task)
     spec = ModelSpec(config.task.vocab_size, config.d_model, config.num_heads, config.num_layers, config.mlp_ratio)
     models, training = _train_models(config, spec, task, names, device, progress)
-    held_out = _held_out(config, task)
+    held_out = _held_out(config, task, config.eval_lengths)
     t0 = time.perf_counter()
     methods = _evaluate_methods(config, spec, models, held_out, names, device, progress)
+    long_names = [n for n in names if METHODS[n].linear_memory]
+    long_held_out = _held_out(config, task, config.long_eval_lengths) if long_names else {}
+    long_methods = (_evaluate_methods(config, spec, models, long_held_out, long_names, device, progress)
+                    if long_names else {})
     eval_seconds = time.perf_counter() - t0
     return {
         "preset": config.name,
@@ -192,6 +198,11 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
         "training": training,
         "lengths": config.eval_lengths,
         "methods": methods,
+        "long": {
+            "lengths": list(long_held_out),
+            "samples": [describe(task, length) for length in long_held_out],
+            "methods": long_methods,
+        },
         "eval_wall_time_s": eval_seconds,
         "wall_time_s": time.perf_counter() - started,
     }
@@ -261,13 +272,13 @@ def _finetune(
     return model, _summary(losses, time.perf_counter() - t0, length)
 
 
-def _held_out(config: ExperimentConfig, task: RecallTask) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """The evaluation sequences and their kinds at each length of ``eval_lengths``: about
-    ``eval_tokens`` tokens drawn with seed ``EVAL_SEED + length``, whatever the run seed."""
-    return {
-        length: task.sample(max(1, config.eval_tokens // length), length, EVAL_SEED + length)
-        for length in config.eval_lengths
-    }
+def _held_out(
+    config: ExperimentConfig, task: RecallTask, lengths: list[int],
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """The evaluation sequences and their kinds at each of ``lengths``: about ``eval_tokens`` tokens
+    (at least one sequence) drawn with seed ``EVAL_SEED + length``, whatever the run seed."""
+    return {length: task.sample(max(1, config.eval_tokens // length), length, EVAL_SEED + length)
+            for length in lengths}
 
 
 def _evaluate_methods(
@@ -275,10 +286,10 @@ def _evaluate_methods(
     held_out: dict[int, tuple[torch.Tensor, torch.Tensor]], names: list[str], device: torch.device, progress: bool,
 ) -> dict[str, dict]:
     """Every metric of :func:`evaluate` for each method of ``names`` on the sequences of ``held_out``
-    (one list per metric, in the order of ``eval_lengths``), with its label and model."""
+    (one list per metric, in the order of its lengths), with its label and model."""
     results = {n: {"label": METHODS[n].label, "model": METHODS[n].model, "loss": [], "markov_loss": [],
                    "recall_loss": [], "recall_accuracy": []} for n in names}
-    jobs = [(n, length) for n in names for length in config.eval_lengths]
+    jobs = [(n, length) for n in names for length in held_out]
     for name, length in progress_bar(jobs, progress, "evaluate"):
         tokens, kinds = held_out[length]
         metrics = evaluate(
@@ -304,7 +315,8 @@ def _environment(device: torch.device) -> dict:
 
 def results_table(results: dict) -> str:
     """The results as a markdown page: how the run was made, then loss and recall accuracy per
-    method (rows) and evaluation length (columns)."""
+    method (rows) and evaluation length (columns), then the same for the longer lengths of the
+    methods that attend in O(seq) memory."""
     env, lengths = results["environment"], results["lengths"]
     training_length = results["config"]["training_length"]
     lines = [
@@ -315,24 +327,33 @@ def results_table(results: dict) -> str:
         f"finished {env.get('finished_utc', 'at an unrecorded time')} UTC, "
         f"wall time {results['wall_time_s']:.0f} s. Training length L = {training_length}.",
     ]
-    for metric, title in (("loss", "Mean next-token loss (nats)"), ("recall_accuracy", "Recall accuracy")):
-        lines += ["", f"## {title}", "",
-                  "| method | " + " | ".join(f"{n // training_length}x ({n})" for n in lengths) + " |",
-                  "| --- | " + " | ".join("---" for _ in lengths) + " |"]
-        lines += [f"| {row['label']} | " + " | ".join(f"{v:.3f}" for v in row[metric]) + " |"
-                  for row in results["methods"].values()]
+    sections = [("", lengths, results["methods"])]
+    if results["long"]["lengths"]:
+        sections.append((", O(seq)-memory methods at longer lengths", results["long"]["lengths"],
+                         results["long"]["methods"]))
+    for suffix, lengths, methods in sections:
+        for metric, title in (("loss", "Mean next-token loss (nats)"), ("recall_accuracy", "Recall accuracy")):
+            lines += ["", f"## {title}{suffix}", "",
+                      "| method | " + " | ".join(f"{n // training_length}x ({n})" for n in lengths) + " |",
+                      "| --- | " + " | ".join("---" for _ in lengths) + " |"]
+            lines += [f"| {row['label']} | " + " | ".join(f"{v:.3f}" for v in row[metric]) + " |"
+                      for row in methods.values()]
     return "\n".join(lines) + "\n"
 
 
 def load_results(path: str | Path) -> dict:
-    """Read a results file and check that every method has a finite number at every length."""
+    """Read a results file and check that every method has a finite number at every length, the
+    longer lengths of the O(seq)-memory methods included."""
     results = json.loads(Path(path).read_text())
-    count = len(results["lengths"])
-    for name, row in results["methods"].items():
-        for key in ("loss", "markov_loss", "recall_loss", "recall_accuracy"):
-            values = row[key]
-            if len(values) != count or not all(isinstance(v, float) and math.isfinite(v) for v in values):
-                raise ValueError(f"results file {path}: method {name!r} has a missing or non-finite {key}")
+    long = results["long"]
+    for where, lengths, methods in (("", results["lengths"], results["methods"]),
+                                    (" at the longer lengths", long["lengths"], long["methods"])):
+        for name, row in methods.items():
+            for key in ("loss", "markov_loss", "recall_loss", "recall_accuracy"):
+                values = row[key]
+                if len(values) != len(lengths) or not all(isinstance(v, float) and math.isfinite(v)
+                                                          for v in values):
+                    raise ValueError(f"results file {path}: method {name!r} has a missing or non-finite {key}{where}")
     return results
 
 
