@@ -25,7 +25,7 @@ from helpers import random_qk
 from rope.attention.blockwise import blockwise_attention, rotary_attention
 from rope.attention.logn import logn_scale
 from rope.attention.rerope import _rotated, bent_frame
-from rope.kernels import triton_attention
+from rope.kernels import triton_attention, triton_attention_backward
 from rope.kernels.attention_operators import fused_attention, fused_rotary_attention
 from rope.kernels.triton_attention import launch
 from rope.kernels.triton_attention_backward import launch_backward
@@ -214,6 +214,28 @@ def test_every_tile_kind_occurs_and_matches():
         check(inputs, window=20, leaky_scale=leaky_scale, block_m=32, block_n=16)
 
 
+@pytest.mark.skipif(not triton_attention._interpreted(), reason="counts the calls the interpreter makes")
+@pytest.mark.parametrize("leaky_scale", [None, 16.0])
+def test_each_tile_forms_its_logits_once_per_frame_it_takes(leaky_scale, monkeypatch):
+    """Forward and backward form a tile's logits once on plain and bent tiles and twice only on
+    the tiles the boundary crosses (counted by the blockwise reference on the same 16 x 16 tiles):
+    the forward once per query head, the backward twice (its dk/dv and dq kernels); the gradients
+    stay within tolerance."""
+    inputs = case(8, q_len=64, k_len=64, dtype=torch.float32)
+    _, stats = rotary_attention(*inputs, window=20, block_size=16, return_stats=True)
+    assert min(stats.tiles_plain, stats.tiles_bent, stats.tiles_both) > 0, stats
+    calls = {triton_attention: 0, triton_attention_backward: 0}
+    for module in calls:
+        def counted(*args, module=module, original=module._logits):
+            calls[module] += 1
+            return original(*args)
+
+        monkeypatch.setattr(module, "_logits", counted)
+    assert_gradients_match(inputs, window=20, leaky_scale=leaky_scale)  # 16 x 16 tiles in the interpreter
+    products = inputs[0].shape[2] * (stats.tiles_plain + stats.tiles_bent + 2 * stats.tiles_both)
+    assert calls == {triton_attention: products, triton_attention_backward: 2 * products}
+
+
 @pytest.mark.parametrize("leaky_scale", [None, 4.0])
 def test_window_one_and_a_window_beyond_every_distance(leaky_scale):
     inputs = case(9, q_len=20, k_len=30, dtype=torch.float32)
@@ -272,6 +294,28 @@ def test_non_finite_values_stay_in_their_rows():
     out, _ = launch(q, k, v, q_positions, k_positions, theta, window=5)
     nan = out.isnan().any(dim=-1)
     assert nan[0, 7, 1] and nan.sum() == 1
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
+@pytest.mark.parametrize("tensor", ["k", "v"])
+def test_a_non_finite_key_or_value_reaches_the_rows_that_attend_to_it(tensor):
+    """Causal, contiguous positions, 16 x 16 tiles, a NaN at key 40 (key block 32..47): the rows
+    that attend to it (m >= 40) are NaN, their lse too for a NaN key; the query blocks that never
+    load its key block (m < 32) stay finite. A NaN key's masked logits are dropped, so with k the
+    rows 32..39 stay finite too; a NaN value meets their zero weights in the tile's product
+    (0 NaN = NaN), so with v they may not."""
+    inputs = list(case(23, q_len=64, k_len=64, dtype=torch.float32))
+    index = "kv".index(tensor) + 1
+    inputs[index] = inputs[index].clone()
+    inputs[index][0, 40, 1, 5] = math.nan
+    out, lse = launch(*inputs, window=20, block_m=16, block_n=16)
+    nan = out.isnan().any(dim=-1)[0]  # [q_len, heads_q]
+    heads = torch.arange(inputs[0].shape[2]) // 2 == 1  # the query heads of key head 1
+    assert nan[40:][:, heads].all() and not nan[:, ~heads].any() and not nan[:32].any()
+    if tensor == "k":  # its logits: the rows' normalisers too
+        assert not nan[:40].any() and lse[0, heads][:, 40:].isnan().all() and not lse[0, :, :40].isnan().any()
+    else:
+        assert not lse.isnan().any()
 
 
 def _bad(**changes):

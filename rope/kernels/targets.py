@@ -121,12 +121,14 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
 
 ATTENTION_VARIANTS = [
     # (dtype, mode, causal, interleaved, head_dim, tail, kernel, logn): every mode, dtype and layout
-    # once, both head dims, and the two backward kernels in the largest mode, with and without log-n
+    # once in each kernel, both head dims, with and without log-n
     ("bf16", triton_attention.LEAKY, True, False, 128, 0, "forward", True),
     ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "forward", False),
     ("fp32", triton_attention.PLAIN, True, False, 64, 0, "forward", False),
     ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dkdv", True),
     ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dq", False),
+    ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "dkdv", False),
+    ("fp32", triton_attention.PLAIN, True, False, 64, 0, "dq", False),
 ]
 """The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 

@@ -209,13 +209,16 @@ def _frame_turns(FREQ, LEAKY_FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, M
 
 
 @triton.jit
-def _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                  ROTATE: tl.constexpr):
-    """(qa1, qb1, qa2, qb2, bent_turns): a query block rotated for pass 1 (m theta) and pass 2
-    (ReRoPE: w theta for every query; Leaky ReRoPE: (m - w) theta / k + w theta), and the turns of
-    pass 2; without a window pass 2 is pass 1."""
+def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: tl.constexpr,
+                  BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+    """(qa1, qb1, qa2, qb2, bent_turns): a query block rotated for pass 1 (m theta) where ``plain``
+    and for pass 2 (ReRoPE: w theta for every query; Leaky ReRoPE: (m - w) theta / k + w theta)
+    where ``bent``, and the turns of pass 2; a frame not asked for is the unrotated block (unused).
+    Without a window pass 2 is pass 1."""
     turns = m[:, None] * per
-    qa1, qb1 = _rotated(qa, qb, turns, factor, BF16_BY_BITS, ROTATE)
+    qa1, qb1 = qa, qb
+    if plain:
+        qa1, qb1 = _rotated(qa, qb, turns, factor, BF16_BY_BITS, ROTATE)
     if MODE == 0:
         qa2, qb2, bent_turns = qa1, qb1, turns
     else:
@@ -223,23 +226,10 @@ def _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE: tl.constexpr,
             bent_turns = tl.zeros_like(m)[:, None] + window * per
         else:
             bent_turns = (m - window)[:, None] * leaky_per + window * per
-        qa2, qb2 = _rotated(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE)
+        qa2, qb2 = qa, qb
+        if bent:
+            qa2, qb2 = _rotated(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE)
     return qa1, qb1, qa2, qb2, bent_turns
-
-
-@triton.jit
-def _key_frames(ka, kb, n, per, leaky_per, factor, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                ROTATE: tl.constexpr):
-    """(ka1, kb1, ka2, kb2): a key block rotated for pass 1 (n theta) and pass 2 (ReRoPE:
-    unrotated; Leaky ReRoPE: n theta / k); without a window pass 2 is pass 1."""
-    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
-    if MODE == 1:
-        ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
-    elif MODE == 2:
-        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
-    else:
-        ka2, kb2 = ka1, kb1
-    return ka1, kb1, ka2, kb2
 
 
 @triton.jit
@@ -280,8 +270,8 @@ def attention_forward_kernel(
     # The query block, rotated once per frame (pass 1; pass 2 for ReRoPE / Leaky ReRoPE)
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE, BF16_BY_BITS,
-                                                   ROTATE)
+    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
+                                                   BF16_BY_BITS, ROTATE)
     # log2(e) s, times the log-n factors
     row_scale = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN) * qk_scale
 
@@ -328,7 +318,7 @@ def attention_forward_kernel(
             acc = _dot(p_v, v, acc * rescale[:, None], PRECISION, BF16_BY_BITS)
             m_run = m_new
 
-    seen = l_run > 0  # every real row: launch() refuses queries without a key
+    seen = l_run != 0  # every real row (launch() refuses queries without a key), NaN sums included
     out = acc / tl.where(seen, l_run, 1.0)[:, None]
     o_row = OUT + batch * so_b + rows * so_s + head * so_h
     o_mask = row_mask[:, None] & (d < V_DIM)[None, :]
@@ -504,6 +494,12 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     ``max(1, ln(m + 1) / ln L)`` (log-n scaling, :mod:`rope.attention.logn`; positions from 0).
     ``rotate=False`` skips the rotations (attention on q and k as given, a window still selecting
     between the frames' identical logits): the same kernel without RoPE, the benchmark's baseline.
+
+    Non-finite inputs are not refused (checking them would cost a pass over q, k and v). A NaN
+    in q reaches its own row only; one in k reaches the output and lse of the rows that attend
+    to that key (a masked key's logit is dropped); one in v reaches the output of those rows and
+    may reach the other rows of the query blocks that load its key block, whose zero weights
+    meet it in the tile's product.
     """
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,

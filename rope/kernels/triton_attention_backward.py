@@ -23,9 +23,9 @@ unrotated tail's gradients need no turning back.
 The arithmetic is the forward's: rotations in float32 from exactly reduced angles, rounded to the
 inputs' dtype as dot operands; P and dL rounded to the inputs' dtype for their products (float32
 inputs: IEEE float32, no TF32), float32 accumulators, each gradient rounded once to its input's
-dtype. Causal tiles with every key after every query are skipped; a tile the window does not
-split takes one frame, the others both, pair by pair (``MODE`` > 0 computes both frames' logits
-wherever the tile has a pair in each, as the forward).
+dtype. The tiles follow the forward's rule (:func:`_tile_passes`): causal tiles with every key
+after every query are skipped, a tile the window boundary does not cross takes the products of
+its one frame (logits, dq or dk), and only the tiles it crosses take both, pair by pair.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ from .. import _checks
 from .triton_attention import (
     _dot,
     _frame_turns,
-    _key_frames,
     _load_head,
     _logits,
     _pair_offsets,
     _query_frames,
     _query_head,
+    _rotated,
     _row_factors,
+    _scaled,
     _token_block,
     prepare_launch,
 )
@@ -69,23 +70,64 @@ def _turned_back(ga, gb, turns, factor, ROTATE: tl.constexpr):
 
 
 @triton.jit
-def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta,
-                               factors, window, qk_scale, softmax_scale, MODE: tl.constexpr, HAS_TAIL: tl.constexpr,
-                               PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
-    """(P, dL, bent) of one tile, [BLOCK_M, BLOCK_N] float32: the recomputed softmax weights, the
-    logits' gradient s f P (dP - D) (f the rows' log-n ``factors``, else 1) and the mask of pairs
-    that take pass 2 (False without a window)."""
-    x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
-    bent = (m[:, None] - n[None, :]) >= window
-    if MODE != 0:
-        bent_x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
-        x = tl.where(bent, bent_x, x)
+def _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE: tl.constexpr):
+    """(plain, bent): whether some pair of the tile takes pass 1 (r = m - n < w) and whether some
+    takes pass 2 (r >= w), from its extreme positions: r spans [m_lo - n_hi, m_hi - n_lo]. Without a
+    window (``MODE`` 0) every pair takes pass 1."""
+    if MODE == 0:
+        plain = m_lo == m_lo
+        bent = m_lo != m_lo
     else:
-        bent = bent & (window < 0)  # no pair is bent (window is 0)
+        plain = m_lo - n_hi < window
+        bent = m_hi - n_lo >= window
+    return plain, bent
+
+
+@triton.jit
+def _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+                ROTATE: tl.constexpr):
+    """(ka1, kb1, ka2, kb2): a key block rotated for pass 1 (n theta) where ``plain`` and for pass 2
+    (ReRoPE: unrotated; Leaky ReRoPE: n theta / k) where ``bent``; a frame not asked for is the
+    unrotated block (unused). Without a window pass 2 is pass 1."""
+    ka1, kb1 = ka, kb
+    if plain:
+        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+    if MODE == 0:
+        ka2, kb2 = ka1, kb1
+    else:
+        ka2, kb2 = ka, kb
+        if bent:
+            if MODE == 1:
+                ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
+            else:
+                ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
+    return ka1, kb1, ka2, kb2
+
+
+@triton.jit
+def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta,
+                               factors, window, qk_scale, softmax_scale, plain, bent, MODE: tl.constexpr,
+                               HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+    """(P, dL, bent_pairs) of one tile, [BLOCK_M, BLOCK_N] float32: the recomputed softmax weights,
+    the logits' gradient s f P (dP - D) (f the rows' log-n ``factors``, else 1) and the mask of
+    pairs that take pass 2 (False without a window). The logits take one product per frame the
+    tile needs (:func:`_tile_passes`)."""
+    bent_pairs = (m[:, None] - n[None, :]) >= window
+    if MODE != 0:
+        if plain:
+            x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            if bent:  # the boundary r = w crosses the tile
+                bent_x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                x = tl.where(bent_pairs, bent_x, x)
+        else:
+            x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+    else:
+        x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+        bent_pairs = bent_pairs & (window < 0)  # no pair is bent (window is 0)
     p = tl.where(valid, tl.exp2(x * (qk_scale * factors)[:, None] - lse[:, None] * LOG2E_C), 0.0)
     dp = _dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
     d_logits = p * (dp - delta[:, None]) * (softmax_scale * factors)[:, None]
-    return p, d_logits, bent
+    return p, d_logits, bent_pairs
 
 
 @triton.jit
@@ -143,7 +185,8 @@ def attention_dkdv_kernel(
     cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
     ka, kb, kt = _load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
-    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, MODE, BF16_BY_BITS, ROTATE)
+    # Both frames of the keys, once for all the query blocks
+    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, True, True, MODE, BF16_BY_BITS, ROTATE)
     d = tl.arange(0, V_PAD)
     v = tl.load(V + batch * sv_b + head_k * sv_h + cols[:, None] * sv_s + d[None, :],
                 mask=col_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
@@ -163,8 +206,9 @@ def attention_dkdv_kernel(
             rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, start, q_len, BLOCK_M)
             if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
                 qa, qb, qt = _load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
-                qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE,
-                                                               BF16_BY_BITS, ROTATE)
+                plain, bent = _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE)
+                qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, plain,
+                                                               bent, MODE, BF16_BY_BITS, ROTATE)
                 valid = row_mask[:, None] & col_mask[None, :]
                 if CAUSAL:
                     valid = valid & (n[None, :] <= m[:, None])
@@ -173,18 +217,20 @@ def attention_dkdv_kernel(
                 factors = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
                 do_mask = row_mask[:, None] & (d < V_DIM)[None, :]
                 do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
-                p, d_logits, bent = _probabilities_and_dlogits(
+                p, d_logits, bent_pairs = _probabilities_and_dlogits(
                     qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
-                    qk_scale, softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 dv = _dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
                 dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
-                dl1 = tl.where(bent, 0.0, dl).to(qa.dtype)
-                dka1 = _dot(tl.trans(dl1), qa1, dka1, PRECISION, BF16_BY_BITS)
-                dkb1 = _dot(tl.trans(dl1), qb1, dkb1, PRECISION, BF16_BY_BITS)
+                if plain:
+                    dl1 = tl.where(bent_pairs, 0.0, dl).to(qa.dtype)
+                    dka1 = _dot(tl.trans(dl1), qa1, dka1, PRECISION, BF16_BY_BITS)
+                    dkb1 = _dot(tl.trans(dl1), qb1, dkb1, PRECISION, BF16_BY_BITS)
                 if MODE != 0:
-                    dl2 = tl.where(bent, dl, 0.0).to(qa.dtype)
-                    dka2 = _dot(tl.trans(dl2), qa2, dka2, PRECISION, BF16_BY_BITS)
-                    dkb2 = _dot(tl.trans(dl2), qb2, dkb2, PRECISION, BF16_BY_BITS)
+                    if bent:
+                        dl2 = tl.where(bent_pairs, dl, 0.0).to(qa.dtype)
+                        dka2 = _dot(tl.trans(dl2), qa2, dka2, PRECISION, BF16_BY_BITS)
+                        dkb2 = _dot(tl.trans(dl2), qb2, dkb2, PRECISION, BF16_BY_BITS)
                 if HAS_TAIL:
                     dkt = _dot(tl.trans(dl), qt, dkt, PRECISION, BF16_BY_BITS)
 
@@ -238,8 +284,8 @@ def attention_dq_kernel(
     rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, MODE, BF16_BY_BITS,
-                                                   ROTATE)
+    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
+                                                   BF16_BY_BITS, ROTATE)
     d = tl.arange(0, V_PAD)
     do = tl.load(DO + batch * sdo_b + head * sdo_h + rows[:, None] * sdo_s + d[None, :],
                  mask=row_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
@@ -259,23 +305,28 @@ def attention_dq_kernel(
         cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
         if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
             ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
-            ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, MODE, BF16_BY_BITS, ROTATE)
+            # The keys rotated only into the frames the tile takes
+            plain, bent = _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE)
+            ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE, BF16_BY_BITS,
+                                             ROTATE)
             v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=col_mask[:, None] & (d < V_DIM)[None, :],
                         other=0.0)
             valid = row_mask[:, None] & col_mask[None, :]
             if CAUSAL:
                 valid = valid & (n[None, :] <= m[:, None])
-            p, d_logits, bent = _probabilities_and_dlogits(
+            p, d_logits, bent_pairs = _probabilities_and_dlogits(
                 qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
-                qk_scale, softmax_scale, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
             dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
-            dl1 = tl.where(bent, 0.0, dl).to(qa.dtype)
-            dqa1 = _dot(dl1, ka1, dqa1, PRECISION, BF16_BY_BITS)
-            dqb1 = _dot(dl1, kb1, dqb1, PRECISION, BF16_BY_BITS)
+            if plain:
+                dl1 = tl.where(bent_pairs, 0.0, dl).to(qa.dtype)
+                dqa1 = _dot(dl1, ka1, dqa1, PRECISION, BF16_BY_BITS)
+                dqb1 = _dot(dl1, kb1, dqb1, PRECISION, BF16_BY_BITS)
             if MODE != 0:
-                dl2 = tl.where(bent, dl, 0.0).to(qa.dtype)
-                dqa2 = _dot(dl2, ka2, dqa2, PRECISION, BF16_BY_BITS)
-                dqb2 = _dot(dl2, kb2, dqb2, PRECISION, BF16_BY_BITS)
+                if bent:
+                    dl2 = tl.where(bent_pairs, dl, 0.0).to(qa.dtype)
+                    dqa2 = _dot(dl2, ka2, dqa2, PRECISION, BF16_BY_BITS)
+                    dqb2 = _dot(dl2, kb2, dqb2, PRECISION, BF16_BY_BITS)
             if HAS_TAIL:
                 dqt = _dot(dl, kt, dqt, PRECISION, BF16_BY_BITS)
 
