@@ -14,6 +14,17 @@ forward and forward + backward:
 * the O(S^2) ReRoPE reference as its authors' code computes it (two full logit matrices in the
   inputs' dtype, selected by the window, softmax, times V), until it runs out of memory.
 
+Then decoding: one new token per sequence (``--decode-batch`` sequences) against a KV cache of S
+tokens, forward only:
+
+* the decoding kernel without rotation on the cache (the ceiling);
+* RoPE inside attention on an *unrotated* cache (every cached key rotated as it is loaded, which
+  lets the frequencies change with the length): the decoding kernel
+  (``rope.kernels.triton_attention_decode``, keys split across programs), and the prefill kernel on
+  the same step;
+* the usual decode step: the new token's query rotated by the rotary kernel, then SDPA over a
+  cache whose keys were rotated when they were inserted.
+
 Times are medians of ``triton.testing.do_bench``; peak memory is ``torch.cuda.max_memory_allocated``
 above the inputs. The table records the device, versions, commit and date. ``--check`` runs every
 method once at tiny sizes (Triton's interpreter on the CPU without a GPU) and compares their
@@ -38,6 +49,7 @@ import rope
 from rope.kernels.attention_operators import fused_rotary_attention
 from rope.kernels.triton_attention import launch
 from rope.kernels.triton_attention_backward import launch_backward
+from rope.kernels.triton_attention_decode import launch_decode
 
 
 def separate_pass(q, k, v, positions, inv_freq, window=None):
@@ -115,16 +127,50 @@ class _LaunchWithoutRotation(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def inputs(length, args, device, requires_grad=False):
+def decode_methods():
+    """name -> (step(q, k_cache, v_cache, positions, inv_freq), the method the ratio column divides by),
+    q the new tokens [batch, 1, heads, d] at the last position, the caches [batch, S, kv_heads, d]."""
+    def rotated_cache(q, k, v, positions, inv_freq):
+        k_rot = _rotated_keys(k, positions, inv_freq)  # done at insertion in a real cache: not timed
+        return lambda: _sdpa_decode(rope.apply_rotary(q, q, positions[-1:], inv_freq)[0], k_rot, v)
+
+    return {
+        "decode: kernel without rotation": (
+            lambda q, k, v, p, f: lambda: launch_decode(q, k, v, p[-1:], p, f, causal=False, rotate=False)[0], None),
+        "decode: RoPE inside attention, unrotated cache": (
+            lambda q, k, v, p, f: lambda: launch_decode(q, k, v, p[-1:], p, f, causal=False)[0],
+            "decode: kernel without rotation"),
+        "decode: the prefill kernel on the same step": (
+            lambda q, k, v, p, f: lambda: launch(q, k, v, p[-1:], p, f, causal=False)[0],
+            "decode: RoPE inside attention, unrotated cache"),
+        "decode: apply_rotary + SDPA, rotated cache": (
+            rotated_cache, "decode: RoPE inside attention, unrotated cache"),
+    }
+
+
+def _rotated_keys(k, positions, inv_freq):
+    return rope.apply_rotary(k, k, positions, inv_freq)[0]
+
+
+def _sdpa_decode(q_rot, k_rot, v):
+    """SDPA of one query per sequence over the whole cache (GQA read in place: ``enable_gqa``)."""
+    out = torch.nn.functional.scaled_dot_product_attention(q_rot.transpose(1, 2), k_rot.transpose(1, 2),
+                                                           v.transpose(1, 2), enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def inputs(length, args, device, requires_grad=False, batch=None, q_len=None):
+    """q [batch, q_len or S, heads, d], k and v [batch, S, kv_heads, d], positions 0 .. S - 1, inv_freq."""
     gen = torch.Generator(device=device).manual_seed(length)
+    batch = batch or args.batch
     dtype = getattr(torch, args.dtype)
 
     def normal(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=dtype).requires_grad_(requires_grad)
 
-    q = normal(args.batch, length, args.heads, args.head_dim)
-    k = normal(args.batch, length, args.kv_heads, args.head_dim)
-    v = normal(args.batch, length, args.kv_heads, args.head_dim)
+    q = normal(batch, q_len or length, args.heads, args.head_dim)
+    k = normal(batch, length, args.kv_heads, args.head_dim)
+    v = normal(batch, length, args.kv_heads, args.head_dim)
     inv_freq = rope.inv_freq({"rope_theta": 5e5}, args.head_dim)[0].to(device)
     return q, k, v, torch.arange(length, device=device), inv_freq
 
@@ -154,6 +200,21 @@ def measure(function, length, args, device, backward: bool):
         return None, None
     finally:
         q.grad = k.grad = v.grad = None
+        torch.cuda.empty_cache()
+
+
+def measure_decode(make_step, length, args, device):
+    """Milliseconds of one decode step (``make_step`` builds it from the inputs, untimed), or None
+    when it runs out of memory."""
+    import triton.testing
+
+    q, k, v, positions, inv_freq = inputs(length, args, device, batch=args.decode_batch, q_len=1)
+    try:
+        step = make_step(q, k, v, positions, inv_freq)
+        return triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
+    except torch.OutOfMemoryError:
+        return None
+    finally:
         torch.cuda.empty_cache()
 
 
@@ -193,7 +254,20 @@ def run(args) -> str:
                          + ("" if peak is None else f"{peak:.0f}") + " |")
             print(lines[-1], flush=True)
     lines += ["", "ratio: to the method the row is held against (RoPE inside attention: the kernel without rotation; "
-              "the separate pass and the ReRoPE kernels: RoPE inside attention; the reference: the ReRoPE kernel)."]
+              "the separate pass and the ReRoPE kernels: RoPE inside attention; the reference: the ReRoPE kernel).",
+              "", f"## Decoding: {args.decode_batch} sequences, one new token each, against a cache of S tokens", "",
+              "| S | method | ms | ratio |", "| --- | --- | --- | --- |"]
+    table = decode_methods()
+    for length in args.lengths:
+        times = {name: measure_decode(make_step, length, args, device) for name, (make_step, _) in table.items()}
+        for name, (_, against) in table.items():
+            value, base = times[name], times.get(against)
+            ratio = f"{value / base:.3f}" if value and base else ""
+            lines.append(f"| {length} | {name} | " + ("out of memory" if value is None else f"{value:.3f}")
+                         + f" | {ratio} |")
+            print(lines[-1], flush=True)
+    lines += ["", "ratio: RoPE inside attention to the decoding kernel without rotation; the prefill kernel and the "
+              "usual step (its keys rotated at insertion, not timed) to RoPE inside attention."]
     return "\n".join(lines) + "\n"
 
 
@@ -218,6 +292,18 @@ def check(args) -> None:
     print(f"largest differences: fused RoPE vs separate pass {rope_gap:.3g}, fused ReRoPE vs reference "
           f"{rerope_gap:.3g}, ReRoPE vs RoPE {method_gap:.3g}")
     assert max(rope_gap, rerope_gap) < method_gap / 10  # bfloat16 roundings, far below the methods' difference
+    args.decode_batch = 2
+    steps = {name: make_step(*inputs(length, args, device, batch=2, q_len=1))
+             for name, (make_step, _) in decode_methods().items()}
+    decoded = {name: step().float() for name, step in steps.items()}
+    unrotated, rotated = (decoded[f"decode: {name}"] for name in (
+        "RoPE inside attention, unrotated cache", "apply_rotary + SDPA, rotated cache"))
+    decode_gap, rotation_effect = (unrotated - rotated).abs().max().item(), (
+        unrotated - decoded["decode: kernel without rotation"]).abs().max().item()
+    print(f"decoding: unrotated cache vs rotated cache {decode_gap:.3g}, "
+          f"with vs without rotation {rotation_effect:.3g}")
+    prefill_gap = (unrotated - decoded["decode: the prefill kernel on the same step"]).abs().max().item()
+    assert max(decode_gap, prefill_gap) < rotation_effect / 10
     print("check: every method ran forward and backward; the fused kernels agree with their references")
 
 
@@ -225,6 +311,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[2**n for n in range(10, 18)])
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--decode-batch", type=int, default=16, help="sequences in the decoding rows")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)

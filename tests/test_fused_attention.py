@@ -25,10 +25,11 @@ from helpers import random_qk
 from rope.attention.blockwise import blockwise_attention, rotary_attention
 from rope.attention.logn import logn_scale
 from rope.attention.rerope import _rotated, bent_frame
-from rope.kernels import triton_attention, triton_attention_backward
+from rope.kernels import attention_operators, triton_attention, triton_attention_backward
 from rope.kernels.attention_operators import fused_attention, fused_rotary_attention
 from rope.kernels.triton_attention import launch
 from rope.kernels.triton_attention_backward import launch_backward
+from rope.kernels.triton_attention_decode import DECODE_ROWS, launch_decode
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
@@ -91,12 +92,12 @@ def tolerance(q, k, v, softmax_scale=None, factor=1.0):
     return v.double().abs().max().item() * (SLACK[v.dtype] * UNIT[v.dtype] + 2.0**-24 * largest)
 
 
-def check(inputs, **options):
-    """Run the kernel; assert its output and lse within :func:`tolerance` of :func:`same_roundings`
-    (float32: also of the exact blockwise result)."""
+def check(inputs, launcher=launch, **options):
+    """Run the kernel (``launcher``: the prefill or the decoding one); assert its output and lse
+    within :func:`tolerance` of :func:`same_roundings` (float32: also of the exact blockwise result)."""
     q, k, v = inputs[:3]
-    out, lse = launch(*inputs, **options)
-    reference = {name: value for name, value in options.items() if not name.startswith(("block_", "num_"))}
+    out, lse = launcher(*inputs, **options)
+    reference = {name: value for name, value in options.items() if not name.startswith(("block_", "num_", "splits"))}
     cpu = [t.cpu() for t in inputs]
     expected, expected_lse = same_roundings(*cpu, **reference)
     assert out.dtype == q.dtype and out.shape == expected.shape and lse.dtype == torch.float32
@@ -366,7 +367,12 @@ BAD = [
     (dict(block_m=8), ValueError, "block_m"),
     (dict(block_n=48), ValueError, "block_n must be a power of two"),
     (dict(block_m=True), TypeError, "block_m"),
+    (dict(block_m=0), ValueError, "block_m"),
     (dict(block_n=32.0), TypeError, "block_n"),
+    (dict(num_warps=0), ValueError, "num_warps"),
+    (dict(num_warps=3), ValueError, "num_warps must be a power of two"),
+    (dict(num_warps=True), TypeError, "num_warps"),
+    (dict(num_stages=0), ValueError, "num_stages"),
 ]
 
 
@@ -374,6 +380,9 @@ BAD = [
 def test_bad_arguments_are_named(changes, error, message):
     with pytest.raises(error, match=message):
         launch(**_bad(**changes))
+    if "block_m" not in changes:  # the decoding kernel checks the same arguments first
+        with pytest.raises(error, match=message):
+            launch_decode(**_bad(**changes))
 
 
 def test_the_leaky_frequencies_hold_theta_over_k_to_48_bits():
@@ -562,29 +571,46 @@ def test_the_attention_benchmark_runs_every_method_and_they_agree():
     assert module.main(["--check"]) == 0
 
 
-def test_decoding_from_an_unrotated_cache_follows_dynamic_ntk():
+DECODE_CONFIGS = {
+    # the base moves at every step beyond max_position_embeddings
+    "dynamic_ntk": ({"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0, "max_position_embeddings": 16},
+                    range(30, 40)),
+    # the per-pair factors switch from short to long once the sequence exceeds 32 tokens (t = 32)
+    "longrope": ({"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 32,
+                  "short_factor": [1.0 + 0.1 * i for i in range(16)],
+                  "long_factor": [1.0 + 2.0 * i for i in range(16)]},
+                 range(28, 38)),
+}
+
+
+@pytest.mark.parametrize("name", DECODE_CONFIGS)
+def test_decoding_from_an_unrotated_cache_follows_the_frequencies_of_each_step(name):
     """The kernel rotates keys on load, so a cache of unrotated keys decodes with each step's own
-    dynamic-NTK frequencies: every step equals the no-cache reference at that length (transformers
-    issue #25104's bug, keys rotated once at insertion with stale frequencies, would not)."""
-    config = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0, "max_position_embeddings": 16}
+    frequencies (dynamic NTK's base, LongRoPE's factors, with LongRoPE's attention factor): every
+    step equals the no-cache reference at that length. Keys rotated once at insertion, each with
+    its own step's frequencies (transformers issue #25104's bug), would not."""
+    config, steps = DECODE_CONFIGS[name]
     q, k, v, *_ = case(29, q_len=40, k_len=40, dtype=torch.float32)
+    first = steps[0]
     stale_keys, stale_gap = [], 0.0
-    for t in range(30, 40):  # beyond max_position_embeddings: the base moves every step
-        theta = rope.inv_freq(config, 32, seq_len=t + 1)[0].to(DEVICE)
+    for t in steps:
+        theta, factor = rope.inv_freq(config, 32, seq_len=t + 1)
+        theta = theta.to(DEVICE)
         positions = torch.arange(t + 1, device=DEVICE)
-        out, _ = launch(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta)
-        expected = rotary_attention(q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta)
-        assert (out.double() - expected).abs().max() <= tolerance(q, k, v)
-        # the same step from keys rotated when they were cached, each with its own step's frequencies
+        step = q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta
+        out, _ = launch(*step, attention_factor=factor)
+        expected = rotary_attention(*step, attention_factor=factor)
+        assert (out.double() - expected).abs().max() <= tolerance(q, k, v, factor=factor**2)
+        # the same step from keys rotated when they were cached (attention factor 1 on both sides)
         stale_keys.append(rope.apply_rotary(k[:, t:t + 1], k[:, t:t + 1], positions[-1:], theta, backend="torch")[0])
-        if t > 30:
+        if t > first:
             cached = torch.cat(stale_keys, dim=1)
             q_rot = rope.apply_rotary(q[:, t:t + 1], q[:, t:t + 1], positions[-1:], theta, backend="torch")[0]
-            stale = rotary_attention(q_rot, cached, v[:, 30:t + 1], torch.zeros(1, dtype=torch.int64, device=DEVICE),
-                                     torch.zeros(t - 29, dtype=torch.int64, device=DEVICE), torch.zeros_like(theta),
-                                     causal=False)
-            fresh = rotary_attention(q[:, t:t + 1], k[:, 30:t + 1], v[:, 30:t + 1], positions[-1:], positions[30:],
-                                     theta)
+            stale = rotary_attention(q_rot, cached, v[:, first:t + 1], torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                                     torch.zeros(t + 1 - first, dtype=torch.int64, device=DEVICE),
+                                     torch.zeros_like(theta), causal=False)
+            fresh = rotary_attention(q[:, t:t + 1], k[:, first:t + 1], v[:, first:t + 1], positions[-1:],
+                                     positions[first:], theta)
             stale_gap = max(stale_gap, (stale - fresh).abs().max().item())
     assert stale_gap > 100 * tolerance(q, k, v)
 
@@ -647,3 +673,109 @@ def test_positions_per_batch_row(shapes, method):
         assert (out[b:b + 1].double() - expected).abs().max() <= 4 * tolerance(q, k, v, factor=2.0)
         for g, e in zip(grads, expected_grads):
             assert (g[b:b + 1].double() - e).abs().max() <= GRADIENT_SLACK[q.dtype] * UNIT[q.dtype] * e.abs().max()
+
+
+# --- the decoding kernel --------------------------------------------------------------------------------------------
+
+DECODE_CASES = [
+    # (q_len, heads_q, heads_k, method, dtype, positions): one token and a few, MHA to a group of 8
+    (1, 4, 2, "rope", torch.float32, "contiguous"),
+    (1, 8, 1, "rerope", torch.bfloat16, "contiguous"),
+    (2, 4, 1, "leaky16", torch.float16, "contiguous"),
+    (4, 4, 4, "leaky0.5", torch.float32, "ahead"),
+    (1, 4, 2, "rerope", torch.float16, "unsorted"),
+]
+
+
+def _decode_inputs(seed, q_len, heads_q, heads_k, dtype, positions, k_len=75, **options):
+    gen = torch.Generator().manual_seed(seed)
+    k_positions = {"unsorted": torch.randperm(200, generator=gen)[:k_len]}.get(positions)
+    q_positions = None
+    if positions == "ahead":  # queries beyond the last key (speculative tokens, or a gap)
+        q_positions = torch.arange(q_len) + k_len + 10
+    elif positions == "unsorted":
+        q_positions = k_positions[torch.randperm(k_len, generator=gen)[:q_len]]
+    return case(seed, q_len=q_len, k_len=k_len, heads_q=heads_q, heads_k=heads_k, dtype=dtype,
+                q_positions=q_positions, k_positions=k_positions, **options)
+
+
+@pytest.mark.parametrize("q_len, heads_q, heads_k, method, dtype, positions", DECODE_CASES)
+def test_decoding_kernel_matches_the_reference_for_every_split(q_len, heads_q, heads_k, method, dtype, positions):
+    """Every split count from one to one chunk per key block: within the prefill kernel's tolerance
+    of the references, and with one chunk bit-identical to the prefill kernel (the same tiles in the
+    same order, the rows packed differently)."""
+    window, leaky_scale = METHODS[method]
+    inputs = _decode_inputs(40, q_len, heads_q, heads_k, dtype, positions)
+    blocks = math.ceil(inputs[1].shape[1] / 16)
+    for splits in (1, 2, 3, blocks):
+        check(inputs, window=window, leaky_scale=leaky_scale, splits=splits, launcher=launch_decode)
+    one, one_lse = launch_decode(*inputs, window=window, leaky_scale=leaky_scale, splits=1)
+    prefill, prefill_lse = launch(*inputs, window=window, leaky_scale=leaky_scale)
+    assert torch.equal(one, prefill) and torch.equal(one_lse, prefill_lse)
+
+
+@pytest.mark.parametrize("method", ["rope", "leaky16"])
+def test_decoding_kernel_with_every_option(method):
+    """Per-sequence positions, interleaved pairs (shared positions: the reference's interleaved
+    tables take one row), an unrotated tail, a value width of its own, log-n scaling and the
+    attention factor, causal or not, a strided view of a packed cache."""
+    window, leaky_scale = METHODS[method]
+    gen = torch.Generator().manual_seed(41)
+    k_positions = torch.stack([torch.randperm(90, generator=gen)[:50] for _ in range(2)])
+    q_positions = k_positions[:, :1] + 3
+    q, k, v, _, _, theta = case(41, q_len=1, k_len=50, heads_q=4, heads_k=2, head_dim=40, pairs=12, v_dim=24,
+                                batch=2, dtype=torch.bfloat16)
+    k_view = torch.cat([k, k], dim=-1)[..., :40]  # a view into a packed cache: strided, last dimension contiguous
+    options = dict(window=window, leaky_scale=leaky_scale, logn_length=16, attention_factor=1.25)
+    factor = 1.25**2 * logn_scale(q_positions.flatten(), 16).max().item()
+    for causal in (True, False):
+        check([q, k_view, v, q_positions[0], k_positions[0], theta], layout="interleaved", causal=causal, splits=3,
+              launcher=launch_decode, **options)
+        # one row of positions per sequence: against the prefill kernel (tested so)
+        rows = [q, k_view, v, q_positions, k_positions, theta]
+        decoded, _ = launch_decode(*rows, causal=causal, splits=3, **options)
+        prefilled, _ = launch(*rows, causal=causal, **options)
+        assert (decoded.double() - prefilled.double()).abs().max() <= tolerance(q, k, v, factor=factor)
+
+
+def test_the_operators_decode_with_the_decoding_kernel(monkeypatch):
+    """fused_rotary_attention takes the decoding kernel for at most DECODE_ROWS rows per key head,
+    the prefill kernel above; gradients through it match float64 autograd."""
+    calls = []
+    original = attention_operators.launch_decode
+    monkeypatch.setattr(attention_operators, "launch_decode", lambda *a, **o: calls.append(1) or original(*a, **o))
+    decode = _decode_inputs(42, 2, 8, 2, torch.float32, "contiguous")  # 2 x 4 = 8 rows
+    assert_gradients_match(decode, window=5)
+    assert calls == [1]
+    prefill = _decode_inputs(43, DECODE_ROWS + 1, 2, 2, torch.float32, "contiguous")  # 17 rows
+    fused_rotary_attention(*prefill)
+    assert calls == [1]
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
+def test_decoding_kernel_keeps_a_nan_key_in_its_rows():
+    inputs = list(_decode_inputs(44, 1, 4, 2, torch.float32, "contiguous"))
+    inputs[1] = inputs[1].clone()
+    inputs[1][0, 40, 1, 5] = math.nan  # key head 1: query heads 2 and 3
+    out, lse = launch_decode(*inputs, splits=3)
+    assert out[0, 0, 2:].isnan().all() and lse[0, 2:].isnan().all()
+    assert not out[0, 0, :2].isnan().any() and not lse[0, :2].isnan().any()
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(splits=0), ValueError, "splits"),
+    (dict(splits=6), ValueError, "splits"),  # more chunks than the 5 key blocks
+    (dict(splits=2.0), TypeError, "splits"),
+    (dict(splits=True), TypeError, "splits"),
+    (dict(q=lambda q: q.repeat(1, 9, 1, 1), q_positions=lambda p: p.repeat(9)), ValueError, "at most 16 rows"),
+])
+def test_the_decoding_kernel_names_bad_arguments(changes, error, message):
+    arguments = dict(zip(("q", "k", "v", "q_positions", "k_positions", "inv_freq"),
+                         _decode_inputs(45, 1, 4, 2, torch.float32, "contiguous")))
+    arguments["k"], arguments["v"], arguments["k_positions"] = (arguments["k"][:, :70], arguments["v"][:, :70],
+                                                                arguments["k_positions"][:70])
+    arguments.update({name: change(arguments[name]) if callable(change) else change
+                      for name, change in changes.items()})
+    with pytest.raises(error, match=message):
+        launch_decode(**arguments)
+

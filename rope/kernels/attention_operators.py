@@ -2,7 +2,8 @@
 
 * ``torch.ops.rope.fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal,
   window, leaky_scale, softmax_scale, logn_length, attention_factor) -> (out, lse)``: the forward kernel
-  (:func:`.triton_attention.launch`); out in q's dtype, lse float32;
+  (:func:`.triton_attention.launch`, or for decoding shapes, :func:`.triton_attention_decode.prefers_decode`,
+  :func:`.triton_attention_decode.launch_decode`); out in q's dtype, lse float32;
 * ``torch.ops.rope.fused_attention_backward(..., out, lse, grad_out, grad_lse, ...) -> (dq, dk,
   dv)``: the backward kernels (:func:`.triton_attention_backward.launch_backward`).
 
@@ -22,6 +23,7 @@ from torch.types import Number
 from ..attention.blockwise import backward_formula, setup_context
 from .triton_attention import check_metadata, launch
 from .triton_attention_backward import _check_saved, launch_backward
+from .triton_attention_decode import launch_decode, prefers_decode
 
 
 def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
@@ -59,10 +61,13 @@ def fused_attention(
     logn_length: Number | None = None,
     attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of :func:`rope.kernels.triton_attention.launch`; differentiable in q, k and v."""
-    return launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
-                  leaky_scale=leaky_scale, softmax_scale=softmax_scale, logn_length=logn_length,
-                  attention_factor=attention_factor)
+    """(out, lse) of :func:`rope.kernels.triton_attention.launch`, or of the decoding kernel
+    :func:`rope.kernels.triton_attention_decode.launch_decode` where it serves the shapes;
+    differentiable in q, k and v."""
+    forward = launch_decode if prefers_decode(q, k) else launch
+    return forward(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
+                   leaky_scale=leaky_scale, softmax_scale=softmax_scale, logn_length=logn_length,
+                   attention_factor=attention_factor)
 
 
 @fused_attention.register_fake

@@ -35,7 +35,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import triton_attention, triton_attention_backward
+from . import triton_attention, triton_attention_backward, triton_attention_decode
 from .triton_rotary import TUNING_CANDIDATES, kernel_constants, rotary_kernel
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
@@ -78,7 +78,7 @@ _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 def _attention_type(name: str, dtype: str) -> str:
     """The Triton type of a runtime argument of the attention kernels, by its name."""
-    if name in ("LSE", "DELTA", "FREQ", "LEAKY_FREQ", "ROW_SCALE"):
+    if name in ("LSE", "DELTA", "FREQ", "LEAKY_FREQ", "ROW_SCALE", "OUT_PART", "LSE_PART"):
         return "*fp32"
     if name in ("Q_POS", "K_POS"):
         return "*i64"
@@ -91,17 +91,21 @@ def _attention_type(name: str, dtype: str) -> str:
 
 def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, interleaved: bool, head_dim: int,
                               tail: int, kernel: str = "forward", logn: bool = False,
-                              sizes: tuple[int, int, int] = triton_attention.GPU_LAUNCH):
+                              sizes: tuple[int, int, int] | None = None):
     """One of the attention kernels (``kernel``: "forward", :mod:`.triton_attention`; "dkdv" or "dq",
-    :mod:`.triton_attention_backward`) for q/k/v of Triton type ``dtype``, ``mode`` (PLAIN,
-    RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail`` unrotated coordinates, launch ``sizes`` =
-    (BLOCK_M, BLOCK_N, num_warps), with log-n scaling (``logn``) or not, compiled as the launchers
-    compile it."""
+    :mod:`.triton_attention_backward`; "decode", :mod:`.triton_attention_decode`) for q/k/v of
+    Triton type ``dtype``, ``mode`` (PLAIN, RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail``
+    unrotated coordinates, launch ``sizes`` = (BLOCK_M, BLOCK_N, num_warps) (by default the
+    launchers' on a GPU), with log-n scaling (``logn``) or not, compiled as the launchers compile it."""
     import torch
 
     function = {"forward": triton_attention.attention_forward_kernel,
                 "dkdv": triton_attention_backward.attention_dkdv_kernel,
-                "dq": triton_attention_backward.attention_dq_kernel}[kernel]
+                "dq": triton_attention_backward.attention_dq_kernel,
+                "decode": triton_attention_decode.attention_decode_kernel}[kernel]
+    if sizes is None:
+        sizes = ((triton_attention_decode.DECODE_ROWS, *triton_attention_decode.DECODE_LAUNCH) if kernel == "decode"
+                 else triton_attention.GPU_LAUNCH)
     block_m, block_n, warps = sizes
     constants = triton_attention.kernel_constants(head_dim, head_dim - tail, head_dim, interleaved=interleaved,
                                                   causal=causal, mode=mode, logn=logn,
@@ -129,6 +133,8 @@ ATTENTION_VARIANTS = [
     ("bf16", triton_attention.LEAKY, True, False, 128, 0, "dq", False),
     ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "dkdv", False),
     ("fp32", triton_attention.PLAIN, True, False, 64, 0, "dq", False),
+    ("bf16", triton_attention.LEAKY, True, False, 128, 0, "decode", True),
+    ("fp16", triton_attention.RE_ROPE, False, True, 128, 64, "decode", False),
 ]
 """The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 

@@ -233,6 +233,57 @@ def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: 
 
 
 @triton.jit
+def _attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head, K_POS,
+                      start, end, sk_s, sv_s, per, leaky_per, factor, window,
+                      HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+                      V_DIM: tl.constexpr, V_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr,
+                      MODE: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+                      ROTATE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(m_run, l_run, acc) after folding the keys [start, start + BLOCK_N) before ``end`` into the
+    online softmax of the query rows (their frames, positions m in [m_lo, m_hi], log2(e) s times
+    their log-n factors ``row_scale``): the tile rule, each key frame rotated only where the tile
+    takes that pass, one product per frame, the causal mask, then the running max, sum and P V."""
+    HAS_TAIL: tl.constexpr = TAIL > 0
+    d = tl.arange(0, V_PAD)
+    cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, end, BLOCK_N)
+    if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
+        ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+        # Each frame's keys are rotated only where the tile takes that pass
+        if MODE == 0:
+            ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+            x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+        else:
+            if m_hi - n_lo < window:  # plain: every pair has r < w
+                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+                x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            else:
+                if MODE == 1:  # ReRoPE: keys unrotated (times the attention factor)
+                    ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
+                else:
+                    ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
+                x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
+                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+                    plain = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
+        valid = col_mask[None, :]
+        if CAUSAL:
+            valid = valid & (n[None, :] <= m[:, None])
+        x = tl.where(valid, x * row_scale[:, None], float("-inf"))
+        m_new = tl.maximum(m_run, tl.max(x, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen only masked keys
+        p = tl.exp2(x - shift[:, None])
+        rescale = tl.exp2(m_run - shift)
+        l_run = l_run * rescale + tl.sum(p, 1)
+        v_mask = col_mask[:, None] & (d < V_DIM)[None, :]
+        v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=v_mask, other=0.0)
+        p_v = round_to_dtype(p, v.dtype, BF16_BY_BITS)
+        acc = _dot(p_v, v, acc * rescale[:, None], PRECISION, BF16_BY_BITS)
+        m_run = m_new
+    return m_run, l_run, acc
+
+
+@triton.jit
 def attention_forward_kernel(
     # Tensors: q, k, v; the outputs (out in q's dtype, lse float32); positions and frequencies
     # (LEAKY_FREQ: the two float32 pieces hi, lo of theta / k, [2, HALF], Leaky ReRoPE only); with
@@ -263,7 +314,6 @@ def attention_forward_kernel(
     against every key block of key head h // group. Launched by :func:`launch`."""
     bh = tl.program_id(1)
     batch, head, head_k = _query_head(bh, heads_q, group)
-    HAS_TAIL: tl.constexpr = TAIL > 0
 
     rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
     per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
@@ -282,41 +332,11 @@ def attention_forward_kernel(
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
     for start in range(0, k_len, BLOCK_N):
-        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
-        if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
-            ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
-            # Each frame's keys are rotated only where the tile takes that pass
-            if MODE == 0:
-                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
-                x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
-            else:
-                if m_hi - n_lo < window:  # plain: every pair has r < w
-                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
-                    x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
-                else:
-                    if MODE == 1:  # ReRoPE: keys unrotated (times the attention factor)
-                        ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
-                    else:
-                        ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
-                    x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
-                    if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
-                        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
-                        plain = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
-                        x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
-            valid = col_mask[None, :]
-            if CAUSAL:
-                valid = valid & (n[None, :] <= m[:, None])
-            x = tl.where(valid, x * row_scale[:, None], float("-inf"))
-            m_new = tl.maximum(m_run, tl.max(x, 1))
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen only masked keys
-            p = tl.exp2(x - shift[:, None])
-            rescale = tl.exp2(m_run - shift)
-            l_run = l_run * rescale + tl.sum(p, 1)
-            v_mask = col_mask[:, None] & (d < V_DIM)[None, :]
-            v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=v_mask, other=0.0)
-            p_v = round_to_dtype(p, v.dtype, BF16_BY_BITS)
-            acc = _dot(p_v, v, acc * rescale[:, None], PRECISION, BF16_BY_BITS)
-            m_run = m_new
+        m_run, l_run, acc = _attend_key_block(
+            m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head,
+            K_POS + batch * spk_b, start, k_len, sk_s, sv_s, per, leaky_per, factor, window,
+            HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
+            BLOCK_N)
 
     seen = l_run != 0  # every real row (launch() refuses queries without a key), NaN sums included
     out = acc / tl.where(seen, l_run, 1.0)[:, None]
@@ -434,9 +454,9 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
     if options.logn_length is not None:
         check_logn_positions(q_positions)
         row_scale = logn_factors(q_positions, options.logn_length).to(torch.float32).contiguous()
-    for name, value in dict(block_m=block_m, block_n=block_n).items():
+    for name, value, minimum in (("block_m", block_m, 16), ("block_n", block_n, 16), ("num_warps", num_warps, 1)):
         if value is not None:
-            value = _checks.integer(name, value, minimum=16)
+            value = _checks.integer(name, value, minimum=minimum)
             if value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, got {value}")
     for name, t in dict(q=q, k=k, v=v).items():
@@ -456,8 +476,9 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
         options=options, mode=mode, q_positions=q_positions, k_positions=k_positions,
         batch_strides=tuple(t.stride(0) if t.dim() == 2 else 0 for t in (q_positions, k_positions, row_scale)),
         inv_freq=inv_freq.contiguous(), leaky=inv_freq.contiguous() if leaky is None else leaky, row_scale=row_scale,
-        constants=constants, sizes=dict(BLOCK_M=block_m or default[0], BLOCK_N=block_n or default[1]),
-        launch_options=dict(num_warps=num_warps or default[2]) | (
+        constants=constants, sizes=dict(BLOCK_M=default[0] if block_m is None else block_m,
+                                        BLOCK_N=default[1] if block_n is None else block_n),
+        launch_options=dict(num_warps=default[2] if num_warps is None else num_warps) | (
             {} if num_stages is None else dict(num_stages=_checks.integer("num_stages", num_stages, minimum=1))),
     )
 
