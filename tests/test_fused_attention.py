@@ -684,6 +684,7 @@ DECODE_CASES = [
     (2, 4, 1, "leaky16", torch.float16, "contiguous"),
     (4, 4, 4, "leaky0.5", torch.float32, "ahead"),
     (1, 4, 2, "rerope", torch.float16, "unsorted"),
+    (2, 4, 2, "leaky16", torch.float32, "early"),  # causal: the later chunks hold no key these rows see
 ]
 
 
@@ -693,6 +694,8 @@ def _decode_inputs(seed, q_len, heads_q, heads_k, dtype, positions, k_len=75, **
     q_positions = None
     if positions == "ahead":  # queries beyond the last key (speculative tokens, or a gap)
         q_positions = torch.arange(q_len) + k_len + 10
+    elif positions == "early":  # queries among the first keys (case()'s keys start at position 3)
+        q_positions = torch.arange(q_len) * 7 + 13
     elif positions == "unsorted":
         q_positions = k_positions[torch.randperm(k_len, generator=gen)[:q_len]]
     return case(seed, q_len=q_len, k_len=k_len, heads_q=heads_q, heads_k=heads_k, dtype=dtype,
