@@ -131,7 +131,7 @@ def decode_methods():
     """name -> (step(q, k_cache, v_cache, positions, inv_freq), the method the ratio column divides by),
     q the new tokens [batch, 1, heads, d] at the last position, the caches [batch, S, kv_heads, d]."""
     def rotated_cache(q, k, v, positions, inv_freq):
-        k_rot = _rotated_keys(k, positions, inv_freq)  # done at insertion in a real cache: not timed
+        k_rot = rope.apply_rotary(k, k, positions, inv_freq)[0]  # done at insertion in a real cache: not timed
         return lambda: _sdpa_decode(rope.apply_rotary(q, q, positions[-1:], inv_freq)[0], k_rot, v)
 
     return {
@@ -146,10 +146,6 @@ def decode_methods():
         "decode: apply_rotary + SDPA, rotated cache": (
             rotated_cache, "decode: RoPE inside attention, unrotated cache"),
     }
-
-
-def _rotated_keys(k, positions, inv_freq):
-    return rope.apply_rotary(k, k, positions, inv_freq)[0]
 
 
 def _sdpa_decode(q_rot, k_rot, v):

@@ -186,10 +186,18 @@ def _token_block(POS, start, length, BLOCK: tl.constexpr):
     index = start + tl.arange(0, BLOCK)
     mask = index < length
     index = index.to(tl.int64)
+    positions, lowest, highest = _positions(POS, index, mask)
+    return index, mask, positions, lowest, highest
+
+
+@triton.jit
+def _positions(POS, index, mask):
+    """(positions, lowest, highest): the int64 positions at ``index`` where ``mask`` (0 elsewhere)
+    and the extreme positions of those (the tile rule's m_lo, m_hi or n_lo, n_hi)."""
     positions = tl.load(POS + index, mask=mask, other=0).to(tl.int64)
     lowest = tl.min(tl.where(mask, positions, MAX_POSITION_C), 0)
     highest = tl.max(tl.where(mask, positions, -MAX_POSITION_C), 0)
-    return index, mask, positions, lowest, highest
+    return positions, lowest, highest
 
 
 @triton.jit

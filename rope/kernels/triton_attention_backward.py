@@ -131,6 +131,28 @@ def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v
 
 
 @triton.jit
+def _frame_gradients(dl, bent_pairs, xa1, xb1, xa2, xb2, xt, ga1, gb1, ga2, gb2, gt, plain, bent,
+                     MODE: tl.constexpr, HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr,
+                     BF16_BY_BITS: tl.constexpr):
+    """(ga1, gb1, ga2, gb2, gt) after one tile: the rotated gradients of each frame, g1 += dL1 x1 and
+    g2 += dL2 x2 with dL split by ``bent_pairs`` into its pass-1 and pass-2 parts (each product only
+    where the tile takes that pass), and the tail's g_t += dL x_t. ``dl`` is [rows of g, rows of x]
+    in x's dtype: dL for dq (x the keys), dL^T for dk (x the queries)."""
+    if plain:
+        dl1 = tl.where(bent_pairs, 0.0, dl).to(xa1.dtype)
+        ga1 = _dot(dl1, xa1, ga1, PRECISION, BF16_BY_BITS)
+        gb1 = _dot(dl1, xb1, gb1, PRECISION, BF16_BY_BITS)
+    if MODE != 0:
+        if bent:
+            dl2 = tl.where(bent_pairs, dl, 0.0).to(xa1.dtype)
+            ga2 = _dot(dl2, xa2, ga2, PRECISION, BF16_BY_BITS)
+            gb2 = _dot(dl2, xb2, gb2, PRECISION, BF16_BY_BITS)
+    if HAS_TAIL:
+        gt = _dot(dl, xt, gt, PRECISION, BF16_BY_BITS)
+    return ga1, gb1, ga2, gb2, gt
+
+
+@triton.jit
 def _store_head(row, row_mask, ga, gb, gt, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
                 TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, BF16_BY_BITS: tl.constexpr):
     """Write a float32 gradient (pairs' halves and tail) into the heads at ``row``, rounded to their dtype."""
@@ -222,17 +244,9 @@ def attention_dkdv_kernel(
                     qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 dv = _dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
                 dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
-                if plain:
-                    dl1 = tl.where(bent_pairs, 0.0, dl).to(qa.dtype)
-                    dka1 = _dot(tl.trans(dl1), qa1, dka1, PRECISION, BF16_BY_BITS)
-                    dkb1 = _dot(tl.trans(dl1), qb1, dkb1, PRECISION, BF16_BY_BITS)
-                if MODE != 0:
-                    if bent:
-                        dl2 = tl.where(bent_pairs, dl, 0.0).to(qa.dtype)
-                        dka2 = _dot(tl.trans(dl2), qa2, dka2, PRECISION, BF16_BY_BITS)
-                        dkb2 = _dot(tl.trans(dl2), qb2, dkb2, PRECISION, BF16_BY_BITS)
-                if HAS_TAIL:
-                    dkt = _dot(tl.trans(dl), qt, dkt, PRECISION, BF16_BY_BITS)
+                dka1, dkb1, dka2, dkb2, dkt = _frame_gradients(
+                    tl.trans(dl), tl.trans(bent_pairs), qa1, qb1, qa2, qb2, qt, dka1, dkb1, dka2, dkb2, dkt, plain,
+                    bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
 
     dka, dkb = _turned_back(dka1, dkb1, n[:, None] * per, factor, ROTATE)
     if MODE == 1:  # ReRoPE's keys: unrotated, times the attention factor
@@ -318,17 +332,9 @@ def attention_dq_kernel(
                 qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
                 qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
             dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
-            if plain:
-                dl1 = tl.where(bent_pairs, 0.0, dl).to(qa.dtype)
-                dqa1 = _dot(dl1, ka1, dqa1, PRECISION, BF16_BY_BITS)
-                dqb1 = _dot(dl1, kb1, dqb1, PRECISION, BF16_BY_BITS)
-            if MODE != 0:
-                if bent:
-                    dl2 = tl.where(bent_pairs, dl, 0.0).to(qa.dtype)
-                    dqa2 = _dot(dl2, ka2, dqa2, PRECISION, BF16_BY_BITS)
-                    dqb2 = _dot(dl2, kb2, dqb2, PRECISION, BF16_BY_BITS)
-            if HAS_TAIL:
-                dqt = _dot(dl, kt, dqt, PRECISION, BF16_BY_BITS)
+            dqa1, dqb1, dqa2, dqb2, dqt = _frame_gradients(
+                dl, bent_pairs, ka1, kb1, ka2, kb2, kt, dqa1, dqb1, dqa2, dqb2, dqt, plain, bent, MODE, HAS_TAIL,
+                PRECISION, BF16_BY_BITS)
 
     dqa, dqb = _turned_back(dqa1, dqb1, m[:, None] * per, factor, ROTATE)
     if MODE != 0:

@@ -31,10 +31,10 @@ import triton.language as tl
 from .. import _checks
 from .triton_attention import (
     LN2_C,
-    MAX_POSITION_C,
     _attend_key_block,
     _frame_turns,
     _load_head,
+    _positions,
     _query_frames,
     _row_factors,
     prepare_launch,
@@ -58,9 +58,7 @@ def _group_rows(Q_POS, q_len, group, BLOCK_M: tl.constexpr):
     r = tl.arange(0, BLOCK_M)
     token = (r // group).to(tl.int64)
     mask = token < q_len
-    positions = tl.load(Q_POS + token, mask=mask, other=0).to(tl.int64)
-    lowest = tl.min(tl.where(mask, positions, MAX_POSITION_C), 0)
-    highest = tl.max(tl.where(mask, positions, -MAX_POSITION_C), 0)
+    positions, lowest, highest = _positions(Q_POS, token, mask)
     return token, (r % group).to(tl.int64), mask, positions, lowest, highest
 
 
