@@ -755,6 +755,25 @@ def test_the_operators_decode_with_the_decoding_kernel(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("dtype, method", [(torch.bfloat16, "rerope"), (torch.float16, "leaky16"),
+                                           (torch.float32, "leaky0.5")])
+def test_gradients_through_the_decoding_kernel_match_float64_autograd(dtype, method):
+    """The operators' decoding path (one token, a group of 4) in every dtype: its out and lse feed
+    the prefill backward, whose gradients match float64 autograd."""
+    window, leaky_scale = METHODS[method]
+    inputs = _decode_inputs(46, 1, 8, 2, dtype, "contiguous")
+    assert_gradients_match(inputs, window=window, leaky_scale=leaky_scale)
+
+
+def test_decoding_kernel_near_the_largest_positions():
+    """Keys and queries just below 2^31 (int64 differences, exactly reduced angles), every mode."""
+    k_positions = torch.arange(75) + 2**31 - 100
+    for window, leaky_scale in METHODS.values():
+        inputs = case(47, q_len=1, k_len=75, heads_q=4, heads_k=1, dtype=torch.float32,
+                      q_positions=k_positions[-1:], k_positions=k_positions)
+        check(inputs, window=window, leaky_scale=leaky_scale, splits=3, launcher=launch_decode)
+
+
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")
 def test_decoding_kernel_keeps_a_nan_key_in_its_rows():
     inputs = list(_decode_inputs(44, 1, 4, 2, torch.float32, "contiguous"))
