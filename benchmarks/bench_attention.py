@@ -9,7 +9,8 @@ forward and forward + backward:
   attention is held to (target: at most 2% slower);
 * RoPE inside attention (``rope.kernels.attention_operators.fused_rotary_attention``);
 * the separate pass it replaces: ``rope.apply_rotary`` (the rotary kernel) then PyTorch's
-  ``scaled_dot_product_attention`` with the flash backend;
+  ``scaled_dot_product_attention`` with the flash backend, reading GQA's shared key heads in place
+  (``enable_gqa``) if the backend accepts it, as copies otherwise (the table says which);
 * ReRoPE and Leaky ReRoPE inside attention (target: at most 1.1x the fused causal RoPE);
 * the O(S^2) ReRoPE reference as its authors' code computes it (two full logit matrices in the
   inputs' dtype, selected by the window, softmax, times V), until it runs out of memory.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import math
 import os
 import subprocess
@@ -53,16 +55,40 @@ from rope.kernels.triton_attention_decode import launch_decode
 
 
 def separate_pass(q, k, v, positions, inv_freq, window=None):
-    """The usual stack: rotate q and k (the rotary kernel on CUDA), then SDPA (flash where it runs)."""
+    """The usual stack: rotate q and k (the rotary kernel on CUDA), then SDPA (flash where it runs).
+
+    GQA's shared key heads are read in place (``enable_gqa``) where the backend accepts it;
+    otherwise k and v are repeated per query head inside the step, as stacks without it do.
+    """
     q_rot, k_rot = rope.apply_rotary(q, k, positions, inv_freq)
     group = q.shape[2] // k.shape[2]
-    k_rot, v = k_rot.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    backends = [torch.nn.attention.SDPBackend.FLASH_ATTENTION] if q.is_cuda else [
-        torch.nn.attention.SDPBackend.MATH]
-    with torch.nn.attention.sdpa_kernel(backends):
+    in_place = gqa_in_place(q.device.type, q.dtype)
+    if not in_place:
+        k_rot, v = k_rot.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    with torch.nn.attention.sdpa_kernel(_sdpa_backends(q.device.type)):
         out = torch.nn.functional.scaled_dot_product_attention(q_rot.transpose(1, 2), k_rot.transpose(1, 2),
-                                                               v.transpose(1, 2), is_causal=True)
+                                                               v.transpose(1, 2), is_causal=True,
+                                                               enable_gqa=in_place)
     return out.transpose(1, 2)
+
+
+def _sdpa_backends(device: str):
+    """The flash backend on CUDA (what the separate pass is held to); the math backend on the CPU."""
+    backend = torch.nn.attention.SDPBackend
+    return [backend.FLASH_ATTENTION] if device == "cuda" else [backend.MATH]
+
+
+@functools.cache
+def gqa_in_place(device: str, dtype: torch.dtype) -> bool:
+    """Whether SDPA with ``_sdpa_backends(device)`` accepts ``enable_gqa`` for this dtype (tried once)."""
+    q = torch.zeros(1, 4, 16, 64, device=device, dtype=dtype)
+    k = torch.zeros(1, 2, 16, 64, device=device, dtype=dtype)
+    try:
+        with torch.nn.attention.sdpa_kernel(_sdpa_backends(device)):
+            torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
+    except RuntimeError:
+        return False
+    return True
 
 
 def rerope_reference(q, k, v, positions, inv_freq, window, leaky_scale=None):
@@ -227,7 +253,10 @@ def run(args) -> str:
     device = "cuda"
     lines = ["# RoPE inside attention: time and memory", "", *[f"- {line}" for line in provenance(device)],
              f"- batch {args.batch}, heads {args.heads} (key heads {args.kv_heads}), head_dim {args.head_dim}, "
-             f"{args.dtype}, causal; window {args.window}, leaky scale {args.leaky_scale}", "",
+             f"{args.dtype}, causal; window {args.window}, leaky scale {args.leaky_scale}",
+             "- the separate pass's SDPA (flash) reads the shared key heads "
+             + ("in place (`enable_gqa`)" if gqa_in_place(device, getattr(torch, args.dtype))
+                else "as copies: `enable_gqa` refused, k and v repeated inside the timed step"), "",
              "| S | method | forward ms | ratio | forward + backward ms | ratio | peak MiB (forward) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     table = methods(args.window, args.leaky_scale)
