@@ -11,9 +11,11 @@ For each shape (batch, seq, heads_q, heads_k, head_dim) every contender is timed
 * ``flash-attn``: flash-attention's Triton rotary (``flash_attn.layers.rotary.apply_rotary_emb``,
   one call for q and one for k, out of place) when importable;
 * ``rope``: this package's fused kernel (:mod:`rope.kernels.operators`), out of place;
-* ``rope in place``: the same kernel writing into q and k (``torch.ops.rope.rotary_``) and, in
-  the backward, into the incoming gradients (``grad_in_place=True``): the like-for-like
-  comparison with Liger, which rotates in place both ways.
+* ``rope in place``: the same kernel writing into q and k (``torch.ops.rope.rotary_``), and in
+  the backward row the conjugate rotation written into two gradient-sized buffers, the kernel
+  work of an in-place backward: the like-for-like comparison with Liger, which rotates in place
+  both ways. rope's autograd never writes into the incoming gradient (autograd may share it
+  with another op, whose gradient would then be corrupted), so that row is the kernel alone.
 
 Each call is captured ten times in a CUDA graph and the graph replayed, so the numbers are device
 time without Python launch overhead. Reported: GB/s counting q and k read plus written, and that
@@ -135,10 +137,13 @@ def contenders(q, k, positions, theta, cos, sin):
         torch.ops.rope.rotary_(q=q_i, k=k_i, positions=positions, inv_freq=theta, interleaved=False,
                                rotary_dim=q.shape[-1], scale=1.0, conjugate=False)
 
-    def grad_in_place(a, b):
-        return rope.apply_rotary(a, b, positions, theta, backend="triton", grad_in_place=True)
+    grad_q, grad_k = q.clone(), k.clone()
 
-    out["rope in place"] = (in_place, with_grad(grad_in_place))
+    def conjugate_in_place():
+        torch.ops.rope.rotary_(q=grad_q, k=grad_k, positions=positions, inv_freq=theta, interleaved=False,
+                               rotary_dim=q.shape[-1], scale=1.0, conjugate=True)
+
+    out["rope in place"] = (in_place, conjugate_in_place)
     return out
 
 

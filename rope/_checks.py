@@ -133,10 +133,18 @@ def head_tensors(**tensors: torch.Tensor) -> None:
 
 def integer_tensor(name: str, value, *, dim: int | None = None, length: int | None = None) -> torch.Tensor:
     """Raise unless ``value`` is an integer (not bool) tensor, of ``dim`` dimensions and, for a
-    1-D tensor, ``length`` entries when those are given; return it."""
+    1-D tensor, ``length`` entries when those are given; return it.
+
+    Every integer dtype whose values all fit int64 is taken (int8 .. int64, uint8 .. uint32):
+    positions are int64 values and are converted to int64 exactly. ``uint64`` is refused
+    (``TypeError``): its values from 2^63 up have no int64 value (a conversion would wrap them to
+    m - 2^64, a silently wrong position), and torch supports few operations on it anyway."""
     tensor(name, value)
     if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.dtype == torch.uint64:
+        raise TypeError(f"{name} must be an integer tensor whose values fit int64 (int8 .. int64, uint8 .. uint32), "
+                        f"got {value.dtype}")
     if dim is not None and value.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(value.shape)}")
     if length is not None and value.shape[0] != length:

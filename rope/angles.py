@@ -34,6 +34,7 @@ from fractions import Fraction
 
 import torch
 
+from . import _checks
 from ._checks import integer_tensor
 
 PHASE_BITS = 64
@@ -102,10 +103,14 @@ def fixed_point_phases(inv_freq: torch.Tensor) -> torch.Tensor:
 def reduced_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """m * theta_i reduced to [-pi, pi), float64, shape ``positions.shape + inv_freq.shape``.
 
-    theta_i is taken as its float32 value (what :func:`rope.inv_freq` returns). The product
-    m * T_i wraps modulo 2^64 in int64; its value read as signed, times 2 pi / 2^64, is the angle.
+    ``inv_freq``: finite float32 theta_i (what :func:`rope.inv_freq` returns); float64 is refused,
+    since these 64-bit turns are those of its float32 rounding (:func:`exact_angles` honours
+    float64). The product m * T_i wraps modulo 2^64 in int64; its value read as signed, times
+    2 pi / 2^64, is the angle.
     """
     integer_tensor("positions", positions)
+    _checks.finite_frequencies("inv_freq", inv_freq)
+    _checks.same_device("positions", positions, inv_freq=inv_freq)
     turns = positions.to(torch.int64)[..., None] * fixed_point_phases(inv_freq)
     return turns.to(torch.float64) * (float(TWO_PI) / 2.0**PHASE_BITS)
 
@@ -203,7 +208,15 @@ def turns_per_position(inv_freq: torch.Tensor) -> torch.Tensor:
     exponent e, carried (a negative product borrows, giving the residue of -T) and shifted by the
     two guard limbs, is the fraction. A float64 theta is the exact sum of three float32 pieces
     (24 + 24 + 24 >= 53 bits), whose turns add modulo 1. Integer arithmetic only (and the float64
-    split), with no host synchronisation."""
+    split). ``inv_freq`` is checked (:func:`rope._checks.finite_frequencies`, float32 or float64):
+    any other dtype, NaN, infinities or float64 magnitudes outside that range are refused, as
+    their bits would be read as a wrong angle."""
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    return _turns_per_position(inv_freq)
+
+
+def _turns_per_position(inv_freq: torch.Tensor) -> torch.Tensor:
+    """:func:`turns_per_position` of frequencies already checked."""
     if inv_freq.dtype == torch.float64:
         first = inv_freq.to(torch.float32)
         rest = inv_freq - first.to(torch.float64)  # exact, as is the next remainder
@@ -313,9 +326,12 @@ def cos_sin_of_turns_float32(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def exact_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """m theta_i reduced exactly to [-pi, pi), as float64 (one rounding of the reduced angle,
     within 2^-51 rad), shape ``positions.shape + inv_freq.shape``: what the float64 reference
-    forms of :mod:`rope.reference` turn by."""
+    forms of :mod:`rope.reference` turn by. ``inv_freq``: finite float32 or float64 theta_i
+    (:func:`turns_per_position`)."""
     integer_tensor("positions", positions)
-    limbs = turns(positions[..., None], turns_per_position(inv_freq))
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.same_device("positions", positions, inv_freq=inv_freq)
+    limbs = turns(positions[..., None], _turns_per_position(inv_freq))
     top = limbs[..., -1] - ((limbs[..., -1] >> (LIMB_BITS - 1)) << LIMB_BITS)  # signed: turns in [-1/2, 1/2)
     head = (top * (1 << LIMB_BITS) + limbs[..., -2]).to(torch.float64) * 2.0**-42
     fraction = head + (limbs[..., -3].to(torch.float64) * 2.0**-63 + limbs[..., -4].to(torch.float64) * 2.0**-84)
@@ -328,8 +344,16 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool =
 
     ``positions``: integer ``[...]`` (one position per token: the result is ``[..., pairs]``) or,
     with ``per_pair``, ``[..., pairs]`` (each pair's own position: M-RoPE). ``inv_freq``: finite
-    float32 theta_i. Returns float64 tensors within 2^-52 of the exact values for every int64
-    position (``float64=False``: float32, without float64 arithmetic, within about 2e-7)."""
+    float32 or float64 theta_i (:func:`turns_per_position`; checked, as eagerly as
+    :func:`rope._checks.assert_values` checks). Returns float64 tensors within 2^-52 of the exact
+    values for every int64 position (``float64=False``: float32, without float64 arithmetic,
+    within about 2e-7)."""
     integer_tensor("positions", positions)
-    limbs = turns(positions if per_pair else positions[..., None], turns_per_position(inv_freq))
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.same_device("positions", positions, inv_freq=inv_freq)
+    if _checks.flag("per_pair", per_pair) and (positions.dim() == 0 or positions.shape[-1] != inv_freq.shape[0]):
+        raise ValueError(f"positions must be [..., pairs] = [..., {inv_freq.shape[0]}] with per_pair=True "
+                         f"(one position per pair), got {tuple(positions.shape)}")
+    _checks.flag("float64", float64)
+    limbs = turns(positions if per_pair else positions[..., None], _turns_per_position(inv_freq))
     return cos_sin_of_turns(limbs) if float64 else cos_sin_of_turns_float32(limbs)

@@ -51,6 +51,8 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 DEVICES_WITHOUT_FLOAT64 = ("mps",)
 MROPE_AXES = ("t", "h", "w")
 """The rows of M-RoPE position ids (:mod:`rope.mrope`): time, height, width; ``axes[i]`` is pair i's row."""
+MIN_ATTENTION_FACTOR = 2.0**-1022
+"""The smallest attention factor taken: float64's smallest normal number."""
 _SAFE_FACTOR = 2.0**512  # below it, float64 products of float32-range inputs cannot overflow
 
 
@@ -86,8 +88,8 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim, *, axes=None, values: bo
     q ``[batch, seq, heads_q, head_dim]`` and k ``[batch, seq, heads_k, head_dim]`` of one floating
     dtype; positions integer ``[seq]`` or ``[batch, seq]``, or with M-RoPE ``axes`` the position
     ids ``[3, seq]`` or ``[3, batch, seq]`` (:func:`check_axes`); inv_freq the rotary_dim/2
-    frequencies (:func:`rope._checks.finite_frequencies`); rotary_dim even, at most head_dim
-    (``None``: 2 len(inv_freq))."""
+    frequencies (:func:`rope._checks.finite_frequencies`), not requiring grad while autograd
+    records; rotary_dim even, at most head_dim (``None``: 2 len(inv_freq))."""
     _checks.head_tensors(q=q, k=k)
     _checks.tensor("positions" if axes is None else "position_ids", positions)
     _checks.tensor("inv_freq", inv_freq)
@@ -101,6 +103,10 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim, *, axes=None, values: bo
                         inv_freq=inv_freq)
     _check_positions(positions, q.shape[0], q.shape[1], mrope=axes is not None)
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES, values=values)
+    if inv_freq.requires_grad and torch.is_grad_enabled():
+        raise ValueError("inv_freq requires grad: the rotation has no gradient with respect to the "
+                         "frequencies (exact integer turns, constants to autograd); pass inv_freq.detach() "
+                         "if none is needed")
     head_dim = q.shape[3]
     if rotary_dim is None:
         rotary_dim = 2 * inv_freq.shape[0]
@@ -114,13 +120,14 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim, *, axes=None, values: bo
     return rotary_dim
 
 
-def _check_options(layout, attention_factor, conjugate, backend, grad_in_place) -> float:
-    """Validate the keyword options of :func:`rotate_qk`; return the attention factor as a float."""
+def _check_options(layout, attention_factor, conjugate, backend) -> float:
+    """Validate the keyword options of :func:`rotate_qk`; return the attention factor as a float,
+    at least float64's smallest normal number (below it, s cos and s sin lose bits to underflow
+    and the accuracy bound of the module docstring would not hold)."""
     _checks.choice("layout", layout, LAYOUTS)
     _checks.choice("backend", backend, BACKENDS)
     _checks.flag("conjugate", conjugate)
-    _checks.flag("grad_in_place", grad_in_place)
-    return _checks.number("attention_factor", attention_factor, positive=True)
+    return _checks.number("attention_factor", attention_factor, positive=True, minimum=MIN_ATTENTION_FACTOR)
 
 
 def _use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor, attention_factor: float) -> bool:
@@ -303,8 +310,7 @@ def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.
     return position_ids[rows].movedim(0, -1)
 
 
-def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, attention_factor, conjugate,
-                     grad_in_place):
+def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, attention_factor, conjugate):
     """``torch.ops.rope.rotary`` (:mod:`rope.kernels.operators`, imported here: it imports Triton),
     which checks the values of the frequencies and axes itself."""
     from .kernels import operators  # noqa: F401  (registers torch.ops.rope.rotary)
@@ -313,12 +319,12 @@ def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, att
         axes = axes.to(device=q.device, dtype=torch.int64, non_blocking=True)
     return torch.ops.rope.rotary(
         q=q, k=k, positions=positions, inv_freq=inv_freq, interleaved=layout == "interleaved",
-        rotary_dim=rotary_dim, scale=attention_factor, conjugate=conjugate, grad_in_place=grad_in_place, axes=axes,
+        rotary_dim=rotary_dim, scale=attention_factor, conjugate=conjugate, axes=axes,
     )
 
 
 def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim=None, attention_factor=1.0,
-              conjugate=False, backend="auto", grad_in_place=False) -> tuple[torch.Tensor, torch.Tensor]:
+              conjugate=False, backend="auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The one path of :func:`apply_rotary` and :func:`rope.mrope.apply_mrope`: check every argument,
     then rotate with the fused kernel or on the torch path.
 
@@ -330,10 +336,10 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
     CUDA and as asynchronous device assertions on CUDA.
     """
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
-    attention_factor = _check_options(layout, attention_factor, conjugate, backend, grad_in_place)
+    attention_factor = _check_options(layout, attention_factor, conjugate, backend)
     if _use_kernel(q, backend, inv_freq, attention_factor):
         return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
-                                attention_factor=attention_factor, conjugate=conjugate, grad_in_place=grad_in_place)
+                                attention_factor=attention_factor, conjugate=conjugate)
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
     if axes is None:
         cos, sin = exact_cos_sin(positions, inv_freq)
@@ -355,7 +361,6 @@ def apply_rotary(
     attention_factor: float = 1.0,
     conjugate: bool = False,
     backend: str = "auto",
-    grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys by their positions.
 
@@ -366,20 +371,20 @@ def apply_rotary(
             (offsets, packed sequences: any values).
         inv_freq: the rotary_dim/2 frequencies theta_i, finite, e.g. from :func:`rope.inv_freq`:
             float32, or float64 (honoured exactly, on the torch path); never rounded
-            (float16/bfloat16 are refused: :func:`rope._checks.finite_frequencies`).
+            (float16/bfloat16 are refused: :func:`rope._checks.finite_frequencies`). Constants
+            to autograd: one that requires grad is refused while gradients are recorded.
         layout: ``"half"`` (pairs (i, i + d/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
         rotary_dim: rotated width d (default ``2 * len(inv_freq)``); the rest of the head passes through.
-        attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does.
+        attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does; at
+            least 2^-1022.
         conjugate: rotate by -m * theta_i, the transpose R_m^T (the inverse when attention_factor is 1).
         backend: ``"torch"`` (exactly reduced angles and float64 math, rounded once; float32 math
             on devices without float64), ``"triton"`` (the fused kernel: float64 math for
             float16, bfloat16 and float64, correctly rounded as on the torch path; float32 math,
             within a stated bound, for float32; differentiable), or ``"auto"``: the kernel for CUDA
-            tensors when Triton is installed, torch otherwise.
-        grad_in_place: on the kernel path, let the backward overwrite the incoming gradients
-            with the input gradients when both are contiguous and separate buffers (saves a q-
-            and a k-sized buffer; the tensors autograd passes in are destroyed). The torch
-            path ignores it (its backward writes new tensors).
+            tensors when Triton is installed, torch otherwise. The kernel's float32 math
+            (float32 q and k) takes ``|theta_i| < 2^16`` and positions ``|m| < 2^31`` and refuses others
+            (on CUDA as a device assertion): beyond those, use float64 q and k or ``"torch"``.
 
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once; on the torch path
@@ -390,5 +395,4 @@ def apply_rotary(
         TypeError, ValueError: for any bad argument, naming it (README, "Errors").
     """
     return rotate_qk(q, k, positions, inv_freq, layout=layout, rotary_dim=rotary_dim,
-                     attention_factor=attention_factor, conjugate=conjugate, backend=backend,
-                     grad_in_place=grad_in_place)
+                     attention_factor=attention_factor, conjugate=conjugate, backend=backend)

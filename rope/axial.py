@@ -29,7 +29,7 @@ import torch
 
 from . import _checks
 from ._checks import integer_tensor
-from .angles import add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns, turns_per_position
+from .angles import _turns_per_position, add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns
 from .apply import check_inputs, has_float64, rotate_by_cos_sin
 from .frequencies import inv_freq
 from .layouts import LAYOUTS
@@ -41,8 +41,12 @@ def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tenso
     Each axis gets the 1D RoPE frequencies of a head of width head_dim/2 (float32, as
     :func:`rope.inv_freq`). RoPE-Axial in Heo et al. (2024) uses base 100 for ViT grids.
     """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
-        raise ValueError(f"head_dim must be a positive multiple of 4 (two axes, pairs), got {head_dim!r}")
+    head_dim = _checks.integer("head_dim", head_dim, minimum=4)
+    if head_dim % 4:
+        raise ValueError(f"head_dim must be a positive multiple of 4 (two axes, pairs), got {head_dim}")
+    base = _checks.number("base", base)
+    if not base > 1:
+        raise ValueError(f"base must be > 1 (theta_j = base^(-4j/head_dim) falls with j), got {base}")
     theta, _ = inv_freq({"rope_theta": base}, head_dim // 2)
     return theta, theta.clone()
 
@@ -55,8 +59,7 @@ def mixed_inv_freq(head_dim: int, *, base: float = 10.0, angle: float = 0.0) -> 
     r_j (cos phi, sin phi) and pair head_dim/4 + j along r_j (-sin phi, cos phi), the
     perpendicular direction. phi = 0 gives the axial frequencies exactly.
     """
-    if isinstance(angle, bool) or not isinstance(angle, (int, float)) or not math.isfinite(angle):
-        raise ValueError(f"angle must be a finite number (radians), got {angle!r}")
+    angle = _checks.number("angle", angle)
     magnitude, _ = axial_inv_freq(head_dim, base=base)
     magnitude = magnitude.to(torch.float64)
     cos, sin = math.cos(angle), math.sin(angle)
@@ -99,9 +102,21 @@ def pair_cos_sin(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *,
 
     axial: (x theta_x,0, ..., x theta_x,a-1, y theta_y,0, ..., y theta_y,b-1);
     mixed: x theta_x,i + y theta_y,i, the two turns added exactly before the cosine.
+    ``positions_xy``: integer ``[..., 2]``; the frequencies as :func:`apply_rotary_2d` takes them.
     """
-    x_turns = turns(positions_xy[..., 0, None], turns_per_position(inv_freq_x))
-    y_turns = turns(positions_xy[..., 1, None], turns_per_position(inv_freq_y))
+    _checks.flag("mixed", mixed)
+    integer_tensor("positions_xy", positions_xy)
+    if positions_xy.dim() == 0 or positions_xy.shape[-1] != 2:
+        raise ValueError(f"positions_xy must have shape [..., 2] (last axis: x, y), got {tuple(positions_xy.shape)}")
+    _check_frequencies(inv_freq_x, inv_freq_y, mixed)
+    _checks.same_device("positions_xy", positions_xy, inv_freq_x=inv_freq_x, inv_freq_y=inv_freq_y)
+    return _pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed)
+
+
+def _pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pair_cos_sin` of checked arguments."""
+    x_turns = turns(positions_xy[..., 0, None], _turns_per_position(inv_freq_x))
+    y_turns = turns(positions_xy[..., 1, None], _turns_per_position(inv_freq_y))
     limbs = add_turns(x_turns, y_turns) if mixed else torch.cat((x_turns, y_turns), dim=-2)
     return (cos_sin_of_turns if has_float64(positions_xy.device) else cos_sin_of_turns_float32)(limbs)
 
@@ -141,5 +156,5 @@ def apply_rotary_2d(
     combined = _check_frequencies(inv_freq_x, inv_freq_y, mixed)
     rotary_dim = check_inputs(q, k, positions_xy[..., 0], combined, None, values=False)  # values: just checked
     _checks.same_device("q", q, inv_freq_y=inv_freq_y)
-    cos, sin = pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed=mixed)
+    cos, sin = _pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, conjugate=conjugate)

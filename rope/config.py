@@ -12,7 +12,8 @@ in ``modeling_rope_utils.py``); every type also reads the :data:`COMMON_KEYS`. T
 ======================================  ====================================================
 ``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
                                         ``longrope``, ``llama3``, ``proportional``; missing means ``default``
-``rope_theta``                          the base b of theta_i = b^(-2i/d), > 1; default 10000
+``rope_theta``                          the base b of theta_i = b^(-2i/d), > 1; default 10000, except for
+                                        ``llama3`` and ``proportional``, which need it (as in transformers)
 ``partial_rotary_factor``               fraction of the head dimension that rotates, in (0, 1]
 ``max_position_embeddings``             the model's context length (``dynamic``'s L; a stand-in below),
                                         in [1, 2^63]
@@ -34,13 +35,21 @@ M-RoPE: ``mrope_style``                 (rope's own key) ``chunked``, ``interlea
 A needed key may have stand-ins (:attr:`rope.registry.RopeType.stand_ins`): ``original_max_position_embeddings``
 defaults to ``max_position_embeddings`` (transformers' ``standardize_rope_params`` does the same),
 and yarn's and longrope's ``factor`` to max_position_embeddings / original_max_position_embeddings
-when both are given (DeepSeek-V3, Phi-3). M-RoPE combines with any ``rope_type``: the frequencies
-are those of the type, the section only says which position each pair reads. ``rope_type``
-``mrope`` (old Qwen2-VL configs) means ``default`` with a required ``mrope_section``, as
-transformers reads it.
+when both are given (DeepSeek-V3, Phi-3); a factor so derived below 1 (max_position_embeddings <
+original_max_position_embeddings) is used, as transformers uses it, with a :class:`RopeConfigWarning`
+(an explicit factor must be >= 1). ``rope_theta`` has no stand-in: a legacy ``rope_scaling`` block
+(Llama 3.1's) does not carry the model's base, which sits at the top level of its config.
+
+M-RoPE combines with any ``rope_type``: the frequencies are those of the type, the section only
+says which position each pair reads. ``rope_type`` ``mrope`` (old Qwen2-VL configs) means
+``default`` with a required ``mrope_section``, as transformers reads it; the legacy ``type: mrope``
+beside any ``rope_type`` is that marker, and the ``rope_type`` gives the frequencies (as in
+transformers, where ``rope_type`` wins).
 
 **The key policy** (nothing is silently ignored). A key whose value is ``None`` counts as absent,
-as transformers stores absent keys. For every other key, :func:`parse_config`:
+as transformers stores absent keys, with one exception: yarn's ``truncate: None`` means ``False``
+(no truncation), since transformers reads ``get("truncate", True)`` and gets a falsy None. For
+every other key, :func:`parse_config`:
 
 * reads a key of the type or a common key, and checks its value: ``TypeError`` for the wrong type
   (a flag that is not a bool, an integer given as ``4096.0``, a string for a number), ``ValueError``
@@ -54,7 +63,8 @@ as transformers stores absent keys. For every other key, :func:`parse_config`:
   silently change the numbers (a type registered to read such a key reads it);
 * keeps the keys of a registered type that :class:`RopeConfig` has no field for in
   :attr:`RopeConfig.extra`, each through the type's key check (:mod:`rope.registry`);
-* refuses ``type`` and ``rope_type`` that disagree, and M-RoPE style keys that disagree;
+* refuses ``type`` and ``rope_type`` that disagree (``type: mrope`` agrees with any ``rope_type``), and
+  M-RoPE style keys that disagree;
 * **warns** (:class:`RopeConfigWarning`) about a key rope knows that the given ``rope_type`` does
   not read (``low_freq_factor`` with yarn, ``short_factor`` with linear), as transformers does
   ("Unrecognized keys in `rope_parameters`"), and ignores it: published configs carry such
@@ -63,6 +73,10 @@ as transformers stores absent keys. For every other key, :func:`parse_config`:
   ignores it, except the keys of :data:`MODEL_KEYS`, which models read outside the rotary
   embedding (Ministral 3's ``llama_4_scaling_beta``): those are accepted without a warning, as
   transformers' ``ignore_keys_at_rope_validation`` accepts them.
+
+A :class:`RopeConfig` made directly follows the same rule for its fields: a field the ``rope_type``
+does not read (``RopeConfig(factor=8.0)`` of type ``default``) warns in the same words and is
+dropped (stored as ``None``).
 
 Two readings differ from transformers on purpose: a beta_fast or beta_slow of 0 (which
 transformers replaces by its default, ``beta_fast or 32``) is refused, as is beta_fast < beta_slow
@@ -77,6 +91,8 @@ the keys; see :mod:`rope.frequencies`.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -96,7 +112,9 @@ YARN_BETA_SLOW = 1.0
 
 
 class RopeConfigWarning(UserWarning):
-    """A config key that rope does not read for the given ``rope_type`` and ignores."""
+    """A config key that rope does not read for the given ``rope_type`` and ignores, or a config
+    whose numbers rope computes as transformers does although they are likely a mistake (a factor
+    below 1 derived from the two context lengths)."""
 
 
 COMMON_KEYS = frozenset({
@@ -140,12 +158,16 @@ FOREIGN_KEYS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """A validated RoPE configuration. ``None`` means "not given". Every value is checked when
-    the config is made (directly or by :func:`parse_config`): a wrong type raises ``TypeError``,
-    a wrong value or a missing needed key ``ValueError``, each naming the key."""
+    """A validated RoPE configuration. ``None`` means "not given": ``rope_theta`` then becomes
+    10000 (a type that needs it, llama3 or proportional, refuses it) and ``truncate`` True. Every
+    value is checked when the config is made (directly or by :func:`parse_config`): a wrong type
+    raises ``TypeError``, a wrong value or a missing needed key ``ValueError``, each naming the
+    key; a field the type does not read warns (:class:`RopeConfigWarning`) and is dropped, as
+    :func:`parse_config` drops such a key. Read-only, hashable (``extra`` aside), and it pickles
+    and deep-copies."""
 
     rope_type: str = "default"
-    rope_theta: float = DEFAULT_THETA
+    rope_theta: float | None = None
     factor: float | None = None
     max_position_embeddings: int | None = None
     original_max_position_embeddings: int | None = None
@@ -155,7 +177,7 @@ class RopeConfig:
     beta_slow: float | None = None
     mscale: float | None = None
     mscale_all_dim: float | None = None
-    truncate: bool = True
+    truncate: bool | None = None
     # yarn and longrope
     attention_factor: float | None = None
     # longrope
@@ -175,13 +197,29 @@ class RopeConfig:
             raise TypeError(f"config key 'rope_type' must be a str, got {type(self.rope_type).__name__} "
                             f"{self.rope_type!r}")
         entry = registry.rope_type(self.rope_type)
+        for key in sorted(FIELD_KEYS - COMMON_KEYS - entry.keys):
+            if getattr(self, key) is not None:
+                _warn_ignored(key, entry.name)
+                object.__setattr__(self, key, None)
         for key, check in _FIELD_CHECKS.items():
             value = getattr(self, key)
             if value is not None:
                 object.__setattr__(self, key, check(f"config key {key!r}", value))
         object.__setattr__(self, "extra", MappingProxyType(_checked_extra(entry, self.extra)))
         self._check_required(entry)
+        for key, default in _DEFAULTS.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
         self._check_pairs()
+        self._warn_derived_factor(entry)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a MappingProxyType does not pickle: extra travels as a dict, and comes back read-only
+        return {**self.__dict__, "extra": dict(self.extra)}
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, MappingProxyType(dict(value)) if key == "extra" else value)
 
     def given(self, key: str) -> bool:
         """Whether ``key`` has a value: a field that is not None, or a key of :attr:`extra`."""
@@ -192,7 +230,21 @@ class RopeConfig:
             stand_in = entry.stand_ins.get(key, ())
             if not self.given(key) and not (stand_in and all(self.given(k) for k in stand_in)):
                 alternative = f" (or {' and '.join(map(repr, stand_in))})" if stand_in else ""
-                raise ValueError(f"rope_type {self.rope_type!r} needs the config key {key!r}{alternative}")
+                raise ValueError(f"rope_type {self.rope_type!r} needs the config key {key!r}{alternative}"
+                                 f"{_MISSING_HINTS.get(key, '')}")
+
+    def _warn_derived_factor(self, entry: registry.RopeType) -> None:
+        """Warn when ``factor`` is absent and its stand-in, the ratio of the two lengths, is < 1."""
+        lengths = ("max_position_embeddings", "original_max_position_embeddings")
+        if self.factor is None and tuple(entry.stand_ins.get("factor", ())) == lengths:
+            longer, original = self.max_position_embeddings, self.original_max_position_embeddings
+            if longer is not None and original is not None and longer < original:
+                warnings.warn(
+                    f"rope_type {self.rope_type!r} has no 'factor', so it uses max_position_embeddings / "
+                    f"original_max_position_embeddings = {longer} / {original} = {longer / original} < 1, as "
+                    "transformers does: the context shrinks instead of being extended (an explicit factor must be "
+                    ">= 1); give 'factor' or the lengths the model was trained and extended to",
+                    RopeConfigWarning, stacklevel=_outside_rope())
 
     def _check_pairs(self) -> None:
         """Keys that bound each other: beta_fast >= beta_slow, high_freq_factor > low_freq_factor."""
@@ -315,6 +367,27 @@ _FIELD_CHECKS = {
 FIELD_KEYS = frozenset(f.name for f in fields(RopeConfig)) - {"extra"}
 """The keys :class:`RopeConfig` stores as fields; a registered type's other keys go to ``extra``."""
 
+_DEFAULTS = {"rope_theta": DEFAULT_THETA, "truncate": True}
+"""The fields whose ``None`` ("not given") becomes a value once the required keys are checked."""
+
+_MISSING_HINTS = {
+    "rope_theta": (": a legacy rope_scaling block does not carry the model's base, which sits at the top level of "
+                   "its config (Llama 3.1's rope_theta is 500000)"),
+}
+"""What a missing needed key's message adds."""
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _outside_rope() -> int:
+    """The ``stacklevel`` at which a warning raised by the caller names the first frame outside
+    rope (and outside :class:`RopeConfig`'s generated ``__init__``): the user's line."""
+    level, frame = 1, sys._getframe(1)  # level 1: the function that warns
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_code is RopeConfig.__init__.__code__):
+        level, frame = level + 1, frame.f_back
+    return level
+
 
 def _checked_extra(entry: registry.RopeType, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The ``extra`` keys of a config of type ``entry``, each through its key check."""
@@ -343,15 +416,18 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     values: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in given.items():
-        if key in entry.keys or key in COMMON_KEYS:
-            if key in _FIELD_CHECKS:
-                values[key] = value
-            elif key not in COMMON_KEYS:
-                extra[key] = value
+        if key in _FIELD_CHECKS:  # a field: RopeConfig checks it, or warns and drops it if the type does not read it
+            values[key] = value
+        elif key in COMMON_KEYS:
+            pass
+        elif key in entry.keys:
+            extra[key] = value
         elif key in FOREIGN_KEYS:
             raise ValueError(f"config key {key!r} is not rope's: {FOREIGN_KEYS[key]}")
         elif key not in MODEL_KEYS:
             _warn_ignored(key, entry.name)
+    if "truncate" in config and config["truncate"] is None and "truncate" in entry.keys:
+        values["truncate"] = False  # transformers' get("truncate", True) is None: no truncation
     style = _mrope_style(given)
     if style is not None:
         values["mrope_style"] = style
@@ -378,7 +454,10 @@ def _given(config: Mapping) -> dict[str, Any]:
 
 def _rope_type(given: Mapping[str, Any]) -> str:
     """The ``rope_type`` (legacy ``type``; ``mrope`` is ``default`` with a needed section, as
-    transformers reads Qwen2-VL's configs, which say ``type: mrope`` and ``rope_type: default``)."""
+    transformers reads Qwen2-VL's configs, which say ``type: mrope`` and ``rope_type: default``).
+    ``type: mrope`` beside another ``rope_type`` (a Qwen2.5-VL config extended with yarn) marks
+    M-RoPE and the ``rope_type`` gives the frequencies, as in transformers, where ``rope_type``
+    wins; any other ``type`` must agree with ``rope_type``."""
     said = {}
     for key in ("rope_type", "type"):
         if key in given:
@@ -387,6 +466,8 @@ def _rope_type(given: Mapping[str, Any]) -> str:
             said[key] = given[key]
     if "mrope" in said.values() and "mrope_section" not in given:
         raise ValueError("rope_type 'mrope' needs the config key 'mrope_section'")
+    if "rope_type" in said and said.get("type") == "mrope":
+        del said["type"]  # the M-RoPE marker: rope_type wins
     types = {"default" if value == "mrope" else value for value in said.values()}
     if len(types) > 1:
         raise ValueError(f"config keys 'rope_type' ({said['rope_type']!r}) and 'type' ({said['type']!r}) disagree")
@@ -415,4 +496,4 @@ def _warn_ignored(key: str, rope_type: str) -> None:
         known = COMMON_KEYS.union(*(entry.keys for entry in registry.registered()))
         close = difflib.get_close_matches(key, sorted(known), n=1)
         reason = "rope does not know it" + (f"; did you mean {close[0]!r}?" if close else "")
-    warnings.warn(f"config key {key!r} is ignored: {reason}", RopeConfigWarning, stacklevel=3)
+    warnings.warn(f"config key {key!r} is ignored: {reason}", RopeConfigWarning, stacklevel=_outside_rope())

@@ -16,6 +16,8 @@ error, an OverflowError or a silently wrong tensor:
 * every frequency of a rotated pair must round to a finite float32 number > 0: a base or a
   factor so large that theta_i underflows to 0 in float32 is refused (the pair would stop
   rotating); the only zeros are those proportional RoPE means (its unrotated pairs);
+* yarn's beta_fast and beta_slow must give a finite correction range: a beta so far from its
+  default that L / (2 pi beta) overflows or underflows float64 is refused;
 * the NTK base b s^(d/(d-2)) of ``ntk`` and ``dynamic`` needs d >= 4 (d = 2 divides by 0) and
   must not overflow float64;
 * the attention factor must be finite and > 0: yarn's mscale(s, m) = 0.1 m ln s + 1 must be > 0
@@ -49,7 +51,10 @@ def _exponents(dim: int) -> torch.Tensor:
 
 
 def default_theta(base: float, dim: int) -> torch.Tensor:
-    """theta_i = base^(-2i/d), float64."""
+    """theta_i = base^(-2i/d), i = 0 .. d/2 - 1, float64. ``base`` is a finite number > 0 and
+    ``dim`` an even int >= 2 (``TypeError`` / ``ValueError`` naming the argument otherwise)."""
+    base = _checks.number("base", base, positive=True)
+    dim = _checks.integer("dim", dim, minimum=2, even=True)
     return base ** -_exponents(dim)
 
 
@@ -144,12 +149,23 @@ def yarn_correction_range(
     (fractional) pair index that turns r times over L positions; floored/ceiled if ``truncate``
     and clamped to [0, d - 1] as transformers' ``find_correction_range`` does (the upper clamp is
     d - 1 although pair indices end at d/2 - 1). Arguments as validated by :mod:`rope.config`;
-    :func:`rope.analysis.scaling.yarn_correction_range` checks them for direct use."""
+    :func:`rope.analysis.scaling.yarn_correction_range` checks them for direct use. Betas so extreme
+    that a bound is not a finite number (L / (2 pi r) overflows or underflows float64) raise a
+    ``ValueError`` naming the config keys."""
 
-    def pair_index(rotations: float) -> float:
-        return dim * math.log(original_length / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    def pair_index(rotations: float, key: str) -> float:
+        ratio = original_length / (rotations * 2 * math.pi)
+        index = dim * math.log(ratio) / (2 * math.log(base)) if math.isfinite(ratio) and ratio > 0 else math.nan
+        if not math.isfinite(index):
+            raise ValueError(
+                f"YaRN's correction range is not finite: i({key}) = d ln(L / (2 pi {key})) / (2 ln b) with "
+                f"{key} = {rotations}, L = original_max_position_embeddings = {original_length}, d = {dim}, "
+                f"b = {base}: L / (2 pi {key}) = {ratio} is not a finite number > 0 in float64; give a {key} "
+                f"nearer the default ({YARN_BETA_FAST if key == 'beta_fast' else YARN_BETA_SLOW})"
+            )
+        return index
 
-    low, high = pair_index(beta_fast), pair_index(beta_slow)
+    low, high = pair_index(beta_fast, "beta_fast"), pair_index(beta_slow, "beta_slow")
     if truncate:
         low, high = math.floor(low), math.ceil(high)
     return max(low, 0), min(high, dim - 1)
@@ -274,10 +290,14 @@ register_rope_type("yarn", _yarn, required_keys=("factor", "original_max_positio
 register_rope_type("longrope", _longrope,
                    required_keys=("factor", "short_factor", "long_factor", "original_max_position_embeddings"),
                    optional_keys=("attention_factor",), stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
+# llama3 and proportional need rope_theta, as in transformers (the others default to 10000): a legacy
+# rope_scaling block of Llama 3.1 does not carry its base 500000
 register_rope_type("llama3", _llama3,
-                   required_keys=("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+                   required_keys=("rope_theta", "factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings"),
                    stand_ins=_ORIGINAL_FROM_MAX)
-register_rope_type("proportional", _proportional, optional_keys=("factor",))
+register_rope_type("proportional", _proportional, required_keys=("rope_theta",), optional_keys=("factor",),
+                   zero_frequencies=True)
 
 
 def inv_freq(
@@ -295,19 +315,41 @@ def inv_freq(
 
     Returns:
         ``(inv_freq, attention_factor)``: a float32 tensor of rotary_dim/2 frequencies theta_i,
-        finite and > 0 (0 only for proportional RoPE's unrotated pairs), and the finite positive
-        factor by which cos and sin are multiplied.
+        finite and > 0 (0 only for proportional RoPE's unrotated pairs, or those of a type
+        registered with ``zero_frequencies=True``), and the finite positive factor by which cos
+        and sin are multiplied. What a registered type's function returns is checked against
+        this (``TypeError`` / ``ValueError`` naming the ``rope_type``).
     """
     cfg = parse_config(config)
     dim = cfg.rotary_dim(head_dim)
     seq_len = _checks.optional_integer("seq_len", seq_len, minimum=1, maximum=MAX_LENGTH)
-    theta, attention = rope_type(cfg.rope_type).frequencies(cfg, dim, seq_len)
+    entry = rope_type(cfg.rope_type)
+    result = entry.frequencies(cfg, dim, seq_len)
+    expected = "a pair (inv_freq, attention_factor) of a float32 tensor and a number"
+    if not isinstance(result, tuple) or len(result) != 2:
+        got = f"a {len(result)}-tuple" if isinstance(result, tuple) else type(result).__name__
+        raise TypeError(f"rope_type {cfg.rope_type!r} must return {expected}, got {got}")
+    theta, attention = result
     if not isinstance(theta, torch.Tensor) or theta.dtype != torch.float32 or isinstance(attention, bool) \
             or not isinstance(attention, (int, float)):
-        raise TypeError(f"rope_type {cfg.rope_type!r} must return (a float32 tensor, a number), got "
+        raise TypeError(f"rope_type {cfg.rope_type!r} must return {expected}, got "
                         f"({type(theta).__name__} {getattr(theta, 'dtype', '')}, {type(attention).__name__})")
-    _checks.finite_frequencies("inv_freq", theta)
-    if theta.shape != (dim // 2,) or bool((theta < 0).any()):
-        raise ValueError(f"rope_type {cfg.rope_type!r} gave {tuple(theta.shape)} frequencies, some < 0; "
-                         f"expected {dim // 2} frequencies >= 0")
+    if theta.is_meta:
+        raise ValueError(f"rope_type {cfg.rope_type!r} returned a meta tensor, which has no values; expected "
+                         f"{dim // 2} float32 frequencies")
+    try:
+        _checks.finite_frequencies("inv_freq", theta)
+    except ValueError as error:
+        raise ValueError(f"rope_type {cfg.rope_type!r}: {error}") from None
+    if theta.shape != (dim // 2,):
+        raise ValueError(f"rope_type {cfg.rope_type!r} gave {tuple(theta.shape)} frequencies; expected "
+                         f"{dim // 2} (rotary_dim / 2)")
+    if entry.zero_frequencies:
+        if bool((theta < 0).any()):
+            raise ValueError(f"rope_type {cfg.rope_type!r} gave frequencies < 0; expected {dim // 2} frequencies "
+                             ">= 0 (0 for a pair that does not rotate)")
+    elif not bool((theta > 0).all()):
+        raise ValueError(f"rope_type {cfg.rope_type!r} gave frequencies <= 0; expected {dim // 2} frequencies > 0 "
+                         "(a type whose pairs may stand still is registered with zero_frequencies=True, as "
+                         "'proportional' is)")
     return theta, _attention(attention, cfg.rope_type, attention_factor=cfg.attention_factor)

@@ -25,7 +25,9 @@ def check_layout(layout: str) -> None:
 
 
 def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (a_i, b_i) of the two coordinates of pair i, i = 0 .. rotary_dim/2 - 1."""
+    """Indices (a_i, b_i) of the two coordinates of pair i, i = 0 .. rotary_dim/2 - 1
+    (``rotary_dim``: an even int >= 0)."""
+    rotary_dim = integer("rotary_dim", rotary_dim, minimum=0, even=True)
     check_layout(layout)
     half = rotary_dim // 2
     if layout == "half":
@@ -34,9 +36,16 @@ def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tens
 
 
 def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
-    """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..), tail fixed."""
+    """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..), tail fixed.
+    ``rotary_dim`` defaults to ``head_dim``, which must then be even (pairs)."""
     head_dim = integer("head_dim", head_dim, minimum=1)
-    rotary_dim = head_dim if rotary_dim is None else integer("rotary_dim", rotary_dim, minimum=2, even=True)
+    if rotary_dim is None:
+        if head_dim % 2:
+            raise ValueError(f"head_dim must be even when rotary_dim is None (the rotary width, in pairs, defaults "
+                             f"to head_dim), got {head_dim}")
+        rotary_dim = head_dim
+    else:
+        rotary_dim = integer("rotary_dim", rotary_dim, minimum=2, even=True)
     if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
     a, b = pair_indices(rotary_dim, "interleaved")

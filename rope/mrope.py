@@ -33,11 +33,12 @@ math for float32; one rounding).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 
+from . import _checks
 from ._checks import integer_tensor
 from .apply import MROPE_AXES, check_axes, exact_cos_sin, per_pair_positions, rotate_qk
 
@@ -46,14 +47,15 @@ MROPE_STYLES = ("chunked", "interleaved", "alternating")
 
 def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int, int]:
     """``mrope_section`` as a tuple of three positive ints (pairs on t, h and w), or an error
-    naming ``name``."""
-    if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence):
-        raise TypeError(f"{name} must be a list of three ints (pairs on t, h, w), got {mrope_section!r}")
-    if len(mrope_section) != len(MROPE_AXES) or any(
-        isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in mrope_section
+    naming ``name``: ``TypeError`` unless a sequence of ints (NumPy integers are ints, and come
+    back as ``int``), ``ValueError`` unless three of them, each positive."""
+    if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence) or any(
+        isinstance(s, bool) or not isinstance(s, Integral) for s in mrope_section
     ):
+        raise TypeError(f"{name} must be a list of three ints (pairs on t, h, w), got {mrope_section!r}")
+    if len(mrope_section) != len(MROPE_AXES) or any(s <= 0 for s in mrope_section):
         raise ValueError(f"{name} must be three positive ints (pairs on t, h, w), got {list(mrope_section)}")
-    return tuple(mrope_section)
+    return tuple(int(s) for s in mrope_section)
 
 
 def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.Tensor:
@@ -67,14 +69,12 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
     the last pair, unequal h and w when alternating) is an error.
     """
     sections = check_section(mrope_section)
-    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs <= 0:
-        raise ValueError(f"pairs must be a positive int (rotary_dim / 2), got {pairs!r}")
+    pairs = _checks.integer("pairs", pairs, minimum=1)
     if sum(sections) != pairs:
         raise ValueError(
             f"mrope_section {list(sections)} sums to {sum(sections)}, but there are rotary_dim / 2 = {pairs} pairs"
         )
-    if style not in MROPE_STYLES:
-        raise ValueError(f"style must be one of {', '.join(map(repr, MROPE_STYLES))}, got {style!r}")
+    _checks.choice("style", style, MROPE_STYLES)
     if style == "chunked":
         return torch.repeat_interleave(torch.arange(len(MROPE_AXES)), torch.tensor(sections))
     index = torch.arange(pairs)
@@ -116,8 +116,11 @@ def pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tens
 def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
                   axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of p_a(i) * theta_i, the angle reduced modulo 2 pi exactly (float64; float32
-    where float64 does not exist), shape ``position_ids.shape[1:] + (pairs,)``."""
+    where float64 does not exist), shape ``position_ids.shape[1:] + (pairs,)``. ``inv_freq``:
+    finite float32 or float64 theta_i (:func:`rope._checks.finite_frequencies`)."""
     _check_position_ids(position_ids)
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.same_device("position_ids", position_ids, inv_freq=inv_freq)
     check_axes(axes, inv_freq.shape[0])
     return exact_cos_sin(per_pair_positions(position_ids, axes), inv_freq, per_pair=True)
 
@@ -134,7 +137,6 @@ def apply_mrope(
     attention_factor: float = 1.0,
     conjugate: bool = False,
     backend: str = "auto",
-    grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys by their (t, h, w) positions.
 
@@ -151,8 +153,8 @@ def apply_mrope(
         rotary_dim: rotated width (default ``2 * len(inv_freq)``); the rest passes through.
         attention_factor: multiplies cos and sin.
         conjugate: rotate by minus the angles (the transpose).
-        backend, grad_in_place: as in :func:`rope.apply_rotary`: ``"auto"`` runs the fused Triton
-            kernel (exactly reduced angles) on CUDA tensors, float64 torch otherwise.
+        backend: as in :func:`rope.apply_rotary`: ``"auto"`` runs the fused Triton kernel
+            (exactly reduced angles) on CUDA tensors, float64 torch otherwise.
 
     Returns:
         ``(q_out, k_out)`` in the dtype of q and k, each value rounded once (from float64 on the
@@ -163,8 +165,44 @@ def apply_mrope(
             axis value fails an asynchronous device assertion instead (no host synchronisation).
     """
     return rotate_qk(q, k, position_ids, inv_freq, axes=axes, layout=layout, rotary_dim=rotary_dim,
-                     attention_factor=attention_factor, conjugate=conjugate, backend=backend,
-                     grad_in_place=grad_in_place)
+                     attention_factor=attention_factor, conjugate=conjugate, backend=backend)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _frame_times(frames: int, time_interval: int | float) -> torch.Tensor:
+    """trunc(time_interval * f) for frames f = 0 .. frames - 1, int64: an int time_interval exactly,
+    a float one as transformers' ``get_vision_position_ids`` computes it, the float32 product
+    float32(f) * float32(time_interval) rounded once and truncated; ``ValueError`` naming
+    time_interval where that does not fit int64."""
+    if isinstance(time_interval, int):
+        if (frames - 1) * time_interval > _INT64_MAX:
+            last = (frames - 1) * time_interval
+            raise ValueError(f"time_interval {time_interval} puts frame {frames - 1} at {last}, past the largest int64 "
+                             "position")
+        return torch.arange(frames) * time_interval
+    interval = torch.tensor(time_interval, dtype=torch.float32)
+    if not torch.isfinite(interval):
+        raise ValueError(f"time_interval must lie in float32's range (frame times are float32 products, as in "
+                         f"transformers), got {time_interval!r}")
+    times = torch.arange(frames).to(torch.float32) * interval
+    if frames and float(times[-1]) >= 2.0**63:
+        raise ValueError(f"time_interval {time_interval!r} puts frame {frames - 1} at {float(times[-1])}, past the "
+                         "largest int64 position")
+    return times.long()
+
+
+def _segment(segment) -> int | tuple[int, int, int]:
+    """A text run's length or a visual block's (T, H, W), as ints (NumPy integers are ints)."""
+    expected = "each segment must be a positive int (text tokens) or a (T, H, W) tuple of positive ints"
+    parts = segment if isinstance(segment, tuple) else (segment,)
+    if any(isinstance(n, bool) or not isinstance(n, Integral) for n in parts) or len(parts) not in (1, 3):
+        error = ValueError if isinstance(segment, tuple) and len(parts) != 3 else TypeError
+        raise error(f"{expected}, got {segment!r}")
+    if any(n <= 0 for n in parts):
+        raise ValueError(f"{expected}, got {segment!r}")
+    return tuple(int(n) for n in parts) if isinstance(segment, tuple) else int(segment)
 
 
 def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) -> torch.Tensor:
@@ -173,36 +211,38 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) 
     ``segments`` lists, in order, ints (a run of that many text tokens) and ``(T, H, W)`` tuples
     (a visual block of T frames of H x W tokens, after the vision encoder's merging, tokens in
     frame, row, column order). A block starting at position s gets
-    t = s + trunc(time_interval * frame) (the product in float32, as transformers computes it;
-    Qwen2.5-VL spaces frames by seconds times tokens per second), h = s + row, w = s + column;
-    text continues one past the largest position used so far (Qwen2-VL's rule; for an image,
-    s + max(H, W), as transformers' ``get_rope_index``).
+    t = s + trunc(time_interval * frame), h = s + row, w = s + column; text continues one past
+    the largest position used so far (Qwen2-VL's rule; for an image, s + max(H, W), as
+    transformers' ``get_rope_index``). An int ``time_interval`` multiplies exactly; a float one
+    (Qwen2.5-VL spaces frames by seconds times tokens per second) as transformers computes it:
+    float32(frame) * float32(time_interval), rounded once to float32, then truncated. ``start``,
+    the segments' sizes and an int ``time_interval`` are ints or NumPy integers; a position that
+    would not fit int64 is a ``ValueError`` naming start and time_interval.
     """
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise ValueError(f"start must be a non-negative int, got {start!r}")
-    if (isinstance(time_interval, bool) or not isinstance(time_interval, (int, float))
-            or not math.isfinite(time_interval) or time_interval < 0):
-        raise ValueError(f"time_interval must be a finite number >= 0, got {time_interval!r}")
+    start = _checks.integer("start", start, minimum=0)
+    if isinstance(time_interval, Integral) and not isinstance(time_interval, bool):
+        time_interval = _checks.integer("time_interval", time_interval, minimum=0)
+    else:
+        time_interval = _checks.number("time_interval", time_interval, minimum=0.0)
     blocks, position = [], start
     for segment in segments:
-        if isinstance(segment, int) and not isinstance(segment, bool) and segment > 0:
-            blocks.append(torch.arange(position, position + segment).expand(len(MROPE_AXES), -1))
-        elif (
-            isinstance(segment, tuple) and len(segment) == 3
-            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in segment)
-        ):
-            frames, rows, columns = segment
-            t, h, w = torch.meshgrid(
-                (torch.arange(frames) * time_interval).long(), torch.arange(rows), torch.arange(columns),
-                indexing="ij",
-            )
-            blocks.append(torch.stack([t, h, w]).reshape(len(MROPE_AXES), -1) + position)
+        segment = _segment(segment)
+        if isinstance(segment, int):
+            last = position + segment - 1
+            if last > _INT64_MAX:
+                raise ValueError(f"positions must fit int64: the text run of {segment} tokens from {position} would "
+                                 f"reach {last} (start={start}, time_interval={time_interval!r})")
+            blocks.append((torch.arange(segment) + position).expand(len(MROPE_AXES), -1))
         else:
-            raise ValueError(
-                f"each segment must be a positive int (text tokens) or a (T, H, W) tuple of positive ints, "
-                f"got {segment!r}"
-            )
-        position = int(blocks[-1].max()) + 1
+            frames, rows, columns = segment
+            times = _frame_times(frames, time_interval)
+            last = position + max(int(times[-1]), rows - 1, columns - 1)
+            if last > _INT64_MAX:
+                raise ValueError(f"positions must fit int64: the block {segment} from {position} would reach {last} "
+                                 f"(start={start}, time_interval={time_interval!r})")
+            t, h, w = torch.meshgrid(times, torch.arange(rows), torch.arange(columns), indexing="ij")
+            blocks.append(torch.stack([t, h, w]).reshape(len(MROPE_AXES), -1) + position)
+        position = last + 1
     if not blocks:
         raise ValueError("segments must hold at least one text run or visual block")
     return torch.cat(blocks, dim=1)

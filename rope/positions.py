@@ -17,27 +17,40 @@ import torch
 
 from ._checks import flag, integer, integer_tensor, same_device
 
+_INT64_MAX = 2**63 - 1
+
 
 def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
     """Positions of sequences packed end to end: token t of sequence j, which occupies
     [cu_seqlens[j], cu_seqlens[j + 1]), gets ``offsets[j] + t - cu_seqlens[j]`` (offsets default 0,
-    e.g. the lengths already in each sequence's KV cache). Returns int64 ``[cu_seqlens[-1]]``."""
+    e.g. the lengths already in each sequence's KV cache). Returns int64 ``[cu_seqlens[-1]]``.
+
+    Both are integer tensors of any dtype whose values fit int64 (uint64 is refused:
+    :func:`rope._checks.integer_tensor`), read as int64 before any arithmetic; an offset that
+    would put a token past the largest int64 position is a ``ValueError``."""
     integer_tensor("cu_seqlens", cu_seqlens, dim=1)
-    if cu_seqlens.numel() < 2 or cu_seqlens[0].item() != 0:
+    cu = cu_seqlens.to(torch.int64)
+    if cu.numel() < 2 or cu[0].item() != 0:
         raise ValueError("cu_seqlens must start at 0 and hold at least one sequence: [0, n_0, n_0 + n_1, ...]")
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    if (lengths < 0).any():
+    if (cu[1:] < cu[:-1]).any():
         raise ValueError(f"cu_seqlens must be non-decreasing, got {cu_seqlens.tolist()}")
-    starts = cu_seqlens[:-1].to(torch.int64)
+    lengths = cu[1:] - cu[:-1]  # no overflow: 0 <= cu[j] <= cu[-1]
+    total = int(cu[-1])
+    token = torch.arange(total, device=cu.device)
+    positions = token - torch.repeat_interleave(cu[:-1], lengths, output_size=total)
     if offsets is not None:
         integer_tensor("offsets", offsets, dim=1)
         same_device("cu_seqlens", cu_seqlens, offsets=offsets)
         if offsets.numel() != lengths.numel():
             raise ValueError(f"offsets must have one entry per sequence ({lengths.numel()}), got {offsets.numel()}")
-        starts = starts - offsets.to(torch.int64)
-    total = int(cu_seqlens[-1])
-    token = torch.arange(total, device=cu_seqlens.device)
-    return token - torch.repeat_interleave(starts, lengths.to(torch.int64), output_size=total)
+        offsets = offsets.to(torch.int64)
+        too_far = (lengths > 0) & (offsets > _INT64_MAX - (lengths - 1))
+        if too_far.any():
+            j = int(too_far.nonzero()[0, 0])
+            raise ValueError(f"offsets[{j}] = {int(offsets[j])} puts the last of its {int(lengths[j])} tokens past the "
+                             f"largest int64 position ({_INT64_MAX})")
+        positions = positions + torch.repeat_interleave(offsets, lengths, output_size=total)
+    return positions
 
 
 def context_parallel_positions(seq_len: int, world_size: int, rank: int, *, zigzag: bool = False) -> torch.Tensor:

@@ -9,8 +9,11 @@ Three equivalent ways to write y = R_m x (RoFormer, Su et al. 2021):
   (x_a, x_b) to (-x_b, x_a) and cos_vec, sin_vec repeat cos/sin(m theta_i) on both members of pair i.
 
 Which coordinates form pair i is the layout (:mod:`rope.layouts`). The angles of float32
-frequencies and integer positions are reduced modulo 2 pi exactly. These are slow and exact;
-:func:`rope.apply_rotary` is the fast path that must agree with them.
+frequencies and integer positions are reduced modulo 2 pi exactly; any other angle is the float64
+product of the position and the frequency, each taken at its exact value: real (fractional)
+positions are honoured by all three forms, and frequencies given as Python numbers or lists are
+float64 (a tensor keeps its dtype). These are slow and exact; :func:`rope.apply_rotary` is the
+fast path that must agree with them.
 """
 
 from __future__ import annotations
@@ -21,12 +24,20 @@ from .angles import exact_angles
 from .layouts import check_layout, pair_indices
 
 
+def _frequencies(inv_freq) -> torch.Tensor:
+    """``inv_freq`` as a tensor: a tensor as it is, Python numbers (a list, a float) as float64,
+    never rounded to float32."""
+    if isinstance(inv_freq, torch.Tensor):
+        return inv_freq
+    return torch.as_tensor(inv_freq, dtype=torch.float64)
+
+
 def _angles(position, inv_freq) -> torch.Tensor:
     """m theta_i: reduced modulo 2 pi exactly for float32 theta_i and integer m
     (:func:`rope.angles.exact_angles`), else the float64 product."""
     if not isinstance(position, torch.Tensor):  # a Python float stays float64, an int an integer
         position = torch.as_tensor(position, dtype=torch.float64 if isinstance(position, float) else None)
-    inv_freq = torch.as_tensor(inv_freq)
+    inv_freq = _frequencies(inv_freq)
     if inv_freq.dtype == torch.float32 and not position.dtype.is_floating_point:
         if position.dim() and position.shape[-1] == 1:  # [..., 1] against [pairs]: [..., pairs]
             position = position[..., 0]
@@ -37,7 +48,7 @@ def _angles(position, inv_freq) -> torch.Tensor:
 def rotation_matrix(position, inv_freq, *, head_dim: int | None = None, layout: str = "half") -> torch.Tensor:
     """R_m as an explicit float64 ``[head_dim, head_dim]`` matrix (identity past the rotary width)."""
     check_layout(layout)
-    inv_freq = torch.as_tensor(inv_freq)
+    inv_freq = _frequencies(inv_freq)
     rotary_dim = 2 * inv_freq.numel()
     head_dim = rotary_dim if head_dim is None else head_dim
     if head_dim < rotary_dim:
@@ -59,14 +70,17 @@ def _position_grid(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 
 def rotate_by_matrix(x, positions, inv_freq, *, layout: str = "half", attention_factor: float = 1.0):
-    """y[b, s, h] = attention_factor * R_{positions[b, s]} x[b, s, h] (tail unscaled), float64."""
+    """y[b, s, h] = attention_factor * R_{positions[b, s]} x[b, s, h] (tail unscaled), float64.
+    Each position is taken at its value: an integer exactly, a real one as a float64 number."""
     x = x.to(torch.float64)
     grid = _position_grid(x, positions)
     head_dim = x.shape[-1]
-    rotary_dim = 2 * torch.as_tensor(inv_freq).numel()
+    inv_freq = _frequencies(inv_freq)
+    rotary_dim = 2 * inv_freq.numel()
     scale = torch.ones(head_dim, dtype=torch.float64)
     scale[:rotary_dim] = attention_factor
-    mats = torch.stack([rotation_matrix(int(m), inv_freq, head_dim=head_dim, layout=layout) for m in grid.reshape(-1)])
+    mats = torch.stack([rotation_matrix(m.item(), inv_freq, head_dim=head_dim, layout=layout)  # int or float64
+                        for m in grid.reshape(-1)])
     mats = mats.reshape(*grid.shape, head_dim, head_dim) * scale[:, None]
     return torch.einsum("bsij,bshj->bshi", mats, x)
 
@@ -75,7 +89,8 @@ def rotate_by_complex(x, positions, inv_freq, *, layout: str = "half"):
     """Pair i as a complex number times e^{i m theta_i}, float64."""
     x = x.to(torch.float64)
     grid = _position_grid(x, positions)
-    rotary_dim = 2 * torch.as_tensor(inv_freq).numel()
+    inv_freq = _frequencies(inv_freq)
+    rotary_dim = 2 * inv_freq.numel()
     a, b = pair_indices(rotary_dim, layout)
     z = torch.complex(x[..., a], x[..., b])
     w = z * torch.exp(1j * _angles(grid[..., None, None], inv_freq))
@@ -88,7 +103,8 @@ def rotate_elementwise(x, positions, inv_freq, *, layout: str = "half"):
     """y = x * cos_vec + x_rot * sin_vec (RoFormer eq. 34), float64."""
     x = x.to(torch.float64)
     grid = _position_grid(x, positions)
-    rotary_dim = 2 * torch.as_tensor(inv_freq).numel()
+    inv_freq = _frequencies(inv_freq)
+    rotary_dim = 2 * inv_freq.numel()
     a, b = pair_indices(rotary_dim, layout)
     angles = _angles(grid[..., None, None], inv_freq)  # [batch, seq, 1, rotary_dim/2]
     cos_vec = torch.ones(*angles.shape[:-1], x.shape[-1], dtype=torch.float64)

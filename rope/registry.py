@@ -7,11 +7,15 @@ type cannot exist for the frequencies and not for the config parser, or the othe
 
 * ``frequencies(config, rotary_dim, seq_len) -> (inv_freq, attention_factor)``, a pure function of
   a validated :class:`rope.RopeConfig`, the rotary width d and the current length (or ``None``);
-  :func:`rope.inv_freq` checks what it returns (d/2 finite float32 frequencies >= 0, a finite
-  attention factor > 0), so a registered function cannot hand a silently wrong table onwards;
+  :func:`rope.inv_freq` checks what it returns (a tuple of d/2 finite float32 frequencies > 0 and
+  a finite attention factor > 0; frequencies of 0, pairs that do not rotate, only for a type
+  registered with ``zero_frequencies=True``, as ``proportional`` is), so a registered function
+  cannot hand a silently wrong table onwards: anything else is a ``TypeError`` or ``ValueError``
+  naming the type;
 * ``required`` and ``optional`` keys besides the common ones (:data:`rope.config.COMMON_KEYS`):
   :func:`rope.parse_config` refuses a config that lacks a required key (unless all its
-  ``stand_ins`` are given) and warns about keys the type does not read;
+  ``stand_ins``, keys the type reads or common keys, are given) and warns about keys the type does
+  not read; a common key (``rope_theta``) may be required, as ``llama3`` and ``proportional`` do;
 * ``key_checks`` for keys that :class:`rope.RopeConfig` has no field for: each maps the key's
   name and value to the value stored in ``RopeConfig.extra`` (or raises ``TypeError`` /
   ``ValueError`` naming the key); a key without a check is stored as given.
@@ -57,7 +61,9 @@ configs), as transformers reads it."""
 class RopeType:
     """One registered ``rope_type``: its frequency function and the config keys it reads besides
     the common ones. ``stand_ins`` maps a required key to keys that, all given, can take its place
-    (yarn's ``factor`` from the two context lengths)."""
+    (yarn's ``factor`` from the two context lengths). ``zero_frequencies``: the type may give
+    pairs the frequency 0 (they do not rotate), as ``proportional`` does; otherwise every
+    frequency must be > 0."""
 
     name: str
     frequencies: FrequencyFunction
@@ -65,6 +71,7 @@ class RopeType:
     optional: tuple[str, ...] = ()
     stand_ins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     key_checks: Mapping[str, Callable[[str, Any], Any]] = field(default_factory=dict)
+    zero_frequencies: bool = False
 
     @property
     def keys(self) -> frozenset[str]:
@@ -92,15 +99,18 @@ def register_rope_type(
     optional_keys=(),
     stand_ins: Mapping[str, tuple[str, ...]] | None = None,
     key_checks: Mapping[str, Callable[[str, Any], Any]] | None = None,
+    zero_frequencies: bool = False,
     replace: bool = False,
 ) -> RopeType:
     """Register ``frequencies`` as the ``rope_type`` ``name`` and return its :class:`RopeType`.
 
     ``required_keys`` and ``optional_keys`` are the config keys the type reads besides
-    :data:`rope.config.COMMON_KEYS`; ``stand_ins`` maps a required key to keys that can replace
-    it; ``key_checks`` validates keys that :class:`rope.RopeConfig` has no field for (their
-    values land in ``RopeConfig.extra``). A name already registered raises ``ValueError`` unless
-    ``replace=True``.
+    :data:`rope.config.COMMON_KEYS` (a common key may be required); ``stand_ins`` maps a required
+    key to keys, read by the type or common, that can replace it; ``key_checks`` validates keys
+    that :class:`rope.RopeConfig` has no field for (their values land in ``RopeConfig.extra``);
+    ``zero_frequencies=True`` lets ``frequencies`` give 0 to pairs that do not rotate (otherwise
+    :func:`rope.inv_freq` refuses a frequency <= 0). A name already registered raises
+    ``ValueError`` unless ``replace=True``.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {type(name).__name__} {name!r}")
@@ -109,19 +119,25 @@ def register_rope_type(
     if not callable(frequencies):
         raise TypeError(f"frequencies must be callable (config, rotary_dim, seq_len), got {type(frequencies).__name__}")
     replace = _checks.flag("replace", replace)
+    zero_frequencies = _checks.flag("zero_frequencies", zero_frequencies)
     if name in _REGISTRY and not replace:
         raise ValueError(f"rope_type {name!r} is already registered; pass replace=True to replace it")
     required = _key_names("required_keys", required_keys)
     optional = _key_names("optional_keys", optional_keys)
     if set(required) & set(optional):
         raise ValueError(f"required_keys and optional_keys share {sorted(set(required) & set(optional))}")
+    from .config import COMMON_KEYS, FIELD_KEYS  # imported here: rope.config reads this registry
+
     stand_ins = dict(stand_ins or {})
     for key, keys in stand_ins.items():
         if key not in required:
             raise ValueError(f"stand_ins names {key!r}, which is not among required_keys {required}")
         stand_ins[key] = _key_names(f"stand_ins[{key!r}]", keys)
+        unread = [k for k in stand_ins[key] if (k not in required + optional and k not in COMMON_KEYS) or k == key]
+        if unread or not stand_ins[key]:
+            raise ValueError(f"stand_ins[{key!r}] must name keys other than {key!r} that rope_type {name!r} reads "
+                             f"(required_keys, optional_keys or a common key), got {stand_ins[key]}")
     key_checks = dict(key_checks or {})
-    from .config import FIELD_KEYS  # imported here: rope.config reads this registry
 
     for key, check in key_checks.items():
         if key in FIELD_KEYS:
@@ -131,7 +147,7 @@ def register_rope_type(
         if not callable(check):
             raise TypeError(f"key_checks[{key!r}] must be callable (name, value), got {type(check).__name__}")
     entry = RopeType(name, frequencies, required, optional, types.MappingProxyType(stand_ins),
-                     types.MappingProxyType(key_checks))
+                     types.MappingProxyType(key_checks), zero_frequencies)
     _REGISTRY[name] = entry
     return entry
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import rope
 import rope.apply
 from helpers import FLOAT_DTYPES, round_exact, ulp
+from rope import reference as ref
 from rope.axial import apply_rotary_2d
 from rope.mrope import apply_mrope, section_axes
 
@@ -227,3 +228,68 @@ def test_turns_in_limbs_are_exact(thetas, positions):
     for p, m in enumerate(positions):
         for i, t in enumerate(theta.tolist()):
             assert distance(as_int(limbs[p, i].tolist()), exact(mpmath.mpf(m) * mpmath.mpf(t))) <= 2 * abs(m) + 1
+
+
+# ----- the float64 reference forms (rope.reference) -----------------------------------------------
+
+
+def _formula_rotation(x: torch.Tensor, angles, layout: str) -> torch.Tensor:
+    """R x in float64 from the formula, pair by pair: (x_a cos - x_b sin, x_b cos + x_a sin), with
+    ``angles[b][s][i]`` mpmath numbers (cos and sin at 200 bits, rounded once)."""
+    y = x.to(torch.float64).clone()
+    rotary_dim = 2 * len(angles[0][0])
+    for b in range(x.shape[0]):
+        for s in range(x.shape[1]):
+            for i, (ia, ib) in enumerate(_pairs(rotary_dim, layout)):
+                c, sn = mpmath.cos(angles[b][s][i]), mpmath.sin(angles[b][s][i])
+                for h in range(x.shape[2]):
+                    xa, xb = mpmath.mpf(float(x[b, s, h, ia])), mpmath.mpf(float(x[b, s, h, ib]))
+                    y[b, s, h, ia], y[b, s, h, ib] = float(xa * c - xb * sn), float(xb * c + xa * sn)
+    return y
+
+
+@given(seed=st.integers(0, 2**31 - 1), layout=st.sampled_from(["half", "interleaved"]),
+       dtype=st.sampled_from([torch.float64, torch.float32]))
+def test_reference_forms_agree_on_real_positions(seed, layout, dtype):
+    """Fractional positions (float64 or float32 tensors) are honoured by all three reference forms:
+    the angle is the float64 product of the position and theta_i, each at its exact value."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 2, 8, generator=gen, dtype=torch.float64)
+    theta = torch.rand(3, generator=gen)  # float32; rotary_dim 6 of head_dim 8: a tail passes through
+    grid = ((torch.rand(2, 3, generator=gen, dtype=torch.float64) - 0.5) * 200).to(dtype)
+    assert (grid != grid.round()).all()
+    angles = [[[mpmath.mpf(float(grid[b, s])) * mpmath.mpf(float(t)) for t in theta] for s in range(3)]
+              for b in range(2)]
+    expected = _formula_rotation(x, angles, layout)
+    forms = [ref.rotate_by_matrix, ref.rotate_by_complex, ref.rotate_elementwise]
+    for form in forms:
+        # the float64 product m theta_i is one rounding (|m theta_i| < 100: within 2^-46 rad)
+        torch.testing.assert_close(form(x, grid, theta, layout=layout), expected, rtol=0, atol=1e-13)
+    matrix = ref.rotate_by_matrix(x, grid, theta, layout=layout)
+    for form in forms[1:]:
+        torch.testing.assert_close(form(x, grid, theta, layout=layout), matrix, rtol=0, atol=1e-14)
+
+
+@given(seed=st.integers(0, 2**31 - 1), layout=st.sampled_from(["half", "interleaved"]))
+def test_reference_takes_python_frequencies_as_float64(seed, layout):
+    """A list of Python floats is float64, never rounded to float32: theta = 0.1 stays 0.1."""
+    gen = torch.Generator().manual_seed(seed)
+    thetas = torch.rand(3, generator=gen, dtype=torch.float64).tolist()
+    m = int(torch.randint(10**5, 10**6, (1,), generator=gen))
+    assert any(t != float(torch.tensor(t, dtype=torch.float32)) for t in thetas)
+    matrix = ref.rotation_matrix(m, thetas, layout=layout)
+    assert torch.equal(matrix, ref.rotation_matrix(m, torch.tensor(thetas, dtype=torch.float64), layout=layout))
+    a_b = _pairs(6, layout)
+    for i, (ia, ib) in enumerate(a_b):
+        angle = mpmath.mpf(m) * mpmath.mpf(thetas[i])  # |m theta| < 10^6: the float64 product within 2^-33
+        assert abs(float(matrix[ia, ia]) - float(mpmath.cos(angle))) < 1e-9
+        assert abs(float(matrix[ib, ia]) - float(mpmath.sin(angle))) < 1e-9
+    x = torch.randn(1, 2, 1, 6, generator=gen, dtype=torch.float64)
+    positions = torch.tensor([m, m + 1])
+    by_list = [f(x, positions, thetas, layout=layout) for f in (ref.rotate_by_matrix,
+                                                                 ref.rotate_by_complex,
+                                                                 ref.rotate_elementwise)]
+    as_tensor = torch.tensor(thetas, dtype=torch.float64)
+    assert torch.equal(by_list[0], ref.rotate_by_matrix(x, positions, as_tensor, layout=layout))
+    for y in by_list[1:]:
+        torch.testing.assert_close(y, by_list[0], rtol=0, atol=1e-12)

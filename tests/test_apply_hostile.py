@@ -73,7 +73,7 @@ BAD_APPLY = [
     (dict(conjugate="False"), TypeError, "conjugate"),
     (dict(conjugate=1), TypeError, "conjugate"),
     (dict(conjugate=np.bool_(True)), TypeError, "conjugate"),
-    (dict(grad_in_place="no"), TypeError, "grad_in_place"),
+    (dict(attention_factor=1e-310), ValueError, "attention_factor"),  # subnormal: s cos, s sin lose bits
     (dict(backend="cuda"), ValueError, "backend"),
 ]
 

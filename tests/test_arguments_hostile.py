@@ -19,7 +19,7 @@ import torch
 import rope
 import rope.experiment
 from helpers import names
-from rope import positions
+from rope import axial, layouts, mrope, positions
 from rope.analysis import decay, general, precision
 from rope.analysis import extrapolation as ea
 from rope.analysis import scaling as sa
@@ -249,3 +249,149 @@ def test_bad_tensors_devices_and_choices_are_named(call, error, argument):
         call()
     assert type(caught.value) is error, repr(caught.value)
     assert names(str(caught.value), argument), str(caught.value)
+
+
+# ----- position tensors: any integer dtype whose values are int64 values; uint64 is refused -----------
+
+MROPE_AXES4 = torch.tensor([0, 1, 2, 0])
+POSITION_ENTRIES = [  # (name, the argument, a call with a [5] position tensor)
+    ("apply_rotary", "positions", lambda p: rope.apply_rotary(Q, K, p, THETA32, backend="torch")),
+    ("apply_mrope", "position_ids",
+     lambda p: mrope.apply_mrope(Q, K, p.expand(3, -1), THETA32, MROPE_AXES4, backend="torch")),
+    ("apply_rotary_2d", "positions_xy", lambda p: rope.apply_rotary_2d(Q, K, torch.stack([p, p], -1), THETA32[:2],
+                                                                       THETA32[2:])),
+    ("pair_cos_sin", "positions_xy", lambda p: axial.pair_cos_sin(torch.stack([p, p], -1), THETA32[:2], THETA32[2:])),
+    ("angles.cos_sin", "positions", lambda p: rope.angles.cos_sin(p, THETA32)),
+    ("angles.exact_angles", "positions", lambda p: rope.angles.exact_angles(p, THETA32)),
+    ("angles.reduced_angles", "positions", lambda p: rope.angles.reduced_angles(p, THETA32)),
+    ("mrope_cos_sin", "position_ids", lambda p: mrope.mrope_cos_sin(p.expand(3, -1), THETA32, MROPE_AXES4)),
+    ("packed_positions", "offsets", lambda p: positions.packed_positions(torch.arange(6), p)),
+]
+
+
+@pytest.mark.parametrize("name, argument, call", POSITION_ENTRIES, ids=[e[0] for e in POSITION_ENTRIES])
+def test_uint64_positions_are_refused_not_wrapped(name, argument, call):
+    """A uint64 m >= 2^63 is no int64 value: converted it would wrap to m - 2^64, a wrong angle.
+    uint64 tensors are refused (TypeError naming the argument), whatever their values."""
+    low = torch.randint(0, 2**62, (5,), generator=GEN).tolist()
+    for offset in (2**63, 0):  # the refusal is of the dtype, not only of the values >= 2^63
+        with pytest.raises(TypeError) as caught:
+            call(torch.tensor([m + offset for m in low], dtype=torch.uint64))
+        assert names(str(caught.value), argument) and "uint64" in str(caught.value), str(caught.value)
+
+
+def test_uint64_cu_seqlens_are_refused():
+    with pytest.raises(TypeError, match=r"^cu_seqlens must be an integer tensor whose values fit int64"):
+        positions.packed_positions(torch.tensor([0, 2, 5], dtype=torch.uint64))
+
+
+@pytest.mark.parametrize("name, argument, call", POSITION_ENTRIES, ids=[e[0] for e in POSITION_ENTRIES])
+def test_uint32_positions_give_what_int64_positions_give(name, argument, call):
+    """The narrower unsigned dtypes hold int64 values only: taken, with the int64 result."""
+    p = torch.randint(2**31, 2**32, (5,), generator=GEN)
+    expected, got = call(p), call(p.to(torch.uint32))
+    assert same(tuple(expected) if isinstance(expected, tuple) else expected,
+                tuple(got) if isinstance(got, tuple) else got)
+
+
+# ----- frequencies of the angle functions: checked as apply_rotary checks them ------------------------
+
+POS5 = torch.arange(5)
+FREQUENCY_ENTRIES = [  # (name, call with 4 frequencies, whether float64 frequencies are honoured)
+    ("angles.cos_sin", lambda f: rope.angles.cos_sin(POS5, f), True),
+    ("angles.exact_angles", lambda f: rope.angles.exact_angles(POS5, f), True),
+    ("angles.turns_per_position", rope.angles.turns_per_position, True),
+    ("mrope_cos_sin", lambda f: mrope.mrope_cos_sin(POS5.expand(3, -1), f, MROPE_AXES4), True),
+    ("pair_cos_sin", lambda f: axial.pair_cos_sin(torch.stack([POS5, POS5], -1), f[:2], f[2:]), True),
+    ("angles.reduced_angles", lambda f: rope.angles.reduced_angles(POS5, f), False),  # 64-bit turns of float32
+]
+
+
+def _fresh_frequencies(dtype=torch.float32) -> torch.Tensor:
+    return (torch.rand(4, generator=GEN, dtype=torch.float64) * 2 - 1).to(dtype)
+
+
+def _with(value, dtype=torch.float32) -> torch.Tensor:
+    theta = _fresh_frequencies(dtype)
+    theta[int(torch.randint(0, 4, (1,), generator=GEN))] = value
+    return theta
+
+
+BAD_FREQUENCIES = [  # (description, make the frequencies, error)
+    ("NaN", lambda: _with(math.nan), ValueError),
+    ("inf", lambda: _with(math.inf), ValueError),
+    ("-inf", lambda: _with(-math.inf), ValueError),
+    ("int32", lambda: torch.randint(1, 9, (4,), generator=GEN, dtype=torch.int32), TypeError),
+    ("float16", lambda: _fresh_frequencies(torch.float16), TypeError),
+    ("bfloat16", lambda: _fresh_frequencies(torch.bfloat16), TypeError),
+    ("2-D", lambda: _fresh_frequencies()[None], ValueError),
+    ("list", lambda: _fresh_frequencies().tolist(), TypeError),
+    ("float64 1e300", lambda: _with(1e300, torch.float64), "float64"),
+    ("float64 2^-120", lambda: _with(2.0**-120, torch.float64), "float64"),
+]
+
+
+@pytest.mark.parametrize("name, call, honours_float64", FREQUENCY_ENTRIES, ids=[e[0] for e in FREQUENCY_ENTRIES])
+@pytest.mark.parametrize("kind, make, error", BAD_FREQUENCIES, ids=[b[0] for b in BAD_FREQUENCIES])
+def test_angle_functions_refuse_frequencies_they_would_misread(name, call, honours_float64, kind, make, error):
+    """NaN, infinities, integer or half-precision frequencies (and float64 magnitudes outside
+    [2^-100, 2^127)) would have their bits read as some other finite angle: refused, naming them.
+    reduced_angles' 64-bit turns are those of float32 theta_i: float64 is a TypeError there."""
+    if error == "float64":
+        error = ValueError if honours_float64 else TypeError
+    with pytest.raises(error) as caught:
+        call(make())
+    message = str(caught.value)
+    assert any(names(message, n) for n in ("inv_freq", "inv_freq_x", "inv_freq_y")), message
+
+
+@pytest.mark.parametrize("name, call, honours_float64", FREQUENCY_ENTRIES, ids=[e[0] for e in FREQUENCY_ENTRIES])
+def test_float64_frequencies_are_honoured_or_refused_never_rounded(name, call, honours_float64):
+    """float64 theta_i in range: the angle functions of the torch path take them; reduced_angles,
+    whose turns would be those of their float32 rounding, refuses them."""
+    theta = _fresh_frequencies(torch.float64)
+    if not honours_float64:
+        with pytest.raises(TypeError, match="inv_freq must be float32, got torch.float64"):
+            call(theta)
+        return
+    got, rounded = call(theta), call(theta.to(torch.float32))  # the float32 rounding turns by other angles
+    flat = [t.double() for t in (got if isinstance(got, tuple) else (got,))]
+    flat_rounded = [t.double() for t in (rounded if isinstance(rounded, tuple) else (rounded,))]
+    assert any(not torch.equal(a, b) for a, b in zip(flat, flat_rounded))
+
+
+# ----- layouts: pairs need an even width -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, error, argument",
+    [
+        (lambda: layouts.interleaved_to_half(5), ValueError, "head_dim"),
+        (lambda: layouts.interleaved_to_half(1), ValueError, "head_dim"),
+        (lambda: layouts.half_to_interleaved(7), ValueError, "head_dim"),
+        (lambda: rope.permute_qk_weight(torch.randn(10, 3, generator=GEN), 2, 5, to="half"), ValueError, "head_dim"),
+        (lambda: rope.permute_qk_weight(torch.randn(5, generator=GEN), 1, 5, to="interleaved"), ValueError,
+         "head_dim"),
+        (lambda: layouts.pair_indices(5, "half"), ValueError, "rotary_dim"),
+        (lambda: layouts.pair_indices(-2, "interleaved"), ValueError, "rotary_dim"),
+        (lambda: layouts.pair_indices(4.0, "half"), TypeError, "rotary_dim"),
+        (lambda: layouts.pair_indices(True, "half"), TypeError, "rotary_dim"),
+        (lambda: layouts.pair_indices("4", "half"), TypeError, "rotary_dim"),
+    ],
+)
+def test_odd_or_non_integer_rotary_widths_are_refused(call, error, argument):
+    with pytest.raises((TypeError, ValueError)) as caught:
+        call()
+    assert type(caught.value) is error, repr(caught.value)
+    assert names(str(caught.value), argument), str(caught.value)
+
+
+@pytest.mark.parametrize("head_dim", [3, 5, 9])
+def test_an_odd_head_dim_with_an_even_rotary_dim_is_a_permutation(head_dim):
+    """The even check is of the rotary width: an odd head keeps its odd tail fixed."""
+    rotary_dim = head_dim - 1
+    p = layouts.interleaved_to_half(head_dim, np.int64(rotary_dim))
+    assert sorted(p.tolist()) == list(range(head_dim)) and p[-1] == head_dim - 1
+    assert p[: rotary_dim // 2].tolist() == list(range(0, rotary_dim, 2))
+    a, b = layouts.pair_indices(np.int64(rotary_dim), "half")
+    assert a.tolist() == list(range(rotary_dim // 2)) and b.tolist() == list(range(rotary_dim // 2, rotary_dim))

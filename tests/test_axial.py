@@ -2,14 +2,15 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from helpers import FLOAT_DTYPES, assert_correctly_rounded
-from rope.axial import apply_rotary_2d, axial_inv_freq, mixed_inv_freq
+from helpers import FLOAT_DTYPES, assert_correctly_rounded, names
+from rope.axial import apply_rotary_2d, axial_inv_freq, mixed_inv_freq, pair_cos_sin
 from rope.layouts import interleaved_to_half
 from rope.reference import rotation_matrix
 from strategies import layouts
@@ -201,5 +202,46 @@ def test_bad_options_are_named():
         apply_rotary_2d(q, k, p, torch.cat([fx, fy]), fy, mixed=True)
     with pytest.raises(ValueError, match="head_dim must be a positive multiple of 4"):
         axial_inv_freq(6)
-    with pytest.raises(ValueError, match="angle must be a finite number"):
+    with pytest.raises(ValueError, match="angle must be finite"):
         mixed_inv_freq(8, angle=float("nan"))
+
+
+@given(st.sampled_from([4, 8, 64]), st.floats(-10.0, 10.0), st.floats(2.0, 100.0))
+def test_numpy_numbers_give_what_python_numbers_give(head_dim, angle, base):
+    """README "Errors": NumPy integers are ints and NumPy floats real numbers."""
+    angle32, base32 = float(np.float32(angle)), float(np.float32(base))
+    assert all(torch.equal(a, b) for a, b in zip(axial_inv_freq(np.int64(head_dim), base=np.float32(base32)),
+                                                  axial_inv_freq(head_dim, base=base32)))
+    assert all(torch.equal(a, b) for a, b in zip(mixed_inv_freq(np.int32(head_dim), base=np.float64(base),
+                                                                angle=np.float32(angle32)),
+                                                  mixed_inv_freq(head_dim, base=base, angle=angle32)))
+
+
+@pytest.mark.parametrize(
+    "call, error, argument",
+    [
+        (lambda: axial_inv_freq(8.0), TypeError, "head_dim"),
+        (lambda: axial_inv_freq("8"), TypeError, "head_dim"),
+        (lambda: axial_inv_freq(True), TypeError, "head_dim"),
+        (lambda: axial_inv_freq(0), ValueError, "head_dim"),
+        (lambda: axial_inv_freq(6), ValueError, "head_dim"),
+        (lambda: axial_inv_freq(8, base="100"), TypeError, "base"),
+        (lambda: axial_inv_freq(8, base=1.0), ValueError, "base"),
+        (lambda: axial_inv_freq(8, base=math.inf), ValueError, "base"),
+        (lambda: mixed_inv_freq(8, angle="0.5"), TypeError, "angle"),
+        (lambda: mixed_inv_freq(8, angle=None), TypeError, "angle"),
+        (lambda: mixed_inv_freq(8, angle=math.inf), ValueError, "angle"),
+        (lambda: mixed_inv_freq(8.0), TypeError, "head_dim"),
+        (lambda: pair_cos_sin(torch.zeros(3, 2), *axial_inv_freq(8)), TypeError, "positions_xy"),
+        (lambda: pair_cos_sin(torch.zeros(3, 3, dtype=torch.int64), *axial_inv_freq(8)), ValueError, "positions_xy"),
+        (lambda: pair_cos_sin(torch.zeros(3, 2, dtype=torch.int64), torch.tensor([math.nan, 1.0]),
+                              axial_inv_freq(8)[1]), ValueError, "inv_freq_x"),
+        (lambda: pair_cos_sin(torch.zeros(3, 2, dtype=torch.int64), *axial_inv_freq(8), mixed=1), TypeError, "mixed"),
+    ],
+)
+def test_bad_frequency_arguments_are_named(call, error, argument):
+    """Wrong types raise TypeError and wrong values ValueError, naming the argument."""
+    with pytest.raises((TypeError, ValueError)) as caught:
+        call()
+    assert type(caught.value) is error, repr(caught.value)
+    assert names(str(caught.value), argument), str(caught.value)

@@ -309,6 +309,9 @@ BAD = [
     (dict(window=0), ValueError, "window"),
     (dict(window=2.0), TypeError, "window"),
     (dict(window=True), TypeError, "window"),
+    (dict(window=2**64), ValueError, "window must be <= 9223372036854775807"),  # not the dispatcher's OverflowError
+    (dict(logn_length=2**64), ValueError, "logn_length must be <="),
+    (dict(block_size=2**63), ValueError, "block_size must be <="),
     (dict(leaky_scale=0.0), ValueError, "leaky_scale"),
     (dict(leaky_scale=-1.0), ValueError, "leaky_scale"),
     (dict(leaky_scale=math.inf), ValueError, "leaky_scale"),

@@ -18,7 +18,7 @@ from rope.registry import rope_type as registered_type
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 LONGROPE = {"rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": 64,
             "short_factor": [1.0] * 32, "long_factor": [2.0] * 32}
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}
 
 
@@ -115,7 +115,7 @@ def test_bad_config_is_named(config, head_dim, error, match):
         ({"rope_type": "linear", "factor": 1e300}, 64, None, "0.0 in float32.*'factor' = 1e\\+300"),
         ({**YARN, "factor": 1e300}, 64, None, "0.0 in float32.*'factor' = 1e\\+300"),
         ({**LLAMA3, "factor": 1e300}, 64, None, "0.0 in float32.*'factor' = 1e\\+300"),
-        ({"rope_type": "proportional", "factor": 1e300, "partial_rotary_factor": 0.5}, 64, None,
+        ({"rope_type": "proportional", "rope_theta": 1e4, "factor": 1e300, "partial_rotary_factor": 0.5}, 64, None,
          "0.0 in float32.*'factor' = 1e\\+300"),
         ({**LONGROPE, "short_factor": [1e300] * 32}, 64, None, "0.0 in float32.*'short_factor'"),
         ({"rope_theta": 1e300}, 64, None, "0.0 in float32.*'rope_theta' = 1e\\+300"),
@@ -254,9 +254,10 @@ def test_mrope_style_keys_must_agree():
         rope.parse_config({"mrope_section": [2, 1, 1], "interleaved": "yes"})
 
 
-def transformers_key_sets() -> dict[str, set[str]]:
+def transformers_key_sets(required_only: bool = False) -> dict[str, set[str]]:
     """Per rope_type, the keys transformers' ``_validate_<type>_rope_parameters`` accepts
-    (required and optional, plus partial_rotary_factor, which ``_check_received_keys`` adds)."""
+    (required and optional, plus partial_rotary_factor, which ``_check_received_keys`` adds), or
+    with ``required_only`` the keys it requires."""
     from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 
     recorded = {}
@@ -266,7 +267,8 @@ def transformers_key_sets() -> dict[str, set[str]]:
 
         @staticmethod
         def _check_received_keys(rope_type, received_keys, required_keys, optional_keys=None, ignore_keys=None):
-            recorded[rope_type] = set(required_keys) | set(optional_keys or ()) | {"partial_rotary_factor"}
+            recorded[rope_type] = set(required_keys) if required_only else (
+                set(required_keys) | set(optional_keys or ()) | {"partial_rotary_factor"})
 
     params = {"rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 2048, "attention_factor": 1.0,
               "beta_fast": 32.0, "beta_slow": 1.0, "short_factor": [1.0] * 32, "long_factor": [1.0] * 32,
@@ -307,3 +309,220 @@ def test_model_configs_parse_without_warnings(model_type):
     with no_config_warnings():
         for p in per_type.values() if per_type is not None else [params]:
             rope.parse_config(p)
+
+
+# ----- rope_theta: needed where transformers needs it --------------------------------------------
+
+
+def test_rope_theta_is_needed_exactly_where_transformers_needs_it():
+    """transformers requires rope_theta for llama3 and proportional (a legacy rope_scaling block of
+    Llama 3.1 does not carry its 500000) and defaults it to 10000 for the others: rope too."""
+    required = transformers_key_sets(required_only=True)
+    assert {name for name, keys in required.items() if "rope_theta" in keys} == {"llama3", "proportional"}
+    for name in required:
+        assert ("rope_theta" in registered_type(name).required) == ("rope_theta" in required[name]), name
+
+
+PROPORTIONAL = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
+
+
+@pytest.mark.parametrize("config", [LLAMA3, PROPORTIONAL])
+@pytest.mark.parametrize("missing", ["absent", None])
+def test_llama3_and_proportional_without_rope_theta_are_refused(config, missing):
+    without = {key: value for key, value in config.items() if key != "rope_theta"}
+    if missing is None:
+        without["rope_theta"] = None
+    message = f"rope_type '{config['rope_type']}' needs the config key 'rope_theta'.*500000"
+    with pytest.raises(ValueError, match=message):
+        rope.inv_freq(without, 64)
+    with pytest.raises(ValueError, match="needs the config key 'rope_theta'"):
+        RopeConfig(**{key: value for key, value in without.items()
+                      if key not in ("original_max_position_embeddings", "rope_theta")} | {"rope_theta": None})
+
+
+@pytest.mark.parametrize("config", [{}, {"rope_type": "linear", "factor": 3.0}, YARN, LONGROPE,
+                                    {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}])
+def test_other_types_default_rope_theta_to_10000(config):
+    with no_config_warnings():
+        theta, attention = rope.inv_freq(config, 64)
+        given, given_attention = rope.inv_freq({**config, "rope_theta": 10000.0}, 64)
+    assert theta.equal(given) and attention == given_attention
+    assert rope.parse_config(config).rope_theta == 10000.0
+
+
+# ----- yarn's truncate: None -----------------------------------------------------------------------
+
+
+def test_yarn_truncate_none_means_false_as_in_transformers():
+    """transformers reads get("truncate", True): a stored None is falsy, no truncation."""
+    base = 10.0 ** (1 + 5 * torch.rand(()).item())
+    config = {**YARN, "rope_theta": base, "original_max_position_embeddings": 4096, "factor": 16.0}
+    with no_config_warnings():
+        assert rope.parse_config({**config, "truncate": None}).truncate is False
+        none, _ = rope.inv_freq({**config, "truncate": None}, 128)
+        false, _ = rope.inv_freq({**config, "truncate": False}, 128)
+        true, _ = rope.inv_freq(config, 128)
+        rope.parse_config({"rope_type": "linear", "factor": 2.0, "truncate": None})  # absent there: no warning
+    assert none.equal(false) and not none.equal(true)
+    assert rope.parse_config(config).truncate is True and RopeConfig(**{**config, "truncate": None}).truncate is True
+
+
+# ----- a RopeConfig made directly reads its fields as parse_config reads the keys -------------------
+
+
+@pytest.mark.parametrize("fields", [
+    {"factor": 8.0},
+    {"rope_type": "linear", "factor": 2.0, "attention_factor": 0.5},
+    {"rope_type": "linear", "factor": 2.0, "truncate": True},
+    {**{k: v for k, v in YARN.items()}, "low_freq_factor": 1.0, "short_factor": [1.0] * 32},
+    {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64, "mscale": "not a number"},
+])
+def test_a_config_object_warns_about_fields_its_type_does_not_read(fields):
+    with warnings.catch_warnings(record=True) as direct:
+        warnings.simplefilter("always")
+        made = RopeConfig(**fields)
+    with warnings.catch_warnings(record=True) as parsed:
+        warnings.simplefilter("always")
+        expected = rope.parse_config(fields)
+    messages = sorted(str(w.message) for w in direct)
+    assert messages and messages == sorted(str(w.message) for w in parsed)
+    assert all(w.category is RopeConfigWarning and w.filename == __file__ for w in direct + parsed)
+    assert made == expected  # the ignored fields are dropped
+    unread = set(fields) - registered_type(made.rope_type).keys - COMMON_KEYS
+    assert all(getattr(made, key) == getattr(RopeConfig(), key) for key in unread)  # None, truncate True
+
+
+# ----- a factor below 1 derived from the two lengths warns -----------------------------------------
+
+
+@pytest.mark.parametrize("config", [YARN, LONGROPE])
+def test_a_derived_factor_below_one_warns_naming_both_lengths(config):
+    original = int(torch.randint(1024, 65536, ()).item())
+    longer = int(torch.randint(2, original, ()).item())
+    without = {key: value for key, value in config.items() if key != "factor"}
+    given = {**without, "max_position_embeddings": longer, "original_max_position_embeddings": original}
+    message = (f"max_position_embeddings / original_max_position_embeddings = {longer} / {original} = "
+               f"{re.escape(str(longer / original))} < 1")
+    with pytest.warns(RopeConfigWarning, match=message):
+        cfg = rope.parse_config(given)
+    assert cfg.extension_factor() == longer / original
+    with no_config_warnings():  # an extension, or an explicit factor, does not warn
+        rope.parse_config({**given, "max_position_embeddings": original + longer})
+        rope.parse_config({**given, "factor": 2.0})
+
+
+# ----- extreme yarn betas -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("betas, key", [
+    ({"beta_fast": 1e308}, "beta_fast"),
+    ({"beta_fast": 3e307, "truncate": False}, "beta_fast"),
+    ({"beta_slow": 1e-308}, "beta_slow"),
+    ({"beta_slow": 1e-308, "beta_fast": 1e-308}, "beta_fast"),
+])
+def test_betas_without_a_finite_correction_range_are_named(betas, key):
+    with pytest.raises(ValueError, match=f"{key} = .*'?original_max_position_embeddings'? = 64.*not a finite"):
+        rope.inv_freq({**YARN, **betas}, 64)
+
+
+def test_extreme_betas_give_the_formula_or_a_named_error():
+    """Betas over the whole float64 range: where L / (2 pi beta) is a finite number > 0 the bounds
+    i(beta) = d ln(L / (2 pi beta)) / (2 ln b) are used (untruncated here), else a ValueError
+    naming the beta; never a math domain error or an OverflowError."""
+    from rope.frequencies import yarn_correction_range
+
+    d, base, length = 64, 1e4, 4096
+    for _ in range(200):
+        fast, slow = sorted((10.0 ** (616 * torch.rand(2, dtype=torch.float64) - 308)).tolist(), reverse=True)
+        ratios = {key: length / (beta * 2 * math.pi) for key, beta in (("beta_fast", fast), ("beta_slow", slow))}
+        bad = [key for key, r in ratios.items() if not (math.isfinite(r) and r > 0)]
+        config = {**YARN, "rope_theta": base, "original_max_position_embeddings": length, "beta_fast": fast,
+                  "beta_slow": slow, "truncate": False}
+        if bad:
+            with pytest.raises(ValueError, match=f"i\\({bad[0]}\\)"):
+                rope.inv_freq(config, d)
+            with pytest.raises(ValueError, match=bad[0]):
+                yarn_correction_range(d, base, length, fast, slow, False)
+            continue
+        low, high = (d * math.log(r) / (2 * math.log(base)) for r in ratios.values())
+        assert yarn_correction_range(d, base, length, fast, slow, False) == (max(low, 0), min(high, d - 1))
+        theta, attention = rope.inv_freq(config, d)
+        assert bool(torch.isfinite(theta).all() & (theta > 0).all()) and math.isfinite(attention)
+
+
+# ----- type: mrope beside a rope_type ---------------------------------------------------------------
+
+
+def test_type_mrope_marks_mrope_beside_any_rope_type_as_in_transformers():
+    """Qwen2.5-VL configs extended with yarn say type: mrope and rope_type: yarn; transformers reads
+    the rope_type (it wins over type). A genuine disagreement is still refused."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig
+
+    section = [16, 24, 24]
+    params = {"type": "mrope", "rope_type": "yarn", "mrope_section": section, "factor": 4.0,
+              "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    transformers.logging.set_verbosity_error()
+    theirs = Qwen2_5_VLTextConfig(rope_parameters=dict(params), max_position_embeddings=131072).rope_parameters
+    with no_config_warnings():
+        cfg = rope.parse_config(params)
+        without_type = rope.parse_config({k: v for k, v in params.items() if k != "type"})
+    assert cfg.rope_type == theirs["rope_type"] == "yarn" and cfg == without_type
+    assert cfg.mrope_section == tuple(section)
+    with pytest.raises(ValueError, match="'mrope_section'"):
+        rope.parse_config({k: v for k, v in params.items() if k != "mrope_section"})
+    for rope_type, legacy in (("yarn", "linear"), ("mrope", "yarn")):
+        with pytest.raises(ValueError, match="disagree"):
+            rope.parse_config({**params, "rope_type": rope_type, "type": legacy})
+
+
+# ----- pickling and copying -----------------------------------------------------------------------
+
+
+def test_a_config_pickles_and_deep_copies_read_only():
+    import copy
+    import pickle
+
+    from rope.registry import unregister_rope_type
+
+    def frequencies(cfg, dim, seq_len):
+        return (cfg.rope_theta ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim) / cfg.extra["k"]).float(), 1.0
+
+    rope.register_rope_type("pickled_type", frequencies, required_keys=("k",))
+    try:
+        configs = [rope.parse_config({**YARN, "rope_theta": 1e4 + 1e6 * torch.rand(()).item(), "truncate": False}),
+                   rope.parse_config(LLAMA3),
+                   RopeConfig(rope_type="pickled_type", extra={"k": 2.0 + torch.rand(()).item()})]
+        for cfg in configs:
+            for other in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), copy.copy(cfg)):
+                assert other == cfg and hash(other) == hash(cfg) and other.extra == cfg.extra
+                with pytest.raises(TypeError):
+                    other.extra["k"] = 3.0  # still read-only
+                with pytest.raises(AttributeError):
+                    other.factor = 3.0
+                ours, attention = rope.inv_freq(other, 64)
+                expected, expected_attention = rope.inv_freq(cfg, 64)
+                assert ours.equal(expected) and attention == expected_attention
+    finally:
+        unregister_rope_type("pickled_type")
+
+
+# ----- default_theta ------------------------------------------------------------------------------
+
+
+def test_default_theta_is_the_formula_and_checks_its_arguments():
+    from rope.frequencies import default_theta
+
+    base, dim = 1 + 1e6 * torch.rand(()).item(), 2 * int(torch.randint(1, 128, ()).item())
+    expected = torch.tensor([base ** (-2 * i / dim) for i in range(dim // 2)], dtype=torch.float64)
+    torch.testing.assert_close(default_theta(base, dim), expected, rtol=4 * 2.0**-52, atol=0)
+    assert default_theta(np.float32(2.0), np.int64(4)).dtype == torch.float64
+    for args, error, match in [((-1.0, 4), ValueError, "base must be > 0"), ((0.0, 4), ValueError, "base must be > 0"),
+                               ((math.nan, 4), ValueError, "base must be finite"),
+                               ((math.inf, 4), ValueError, "base must be finite"),
+                               ((True, 4), TypeError, "base must be a real number"),
+                               (("1e4", 4), TypeError, "base must be a real number"),
+                               ((1e4, 3), ValueError, "dim must be even"), ((1e4, 0), ValueError, "dim must be >= 2"),
+                               ((1e4, 2.5), TypeError, "dim must be an int"), ((1e4, True), TypeError, "dim must be")]:
+        with pytest.raises(error, match=match):
+            default_theta(*args)

@@ -6,7 +6,9 @@ unrotated pairs), each within half a float32 ulp of a float64 reference written 
 published formulas, and a finite positive attention factor equal to the reference's; or raises a
 TypeError or ValueError whose message names the key. No other exception escapes. Which outcome
 each change must have follows the key policy of :mod:`rope.config`, restated below as this file
-reads it (the keys each formula reads, the kinds of value each key takes).
+reads it (the keys each formula reads, the kinds of value each key takes; a None counts as
+absent, except yarn's truncate, which transformers reads as False). A :class:`RopeConfig` made
+directly from the same values as fields behaves as the mapping does.
 """
 
 import math
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 
 import rope
 from helpers import names, ulp
-from rope.config import RopeConfigWarning
+from rope.config import FIELD_KEYS, RopeConfig, RopeConfigWarning
 
 COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings",
           "original_max_position_embeddings", "mrope_section", "mrope_interleaved", "interleaved", "mrope_style"}
@@ -43,8 +45,9 @@ NEEDED = {  # needed keys, and the keys that, all given, stand in for each
     "longrope": {"factor": ("max_position_embeddings", "original_max_position_embeddings"),
                  "original_max_position_embeddings": ("max_position_embeddings",),
                  "short_factor": None, "long_factor": None},
-    "llama3": {"factor": None, "low_freq_factor": None, "high_freq_factor": None,
+    "llama3": {"factor": None, "low_freq_factor": None, "high_freq_factor": None, "rope_theta": None,
                "original_max_position_embeddings": ("max_position_embeddings",)},
+    "proportional": {"rope_theta": None},  # as in transformers; the other types default to 10000
 }
 KIND = {
     "rope_type": "str", "type": "str", "mrope_style": "str",
@@ -145,7 +148,7 @@ def reference(config, head_dim, seq_len):
             return d * math.log(length / (r * 2 * math.pi)) / (2 * math.log(b))
 
         low, high = index(fast), index(slow)
-        if c.get("truncate", True):
+        if config.get("truncate", True):  # transformers' reading: a stored None is falsy, no truncation
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, d - 1)
         high = high + 0.001 if low == high else high
@@ -314,3 +317,32 @@ def test_legal_configs_give_the_reference(rope_type, data):
     assert not isinstance(result, Exception) and not warned, result
     expected, _ = run(config, head_dim, seq_len)
     assert result[0].equal(expected[0]) and result[1] == expected[1]
+
+
+UNREAD_VALUES = {"factor": 2.0, "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                 "truncate": False, "attention_factor": 1.5, "short_factor": [1.0], "long_factor": [2.0],
+                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize("rope_type", ROPE_TYPES)
+@given(data=st.data())
+def test_a_config_object_reads_its_fields_as_the_mapping(rope_type, data):
+    """RopeConfig(**config) with a field the type does not read (legal, or hostile): the same
+    warnings, word for word, the same config and the same numbers as parse_config(config)."""
+    config, head_dim, seq_len = data.draw(legal_configs(rope_type))
+    unread = sorted(set(UNREAD_VALUES) - READS[rope_type])
+    if unread:
+        key = data.draw(st.sampled_from(unread))
+        config[key] = data.draw(st.sampled_from([UNREAD_VALUES[key], *HOSTILE[2:]]))
+    assert set(config) <= FIELD_KEYS
+    outcomes = []
+    for make in (lambda: RopeConfig(**config), lambda: rope.parse_config(config)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = make()
+        assert all(w.category is RopeConfigWarning for w in caught)
+        outcomes.append((cfg, sorted(str(w.message) for w in caught)))
+    assert outcomes[0] == outcomes[1]
+    assert len(outcomes[0][1]) == len(warned_keys(config))
+    result, _ = run(outcomes[0][0], head_dim, seq_len)
+    check_numbers({k: v for k, v in config.items() if k not in warned_keys(config)}, head_dim, seq_len, result)

@@ -1,6 +1,7 @@
 """rope.attention.encodings against plain-Python float64 / exact-arithmetic references, and its input checks."""
 
 import math
+import re
 from fractions import Fraction
 
 import pytest
@@ -215,11 +216,42 @@ def test_t5_buckets_match_transformers_for_real_t5_settings():
 
 def test_t5_exact_tie_lands_in_the_upper_bucket():
     """Causal, 72 buckets, max_distance 100: e = 36 and (60/36)^2 = 100/36, so distance 60 has
-    log(60/36) / log(100/36) * 36 equal to 18 exactly; float32 arithmetic rounds it below."""
+    log(60/36) / log(100/36) * 36 equal to 18 exactly, and lands in bucket 36 + 18."""
     assert Fraction(60, 36) ** 2 == Fraction(100, 36)
     bucket = encodings.t5_relative_bucket(torch.tensor([-60, -59]), bidirectional=False, num_buckets=72,
                                           max_distance=100)
     assert bucket.tolist() == [36 + 36 // 2, 36 + 36 // 2 - 1]
+
+
+T5_EXAMPLE = re.compile(r"``relative_position=(-?\d+), bidirectional=(True|False), num_buckets=(\d+), "
+                        r"max_distance=(\d+)``: exact (\d+),\s+(transformers|float64) (\d+)")
+
+
+def test_t5_docstring_examples_are_what_rope_and_transformers_compute():
+    """Every example the docstring of t5_relative_bucket states: rope's bucket is the exact one
+    (the rational reference) and transformers' (or the float64 formula's) is the one stated, so
+    the docstring cannot go stale; at least one states a disagreement with transformers."""
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    examples = T5_EXAMPLE.findall(" ".join(encodings.t5_relative_bucket.__doc__.split()))
+    assert len(examples) >= 4
+    disagreements = 0
+    for relative, bidirectional, num_buckets, max_distance, exact, other, value in examples:
+        relative, exact, value = int(relative), int(exact), int(value)
+        num_buckets, max_distance = int(num_buckets), int(max_distance)
+        settings = dict(bidirectional=bidirectional == "True", num_buckets=num_buckets, max_distance=max_distance)
+        ours = encodings.t5_relative_bucket(torch.tensor([relative]), **settings).item()
+        assert ours == exact == t5_bucket_reference(relative, **settings)
+        if other == "transformers":
+            theirs = t5.T5Attention._relative_position_bucket(torch.tensor([relative]), **settings).item()
+            disagreements += theirs != exact
+        else:  # the paper's formula in float64
+            both = settings["bidirectional"]
+            half = num_buckets // 2 if both else num_buckets
+            first = half if both and relative > 0 else 0
+            distance, e = (abs(relative) if both else max(-relative, 0)), half // 2
+            theirs = first + min(e + int(math.log(distance / e) / math.log(max_distance / e) * (half - e)), half - 1)
+        assert theirs == value, (relative, settings, other)
+    assert disagreements >= 1
 
 
 @pytest.mark.parametrize(

@@ -162,3 +162,31 @@ def test_proportional(head_dim, theta, factor, partial):
     theta_ours, _ = rope.inv_freq(params, head_dim)
     assert theta_ours.shape == (head_dim // 2,)
     assert int((theta_ours != 0).sum()) == int(partial * head_dim // 2)
+
+
+@given(head_dims, thetas, factors, lengths, partials)
+def test_yarn_truncate_none_is_false(head_dim, theta, factor, ompe, partial):
+    """transformers reads get("truncate", True): a stored None gives the untruncated ramp."""
+    params = {"rope_type": "yarn", "rope_theta": theta, "factor": factor, "original_max_position_embeddings": ompe,
+              "partial_rotary_factor": partial, "truncate": None}
+    assert_matches_hf(params, head_dim, int(ompe * factor), conditioning=16.0 * factor)
+    untruncated, _ = rope.inv_freq({**params, "truncate": False}, head_dim)
+    assert rope.inv_freq(params, head_dim)[0].equal(untruncated)
+
+
+@given(st.data(), head_dims, thetas, lengths, st.floats(0.01, 0.99), partials, st.sampled_from(["yarn", "longrope"]))
+def test_a_derived_factor_below_one_is_computed_as_transformers_does(data, head_dim, theta, ompe, ratio, partial,
+                                                                     rope_type):
+    """max_position_embeddings < original_max_position_embeddings and no factor: s = ratio < 1 is
+    used, as in transformers, with a RopeConfigWarning naming both lengths."""
+    mpe = max(1, int(ompe * ratio))
+    params = {"rope_type": rope_type, "rope_theta": theta, "original_max_position_embeddings": ompe,
+              "partial_rotary_factor": partial, "factor": None}
+    if rope_type == "longrope":
+        half = int(head_dim * partial) // 2
+        for key in ("short_factor", "long_factor"):
+            params[key] = data.draw(st.lists(st.floats(1.0, 64.0), min_size=half, max_size=half))
+    with pytest.warns(rope.RopeConfigWarning, match=f"max_position_embeddings / original_max_position_embeddings = "
+                                                    f"{mpe} / {ompe} = .* < 1"):
+        # the ramp's float32 error on theta / s weighs 1 / s more than on theta
+        assert_matches_hf(params, head_dim, mpe, conditioning=16.0 * ompe / mpe)

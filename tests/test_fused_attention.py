@@ -338,6 +338,10 @@ BAD = [
     (dict(k_positions=lambda p: p[:-1]), ValueError, "k_positions"),
     (dict(q_positions=lambda p: p + 2**31), ValueError, "q_positions must hold values in"),
     (dict(k_positions=lambda p: p - 2**31 - 20), ValueError, "k_positions must hold values in"),
+    (dict(k_positions=lambda p: torch.cat([p.new_tensor([-2**63]), p[1:]])), ValueError,  # abs(-2^63) = -2^63
+     "k_positions must hold values in"),
+    (dict(k_positions=lambda p: torch.cat([p.new_tensor([-2**31]), p[1:]]).to(torch.int32)), ValueError,
+     "k_positions must hold values in"),
     (dict(q_positions=lambda p: p - 100), ValueError, "precedes every key"),
     (dict(q_positions=lambda p: p - 100, k_positions=lambda p: p - 100, logn_length=8), ValueError,
      "q_positions must hold no negative position"),
@@ -364,6 +368,11 @@ BAD = [
     (dict(window=None, leaky_scale=4.0), ValueError, "leaky_scale .* needs a window"),
     (dict(leaky_scale=-1.0), ValueError, "leaky_scale"),
     (dict(softmax_scale=math.nan), ValueError, "softmax_scale"),
+    (dict(softmax_scale=1e39), ValueError, "softmax_scale is too large"),  # log2(e) s: infinite in float32
+    (dict(softmax_scale=1e37, logn_length=2), ValueError, "softmax_scale is too large"),  # log-n factors up to 31
+    (dict(attention_factor=1e25), ValueError, "attention_factor is too large"),
+    (dict(window=2**64), ValueError, "window must be <="),
+    (dict(logn_length=2**64), ValueError, "logn_length must be <="),
     (dict(block_m=8), ValueError, "block_m"),
     (dict(block_n=48), ValueError, "block_n must be a power of two"),
     (dict(block_m=True), TypeError, "block_m"),
@@ -383,6 +392,103 @@ def test_bad_arguments_are_named(changes, error, message):
     if "block_m" not in changes:  # the decoding kernel checks the same arguments first
         with pytest.raises(error, match=message):
             launch_decode(**_bad(**changes))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8, torch.int64])
+def test_positions_of_every_integer_dtype(dtype):
+    """The domain (-2^31, 2^31) is checked in int64, so that 2^31 does not wrap in an int32 comparison:
+    narrow positions give the int64 positions' result, which matches the float64 reference; int32
+    positions at the top of the domain too."""
+    inputs = case(48, q_len=5, k_len=9, heads_q=2, heads_k=1, head_dim=16, pairs=8, dtype=torch.float32)
+    tops = [False, True] if dtype == torch.int32 else [False]
+    for top in tops:
+        if top:
+            inputs[4] = torch.arange(9, device=DEVICE) + 2**31 - 9
+            inputs[3] = inputs[4][-5:]
+        narrow = [*inputs[:3], inputs[3].to(dtype), inputs[4].to(dtype), inputs[5]]
+        out, lse = launch(*narrow, window=3)
+        expected, expected_lse = launch(*inputs, window=3)
+        assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+        exact = rotary_attention(*[t.cpu() for t in inputs], window=3)
+        assert (out.cpu().double() - exact).abs().max().item() <= 4 * tolerance(*inputs[:3])
+
+
+def test_values_of_width_zero_give_every_rows_lse_and_its_gradients():
+    """v_dim = 0: an empty output, but each row's lse (the values are masked, the logits are not) in
+    the prefill and decoding kernels, and the gradients of lse through the backward kernels."""
+    q, k, v, q_positions, k_positions, theta = case(49, q_len=20, k_len=20, heads_q=2, heads_k=1, head_dim=16,
+                                                    pairs=8, dtype=torch.float32)
+    v = v[..., :0]
+    leaves64 = [t.cpu().double().requires_grad_() for t in (q, k, v)]
+    _, exact_lse = blockwise_attention(*leaves64, q_positions.cpu(), k_positions.cpu(), theta.cpu(), window=5)
+    expected = torch.autograd.grad(exact_lse.sum(), leaves64[:2])
+
+    def assert_lse(lse, exact):
+        assert ((lse.cpu().double() - exact).abs() / (1 + exact.abs())).max().item() <= 64 * UNIT[torch.float32]
+
+    out, lse = launch(q, k, v, q_positions, k_positions, theta, window=5)
+    assert out.shape == (1, 20, 2, 0)
+    assert_lse(lse, exact_lse.detach())
+    out, lse = launch_decode(q[:, -1:], k, v, q_positions[-1:], k_positions, theta, window=5)
+    assert out.shape == (1, 1, 2, 0)
+    assert_lse(lse, exact_lse.detach()[..., -1:])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, lse = fused_attention(*leaves, q_positions, k_positions, theta, "half", True, 5)
+    dq, dk, dv = torch.autograd.grad(lse.sum(), leaves)
+    assert dv.shape == v.shape
+    for g, e in zip((dq, dk), expected):
+        assert (g.cpu().double() - e).abs().max() <= 32 * UNIT[torch.float32] * e.abs().max()
+
+
+def test_the_logit_scale_must_stay_within_float32():
+    """log2(e) softmax_scale attention_factor^2 (times the largest log-n factor, 31 for L = 2) is a
+    float32 factor of the kernels' logits: beyond float32's range it is refused from the options."""
+    arguments = case(52, q_len=3, k_len=3, heads_q=1, heads_k=1, head_dim=16, pairs=8)
+
+    def metadata(softmax_scale=None, logn_length=None, attention_factor=1.0):
+        return triton_attention.check_metadata(*arguments, "half", True, None, None, softmax_scale, logn_length,
+                                               attention_factor)
+
+    metadata(softmax_scale=2e38)  # log2(e) 2e38 = 2.9e38
+    metadata(attention_factor=1e19)  # 1e38 / sqrt(16) log2(e) = 3.6e37
+    metadata(softmax_scale=1e37, logn_length=2**40)  # no log-n factor above 1 below 2^31
+    for options, name in [(dict(softmax_scale=2.5e38), "softmax_scale"), (dict(attention_factor=4e19),
+                          "attention_factor"), (dict(softmax_scale=1e37, logn_length=2), "softmax_scale"),
+                          (dict(softmax_scale=1e-30, attention_factor=1e39), "softmax_scale . attention_factor"),
+                          (dict(softmax_scale=1e-300, attention_factor=1e160), "softmax_scale . attention_factor")]:
+        with pytest.raises(ValueError, match=f"{name}.* is too large for the kernel's float32 logits"):
+            metadata(**options)
+        with pytest.raises(ValueError, match=f"{name}.* is too large"):
+            fused_rotary_attention(*arguments, **options)
+
+
+def test_options_beyond_int64_are_named_before_dispatch():
+    """The operators take int64 scalars: fused_rotary_attention checks its options before dispatch,
+    which would raise a bare OverflowError for window = 2^64, and passes the checked floats (an int
+    softmax_scale of 2^64 is a number like any other)."""
+    arguments = case(53, q_len=3, k_len=3, heads_q=1, heads_k=1, head_dim=16, pairs=8)
+    for options, name in [(dict(window=2**64), "window"), (dict(logn_length=2**64), "logn_length"),
+                          (dict(window=4, leaky_scale=2**1100), "leaky_scale"),
+                          (dict(attention_factor=2**1100), "attention_factor")]:
+        with pytest.raises(ValueError, match=name):
+            fused_rotary_attention(*arguments, **options)
+    torch.testing.assert_close(fused_rotary_attention(*arguments, softmax_scale=2**64, window=2**63 - 1),
+                               fused_rotary_attention(*arguments, softmax_scale=float(2**64)), rtol=0, atol=0)
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused_before_any_launch(monkeypatch):
+    """Without TRITON_INTERPRET, Triton has no driver for CPU tensors ("0 active drivers"): every
+    launcher says so first, naming q's device."""
+    q, k, v, q_positions, k_positions, theta = (t.cpu() for t in case(51, q_len=4, k_len=4, heads_q=1, heads_k=1,
+                                                                       head_dim=16, pairs=8))
+    saved = dict(out=torch.zeros_like(v), lse=torch.zeros(1, 1, 4), grad_out=torch.zeros_like(v))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    message = "q is on cpu: the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1"
+    for call in (launch, launch_decode, fused_rotary_attention, fused_attention):
+        with pytest.raises(ValueError, match=message):
+            call(q, k, v, q_positions, k_positions, theta)
+    with pytest.raises(ValueError, match=message):
+        launch_backward(q, k, v, q_positions, k_positions, theta, **saved)
 
 
 def test_the_leaky_frequencies_hold_theta_over_k_to_48_bits():
@@ -496,6 +602,21 @@ def test_opcheck_the_operators():
     grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
     torch.library.opcheck(torch.ops.rope.fused_attention_backward.default,
                           (*arguments[:6], out, lse, grad_out, grad_lse, *arguments[6:]))
+
+
+def test_opcheck_permuted_inputs_the_real_strides_are_the_fakes():
+    """q, k, v as [batch, seq, heads, d] views of [batch, heads, seq, d] buffers (q = x.transpose(1, 2)):
+    the real backward's gradients are contiguous like the fake's, as torch.compile's graph expects."""
+    q, k, v, q_positions, k_positions, theta = case(50, q_len=9, k_len=9, heads_q=2, heads_k=2, head_dim=16, pairs=8)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not q.is_contiguous()
+    arguments = (q, k, v, q_positions, k_positions, theta)
+    torch.library.opcheck(torch.ops.rope.fused_attention.default, arguments, test_utils=("test_faketensor",))
+    out, lse = fused_attention(*arguments)
+    saved = (out, lse, torch.randn_like(out), torch.randn_like(lse))
+    torch.library.opcheck(torch.ops.rope.fused_attention_backward.default, (*arguments, *saved),
+                          test_utils=("test_faketensor",))
+    assert all(g.is_contiguous() for g in launch_backward(*arguments, *saved))
 
 
 def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients():

@@ -194,3 +194,97 @@ def test_install_refuses_a_module_it_cannot_call():
     with pytest.raises(ValueError, match=r"install: rotary_emb could not be called as rotary_emb\(x, position_ids\)"):
         rope.hf.install(model)
     assert isinstance(model.rotary_emb, Odd)
+
+
+# ----- the config read as transformers reads it -----------------------------------------------
+
+
+def patched_logits(model, tokens):
+    """The model's logits with rope.hf.patch, and unpatched again."""
+    rope.hf.patch(model)
+    try:
+        with torch.no_grad():
+            return model(tokens).logits
+    finally:
+        rope.hf.unpatch(model)
+
+
+def test_a_max_position_embeddings_key_inside_rope_parameters_is_ignored_as_in_transformers():
+    """transformers' dynamic NTK scales from config.max_position_embeddings and ignores (warns
+    "Unrecognized keys") the same key inside rope_parameters; rope reads the config's too, so the
+    logits agree between the two lengths and beyond both."""
+    model = tiny_llama({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0, "max_position_embeddings": 8},
+                       seed=7)
+    assert model.config.rope_parameters["max_position_embeddings"] == 8  # the key is there, transformers ignores it
+    assert rope.hf.rope_parameters_from_config(model.config)["max_position_embeddings"] == MAX_POSITIONS
+    for length in (20, 48):  # between 8 and 32, and past both
+        tokens = torch.randint(0, 97, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            expected = model(tokens).logits
+        assert expected.abs().max() > 0.1
+        torch.testing.assert_close(patched_logits(model, tokens), expected, rtol=1e-4, atol=2e-5)
+
+
+def gemma3_with_top_level_original(full_attention: dict, original: int, seed: int):
+    """A tiny Gemma 3 whose full-attention layers have ``full_attention``'s RoPE, and whose config
+    also has a top-level original_max_position_embeddings (as Phi-3 configs carry)."""
+    from transformers import Gemma3TextConfig
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=HEAD_DIM,
+                              max_position_embeddings=MAX_POSITIONS, sliding_window=8, pad_token_id=0,
+                              bos_token_id=1, eos_token_id=2, initializer_range=0.2,
+                              layer_types=["sliding_attention", "full_attention"],
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                               "full_attention": dict(full_attention)},
+                              original_max_position_embeddings=original)
+    return Gemma3ForCausalLM(config).eval()
+
+
+NESTED_WITH_TOP_LEVEL = {  # (full attention's RoPE, top-level original_max_position_embeddings)
+    "longrope keeps its own": ({"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 8,
+                                "factor": 4.0, "attention_factor": 1.0, "short_factor": [1.0] * (HEAD_DIM // 2),
+                                "long_factor": [1.0 + i for i in range(HEAD_DIM // 2)]}, 16),
+    "yarn without its own": ({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(NESTED_WITH_TOP_LEVEL))
+def test_nested_rope_parameters_ignore_a_top_level_original_length_as_transformers_does(name):
+    """Nested by layer type, transformers' standardize_rope_params only fills in a missing
+    original_max_position_embeddings, from max_position_embeddings: a top-level value is not used
+    (in a flat mapping it would win). rope reads the same lengths, and the logits agree at lengths
+    on both sides of every one of them."""
+    full_attention, original = NESTED_WITH_TOP_LEVEL[name]
+    model = gemma3_with_top_level_original(full_attention, original, seed=11)
+    assert model.config.original_max_position_embeddings == original
+    theirs = model.config.rope_parameters["full_attention"]["original_max_position_embeddings"]
+    assert theirs != original
+    ours = rope.hf.rope_parameters_from_config(model.config)
+    assert ours["full_attention"]["original_max_position_embeddings"] == theirs
+    assert "original_max_position_embeddings" not in ours["sliding_attention"]  # default RoPE: none, as there
+    for length in (12, 24, 40):
+        tokens = torch.randint(3, 97, (1, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            expected = model(tokens).logits
+        assert expected.abs().max() > 0.1
+        torch.testing.assert_close(patched_logits(model, tokens), expected, rtol=1e-4, atol=2e-5)
+
+
+def test_a_flat_mapping_takes_the_top_level_original_length_as_transformers_does():
+    """The contrast (Phi-3): in a flat mapping transformers gives the top-level
+    original_max_position_embeddings priority over the mapping's own, and so does rope."""
+    parameters = dict(ROPE_PARAMETERS["longrope"], original_max_position_embeddings=8)
+    model = tiny_llama(parameters, seed=12)
+    model.config.original_max_position_embeddings = 16
+    model.config.standardize_rope_params()  # what transformers' frequency functions call at every use
+    model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
+    assert model.config.rope_parameters["original_max_position_embeddings"] == 16
+    ours = rope.hf.rope_parameters_from_config(model.config)
+    assert ours["original_max_position_embeddings"] == 16
+    tokens = torch.randint(3, 97, (1, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(tokens).logits
+    torch.testing.assert_close(patched_logits(model, tokens), expected, rtol=1e-4, atol=2e-5)

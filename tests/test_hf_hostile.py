@@ -4,6 +4,7 @@ own functions in float64 are the references); untouched tables rotate from exact
 references); tables are rounded once; frequencies survive casting a model; install names a cast
 model and the fix it prints works; every bad argument is refused with its name."""
 
+import copy
 import math
 import re
 from fractions import Fraction
@@ -445,6 +446,84 @@ def test_install_without_rotary_module_raises_and_twice_returns_zero():
         rope.hf.install(bare)
 
 
+# ----- install's probe: every length threshold ----------------------------------------------
+
+
+def llama_of(rope_parameters, max_positions, head_dim=HEAD_DIM, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                         max_position_embeddings=max_positions, rope_parameters=dict(rope_parameters),
+                         initializer_range=0.2)
+    return LlamaForCausalLM(config).eval()
+
+
+def tables_gap(old, new, positions):
+    """The largest difference of two rotary modules' tables at ``positions``, the old module called
+    on a copy (transformers' dynamic module changes state when called)."""
+    x = torch.zeros(1)
+    return max(float((a - b).abs().max()) for a, b in zip(copy.deepcopy(old)(x, positions), new(x, positions)))
+
+
+def switch_late(module):  # dynamic: the module grows its base from 128 on, its config says 32
+    module.original_max_seq_len = module.max_seq_len_cached = 128
+
+
+def never_switch(module):  # longrope: the module keeps the short factors past the original length
+    module.long_inv_freq = module.original_inv_freq.clone()
+
+
+LATE_SWITCHES = {
+    "dynamic": ({"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}, switch_late),
+    "longrope": ({"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 16, "factor": 2.0,
+                  "short_factor": [1.0] * (HEAD_DIM // 2), "long_factor": [1.0 + i for i in range(HEAD_DIM // 2)]},
+                 never_switch),
+}
+
+
+@pytest.mark.parametrize("name", list(LATE_SWITCHES))
+def test_install_probes_both_sides_of_every_length_threshold(name):
+    """A rotary module that switches at another length than its config says agrees with rope's at
+    positions 0..7, yet not at length 40: install probes lengths across each of the config's
+    thresholds (T - 1, T, T + 1, 2 T) and refuses it, the model untouched."""
+    parameters, change = LATE_SWITCHES[name]
+    model = llama_of(parameters, 32)
+    old = model.model.rotary_emb
+    change(old)
+    new = rope.hf.RotaryEmbedding(model.config)
+    assert tables_gap(old, new, torch.arange(8)[None]) <= rope.hf.PROBE_TOLERANCE
+    assert tables_gap(old, new, torch.arange(40)[None]) > 0.1
+    with pytest.raises(ValueError, match=r"model.rotary_emb \(LlamaRotaryEmbedding\) is not reproduced"):
+        rope.hf.install(model)
+    assert model.model.rotary_emb is old
+
+
+LONG_CONTEXTS = {  # (rope_parameters, max_position_embeddings), at the sizes of released models
+    "llama3": ({"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, 131072),
+    "yarn": ({"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768},
+             131072),
+    "longrope": ({"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 4096,
+                  "short_factor": [1.0 + 0.01 * i for i in range(32)],
+                  "long_factor": [1.0 + 0.5 * i for i in range(32)]}, 131072),
+    "dynamic": ({"rope_type": "dynamic", "rope_theta": 5e5, "factor": 8.0}, 2**22),
+}
+
+
+@pytest.mark.parametrize("name", list(LONG_CONTEXTS))
+def test_install_accepts_long_contexts_within_float32_error(name):
+    """At 2 x max_position_embeddings transformers' float32 angles are off by more than
+    PROBE_TOLERANCE (up to 0.3 at 2^23), which the probe allows for (2^-20 m theta_i): install
+    accepts transformers' own module, and leaves it as it was."""
+    parameters, length = LONG_CONTEXTS[name]
+    model = llama_of(parameters, length, head_dim=64)
+    old = model.model.rotary_emb
+    buffers = {key: value.clone() for key, value in old.named_buffers()}
+    assert rope.hf.install(model) == 1
+    assert tables_gap(old, model.model.rotary_emb, torch.tensor([[0, 2 * length - 1]])) > rope.hf.PROBE_TOLERANCE
+    assert all(torch.equal(buffer, buffers[key]) for key, buffer in old.named_buffers())
+
+
 # ----- bad arguments ----------------------------------------------------------------------------
 
 
@@ -596,3 +675,25 @@ def test_bad_forward_arguments_are_refused_by_name():
     for bad, error, message in cases:
         with pytest.raises(error, match=message):
             bad()
+
+
+def test_install_refuses_a_module_it_cannot_copy_for_the_probe():
+    """The probe calls a copy of the model's module (a call could change its state); a module
+    that cannot be copied is refused, untouched and never called."""
+    model = tiny_llama()
+    module = model.model.rotary_emb
+    calls = []
+
+    class Uncopyable(type(module)):
+        def __deepcopy__(self, memo):
+            raise TypeError("this module holds a handle")
+
+        def forward(self, x, position_ids):
+            calls.append(position_ids)
+            return super().forward(x, position_ids)
+
+    module.__class__ = Uncopyable
+    with pytest.raises(ValueError, match=r"install: model.rotary_emb \(Uncopyable\) could not be copied for the probe "
+                                         r"\(TypeError: this module holds a handle\)"):
+        rope.hf.install(model)
+    assert model.model.rotary_emb is module and not calls

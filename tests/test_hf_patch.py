@@ -17,7 +17,14 @@ import rope
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-from test_hf_families import CASES, LOGITS_TOLERANCE, family_tokens, tiny_model  # noqa: E402
+from test_hf_families import (  # noqa: E402
+    CASES,
+    LOGITS_TOLERANCE,
+    family_tokens,
+    sample_tokens,
+    tiny_config,
+    tiny_model,
+)
 
 
 def modeling_module(model):
@@ -158,6 +165,59 @@ def test_the_layer_type_module_is_chosen_and_keeps_transformers_contracts():
             assert list(inspect.signature(cls.forward).parameters) == list(inspect.signature(theirs.forward).parameters)
         finally:
             rope.hf.unpatch(model)
+
+
+# ----- probing leaves a stateful rotary module as it was -----------------------------------------
+
+
+def dynamic_llama(*, seen: int = 40):
+    """A tiny Llama with dynamic NTK scaling (max_position_embeddings 16) that has run ``seen``
+    tokens: transformers' module keeps the base grown for that length while the length stays at
+    16 or above, so its later logits depend on that state."""
+    config = tiny_config("llama")
+    config.max_position_embeddings = 16
+    config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if seen:
+        logits(model, sample_tokens(2, (1, seen)))
+    return model
+
+
+def refused_patch(model):
+    model.config.model_type = "cohere"  # refused after the probe: cohere reads interleaved tables
+    with pytest.raises(ValueError, match="reads interleaved tables"):
+        rope.hf.patch(model)
+
+
+PROBING_PATHS = {
+    "rotary_replacements": rope.hf.rotary_replacements,
+    "patch and unpatch": lambda model: (rope.hf.patch(model), rope.hf.unpatch(model)),
+    "refused patch": refused_patch,
+}
+
+
+@pytest.mark.parametrize("path", list(PROBING_PATHS))
+def test_probing_leaves_a_stateful_rotary_module_as_it_was(path):
+    """rotary_replacements ("the model untouched"), patch then unpatch ("restores exactly") and a
+    refused patch ("changing nothing") probe a copy of the model's rotary module, never the module:
+    transformers' dynamic module, grown on 40 tokens, gives the same logits at 30 tokens after
+    as before, bit for bit (a module reset by a short call gives others)."""
+    model = dynamic_llama()
+    module = model.model.rotary_emb
+    tokens = sample_tokens(3, (1, 30))
+    buffers = {name: buffer.clone() for name, buffer in module.named_buffers()}
+    attributes = {key: value for key, value in vars(module).items() if not key.startswith("_")}
+    before = logits(model, tokens)
+    assert not torch.allclose(logits(dynamic_llama(seen=0), tokens), before)  # the state matters here
+
+    PROBING_PATHS[path](model)
+
+    assert model.model.rotary_emb is module
+    assert {name: buffer for name, buffer in module.named_buffers()}.keys() == buffers.keys()
+    assert all(torch.equal(buffer, buffers[name]) for name, buffer in module.named_buffers())
+    assert all(vars(module)[key] is value or vars(module)[key] == value for key, value in attributes.items())
+    assert torch.equal(logits(model, tokens), before)
 
 
 # ----- refusals: nothing changes ------------------------------------------------------------------

@@ -107,3 +107,35 @@ def test_bad_arguments_are_named():
     cache.step(q, k, torch.arange(4))
     with pytest.raises(ValueError, match="cached keys"):
         cache.step(q[:, :1, :1], k[:, :1, :1], torch.tensor([4]))
+
+
+def test_the_cache_stays_on_the_device_of_q():
+    """Positions (given as int32 here) are kept as int64 on q's device with the keys, and no step
+    moves anything to the CPU: on CUDA positions, frequencies and cache stay with q."""
+    import inspect
+
+    assert ".cpu()" not in inspect.getsource(DynamicNTKKeyCache.step)
+    q, k = random_sequence(4, 10)
+    cache = DynamicNTKKeyCache(config(4), 8)
+    reference = DynamicNTKKeyCache(config(4), 8)
+    for start, end in ((0, 6), (6, 7), (7, 10)):
+        positions = torch.arange(start, end)
+        got = cache.step(q[:, start:end], k[:, start:end], positions.to(torch.int32))
+        torch.testing.assert_close(got, reference.step(q[:, start:end], k[:, start:end], positions), rtol=0, atol=0)
+        assert cache.positions.dtype == torch.int64 and cache.positions.device == q.device
+        assert cache.keys.device == q.device and torch.equal(cache.positions, torch.arange(end))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("store", ["unrotated", "rotated"])
+def test_the_cache_on_cuda_equals_the_cpu_one(store):
+    q, k = random_sequence(5, 12)
+    caches = {device: DynamicNTKKeyCache(config(4), 8, store=store) for device in ("cpu", "cuda")}
+    for start, end in ((0, 5), (5, 6), (6, 12)):
+        positions = torch.arange(start, end)
+        cpu = caches["cpu"].step(q[:, start:end], k[:, start:end], positions)
+        cuda = caches["cuda"].step(q[:, start:end].cuda(), k[:, start:end].cuda(), positions)  # positions moved
+        assert cuda.device.type == "cuda" and caches["cuda"].positions.device.type == "cuda"
+        torch.testing.assert_close(cuda.cpu(), cpu, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="cached keys are on cuda"):
+        caches["cuda"].step(q[:, :1], k[:, :1], torch.tensor([12]))

@@ -1,14 +1,15 @@
 """rope.mrope (M-RoPE) against explicit float64 block rotations, the 3D relative property, text as
 1D RoPE, and transformers' Qwen2-VL / Qwen3-VL / Qwen3.5 tables and models."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import rope
-from helpers import FLOAT_DTYPES, assert_correctly_rounded
-from rope.mrope import apply_mrope, multimodal_positions, pair_positions, section_axes
+from helpers import FLOAT_DTYPES, assert_correctly_rounded, names
+from rope.mrope import apply_mrope, check_section, multimodal_positions, pair_positions, section_axes
 from rope.reference import rotation_matrix
 from strategies import layouts
 
@@ -190,7 +191,7 @@ def test_section_errors_name_what_does_not_fit():
         rope.parse_config({"mrope_section": [16, 24, 24]}).mrope_axes(64)
     with pytest.raises(ValueError, match=r"interleaved mrope_section \[1, 4, 1\] does not fit 6 pairs"):
         section_axes([1, 4, 1], 6, style="interleaved")
-    with pytest.raises(ValueError, match="pairs must be a positive int"):
+    with pytest.raises(ValueError, match="pairs must be >= 1, got 0"):
         section_axes([1, 1, 1], 0)
     with pytest.raises(ValueError, match=r"alternating mrope_section .* needs s_h == s_w"):
         section_axes([2, 3, 1], 6, style="alternating")
@@ -299,10 +300,102 @@ def test_video_frames_step_by_the_time_interval():
     assert positions[2].tolist() == [0, 1, 0, 1, 0, 1, 9]
 
 
-@pytest.mark.parametrize("segments", [[], [0], [(1, 2)], [(1, 0, 2)], [True], [2.0]])
-def test_multimodal_positions_errors(segments):
-    with pytest.raises(ValueError, match="segment"):
+@pytest.mark.parametrize("segments, error", [([], ValueError), ([0], ValueError), ([(1, 2)], ValueError),
+                                             ([(1, 0, 2)], ValueError), ([True], TypeError), ([2.0], TypeError),
+                                             ([(1, 2.0, 2)], TypeError), (["3"], TypeError), ([[1, 2, 2]], TypeError)])
+def test_multimodal_positions_errors(segments, error):
+    with pytest.raises((TypeError, ValueError), match="segment") as caught:
         multimodal_positions(segments)
+    assert type(caught.value) is error
+
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_int_time_interval_multiplies_exactly(seed):
+    """Integers stay integers: frame f of a block from s is at s + f * time_interval exactly, also
+    where float32 (what a float time_interval uses) would round the product."""
+    gen = torch.Generator().manual_seed(seed)
+    interval = int(torch.randint(2**40, 2**50, (1,), generator=gen)) | 1  # odd: no float32 value of 24 bits
+    frames, start = int(torch.randint(2, 6, (1,), generator=gen)), int(torch.randint(0, 100, (1,), generator=gen))
+    positions = multimodal_positions([3, (frames, 1, 2), 1], start=start, time_interval=interval)
+    block_start = start + 3
+    expected_t = [block_start + f * interval for f in range(frames) for _ in range(2)]
+    assert positions[0, 3:-1].tolist() == expected_t
+    assert positions[:, -1].tolist() == [expected_t[-1] + 1] * 3  # text continues past the block
+    assert positions[0, 3:-1].tolist() != (torch.arange(frames) * float(interval)).long().repeat_interleave(2).add(
+        block_start).tolist()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_positions_past_int64_are_refused_naming_time_interval(seed):
+    gen = torch.Generator().manual_seed(seed)
+    frames = int(torch.randint(2, 6, (1,), generator=gen))
+    largest = INT64_MAX // (frames - 1)  # the largest int interval whose last frame fits
+    slack = INT64_MAX - (frames - 1) * largest
+    t = multimodal_positions([(frames, 1, 1)], start=slack, time_interval=largest)[0]
+    assert t.tolist() == [slack + f * largest for f in range(frames)] and t[-1] == INT64_MAX
+    for interval, start, segments in [(largest + 1, 0, [(frames, 1, 1)]),  # the frame itself
+                                      (largest, slack + 1, [(frames, 1, 1)]),  # the frame plus the block's start
+                                      (largest, 0, [(frames, 1, 1), slack + 1]),  # the text after it
+                                      (float(2**64) * (1 + float(torch.rand(1, generator=gen))), 0, [(frames, 1, 1)]),
+                                      (1e300, 0, [(frames, 1, 1)])]:  # not even a float32
+        with pytest.raises(ValueError) as caught:
+            multimodal_positions(segments, start=start, time_interval=interval)
+        assert names(str(caught.value), "time_interval"), str(caught.value)
+    with pytest.raises(ValueError, match="start"):
+        multimodal_positions([3], start=INT64_MAX - 1)
+    assert multimodal_positions([2], start=INT64_MAX - 1)[0].tolist() == [INT64_MAX - 1, INT64_MAX]
+
+
+def test_numpy_integers_are_ints_in_the_mrope_helpers():
+    """README "Errors": NumPy integers are integers (and numbers), giving what the int gives."""
+    gen = torch.Generator().manual_seed(7)
+    section = torch.randint(1, 5, (3,), generator=gen).tolist()
+    pairs = sum(section)
+    for style in ("chunked", "interleaved"):
+        as_numpy = [np.int64(section[0]), np.int32(section[1]), np.uint8(section[2])]
+        try:
+            expected = section_axes(section, pairs, style=style)
+        except ValueError:  # an interleaved section that does not fit: the same error for NumPy ints
+            with pytest.raises(ValueError, match="does not fit"):
+                section_axes(as_numpy, np.int64(pairs), style=style)
+            continue
+        assert torch.equal(section_axes(as_numpy, np.int64(pairs), style=style), expected)
+    checked = check_section([np.int64(s) for s in section])
+    assert checked == tuple(section) and all(type(s) is int for s in checked)
+    segments = [3, (2, 2, 3), 1]
+    expected = multimodal_positions(segments, start=4, time_interval=3)
+    numpy_segments = [np.int64(3), (np.int32(2), np.int64(2), np.uint8(3)), np.int16(1)]
+    assert torch.equal(multimodal_positions(numpy_segments, start=np.int64(4), time_interval=np.int64(3)), expected)
+    interval = float(np.float32(torch.rand(1, generator=gen).item() * 10))
+    assert torch.equal(multimodal_positions(segments, time_interval=np.float32(interval)),
+                       multimodal_positions(segments, time_interval=interval))
+
+
+@pytest.mark.parametrize(
+    "call, error, argument",
+    [
+        (lambda: section_axes([2.0, 1, 1], 4), TypeError, "mrope_section"),
+        (lambda: section_axes([2, True, 1], 4), TypeError, "mrope_section"),
+        (lambda: section_axes([2, 1, 1], 4.0), TypeError, "pairs"),
+        (lambda: section_axes([2, 1, 1], "4"), TypeError, "pairs"),
+        (lambda: section_axes([2, 1, 1], 4, style=None), ValueError, "style"),
+        (lambda: check_section([1, 2]), ValueError, "mrope_section"),
+        (lambda: multimodal_positions([3], start=2.0), TypeError, "start"),
+        (lambda: multimodal_positions([3], start=-1), ValueError, "start"),
+        (lambda: multimodal_positions([(2, 1, 1)], time_interval="1"), TypeError, "time_interval"),
+        (lambda: multimodal_positions([(2, 1, 1)], time_interval=True), TypeError, "time_interval"),
+        (lambda: multimodal_positions([(2, 1, 1)], time_interval=-0.5), ValueError, "time_interval"),
+        (lambda: multimodal_positions([(2, 1, 1)], time_interval=np.int64(-1)), ValueError, "time_interval"),
+    ],
+)
+def test_wrong_types_are_type_errors_and_wrong_values_value_errors(call, error, argument):
+    with pytest.raises((TypeError, ValueError)) as caught:
+        call()
+    assert type(caught.value) is error, repr(caught.value)
+    assert names(str(caught.value), argument), str(caught.value)
 
 
 # ----- transformers ------------------------------------------------------------------------------
@@ -427,7 +520,7 @@ def test_video_frames_match_transformers_vision_position_ids():
             None, 5, torch.tensor([4, 4, 6]), 1, 2, time_interval=interval)
         ours = multimodal_positions([(4, 2, 3)], start=5, time_interval=interval)
         assert torch.equal(theirs, ours)
-    with pytest.raises(ValueError, match="time_interval must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="time_interval must be finite"):
         multimodal_positions([(1, 1, 1)], time_interval=float("nan"))
 
 
@@ -482,3 +575,17 @@ def test_three_rows_of_positions_need_sections():
     embedding = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16)
     with pytest.raises(ValueError, match=r"look like M-RoPE's \[3, batch, seq\], but the rope_parameters have no"):
         embedding(torch.zeros(1), torch.zeros(3, 1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fractional_frame_spacing_rounds_as_transformers_does(seed):
+    """Fresh intervals of every size that fits: transformers' get_vision_position_ids (float32
+    frame times, truncated) and multimodal_positions agree position for position."""
+    gen = torch.Generator().manual_seed(seed)
+    frames, start = int(torch.randint(1, 40, (1,), generator=gen)), int(torch.randint(0, 10**6, (1,), generator=gen))
+    for exponent in (-3, 0, 3, 9, 15):
+        interval = float(torch.rand(1, generator=gen, dtype=torch.float64)) * 10.0**exponent
+        theirs = modeling_qwen2_vl.Qwen2VLModel.get_vision_position_ids(
+            None, start, torch.tensor([frames, 4, 2]), 1, 2, time_interval=interval)
+        ours = multimodal_positions([(frames, 2, 1)], start=start, time_interval=interval)
+        assert torch.equal(theirs, ours), interval

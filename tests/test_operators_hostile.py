@@ -155,6 +155,12 @@ BAD_CALLS = {
                                      "^inv_freq must hold values below 2", "values"),
     "inv_freq -1e30 (float32 math)": (replace(inv_freq=lambda c: c["inv_freq"] * 0 - 1e30),
                                       ValueError, "^inv_freq must hold values below 2", "values"),
+    "positions 2^31 (float32 math)": (replace(positions=lambda c: c["positions"].index_fill(
+        1, torch.tensor([1], device=DEVICE), 2**31)), ValueError, r"^positions must hold values in \(-2\^31, 2\^31\)",
+        "values"),
+    "positions -2^63 (float32 math)": (replace(positions=lambda c: c["positions"].index_fill(
+        1, torch.tensor([2], device=DEVICE), -(2**63))), ValueError, r"^positions must hold values in \(-2\^31",
+        "values"),
     "rotary_dim odd": (replace(rotary_dim=5), ValueError, "^rotary_dim must be even", "metadata"),
     "rotary_dim 0": (replace(rotary_dim=0), ValueError, "^rotary_dim must be even, >= 2", "metadata"),
     "rotary_dim negative": (replace(rotary_dim=-6), ValueError, "^rotary_dim must be even, >= 2", "metadata"),
@@ -210,6 +216,10 @@ BAD_IN_PLACE = {
                                  "metadata"),
     "inv_freq inside q": (replace(inv_freq=lambda c: c["q"].view(-1)[:PAIRS]), ValueError,
                           "^q shares memory with inv_freq", "metadata"),
+    "q requires grad": (replace(q=lambda c: c["q"].clone().requires_grad_()), ValueError, "^q requires grad: rotary_",
+                        "metadata"),
+    "k requires grad": (replace(k=lambda c: c["k"].clone().requires_grad_()), ValueError, "^k requires grad: rotary_",
+                        "metadata"),
 }
 
 

@@ -99,3 +99,50 @@ def test_bad_positions_input_is_named():
         context_parallel_positions(10, 2, 0, zigzag=True)
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
         context_parallel_positions(8, 2, 2)
+
+
+INT64_MAX = 2**63 - 1
+
+
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=6), seeds)
+def test_packed_positions_of_any_integer_dtype_are_the_int64_ones(lengths, seed):
+    """cu_seqlens and offsets are read as int64 before any arithmetic: a narrow dtype gives the
+    positions int64 gives (lengths are never computed, nor wrap, in the narrow dtype)."""
+    gen = torch.Generator().manual_seed(seed)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])  # at most 120: fits int8
+    offsets = torch.randint(0, 100, (len(lengths),), generator=gen)
+    expected = [offsets[j].item() + t for j, n in enumerate(lengths) for t in range(n)]
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.int64):
+        for given_offsets in (None, offsets.to(dtype)):
+            got = packed_positions(cu_seqlens.to(dtype), given_offsets)
+            assert got.dtype == torch.int64
+            assert got.tolist() == (expected if given_offsets is not None else
+                                    [t for n in lengths for t in range(n)])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_narrow_cu_seqlens_that_decrease_are_refused(seed):
+    """A decrease whose difference would wrap around in the narrow dtype (uint8 5 - 200 = 61) is
+    still a decrease."""
+    gen = torch.Generator().manual_seed(seed)
+    high = int(torch.randint(129, 256, (1,), generator=gen))
+    low = int(torch.randint(0, high - 128, (1,), generator=gen))  # high - low > 128: wraps in uint8 and int8 alike
+    for cu in (torch.tensor([0, high, low], dtype=torch.uint8), torch.tensor([0, 100 * high, -100 * high],
+                                                                              dtype=torch.int16)):
+        with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
+            packed_positions(cu)
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), seeds)
+def test_offsets_that_would_pass_int64_are_refused(lengths, seed):
+    """The last token of sequence j is at offsets[j] + length_j - 1: up to the largest int64, and no
+    further (no wrap to negative positions)."""
+    gen = torch.Generator().manual_seed(seed)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    fits = torch.tensor([INT64_MAX - (n - 1) for n in lengths])
+    got = packed_positions(cu_seqlens, fits)
+    assert got.tolist() == [INT64_MAX - (n - 1) + t for n in lengths for t in range(n)]
+    j = int(torch.randint(0, len(lengths), (1,), generator=gen))
+    longer = [n + (i == j) for i, n in enumerate(lengths)]  # sequence j one token longer
+    with pytest.raises(ValueError, match=rf"^offsets\[{j}\] = {fits[j].item()} puts the last"):
+        packed_positions(torch.tensor([0, *torch.tensor(longer).cumsum(0).tolist()]), fits)

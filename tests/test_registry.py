@@ -124,6 +124,12 @@ def test_direct_config_extra_is_checked(alpha_type):
     assert cfg != rope.RopeConfig(rope_type="alpha_ntk", extra={"alpha": 9})
 
 
+def test_stand_ins_may_name_keys_the_type_reads(registered):
+    name = registered(alpha_frequencies, required_keys=("alpha", "factor"), optional_keys=("temperature",),
+                      stand_ins={"factor": ("temperature",)})
+    assert rope.parse_config({"rope_type": name, "alpha": 2.0, "temperature": 3.0}).factor is None
+
+
 def test_stand_ins_replace_a_required_key(registered):
     name = registered(alpha_frequencies, required_keys=("alpha", "factor"),
                       stand_ins={"factor": ("max_position_embeddings", "original_max_position_embeddings")})
@@ -139,16 +145,39 @@ def test_stand_ins_replace_a_required_key(registered):
     (lambda d: (torch.ones(d // 2, dtype=torch.float64), 1.0), TypeError, "float32"),
     (lambda d: (torch.full((d // 2,), math.nan), 1.0), ValueError, "inv_freq"),
     (lambda d: (torch.full((d // 2,), math.inf), 1.0), ValueError, "inv_freq"),
-    (lambda d: (-torch.ones(d // 2), 1.0), ValueError, "< 0"),
+    (lambda d: (-torch.ones(d // 2), 1.0), ValueError, "<= 0"),
     (lambda d: (torch.ones(d // 2), 0.0), ValueError, "attention factor"),
     (lambda d: (torch.ones(d // 2), math.nan), ValueError, "attention factor"),
     (lambda d: (torch.ones(d // 2), True), TypeError, "a number"),
     (lambda d: (torch.ones(d // 2).tolist(), 1.0), TypeError, "float32 tensor"),
+    (lambda d: None, TypeError, "must return a pair .*got NoneType"),
+    (lambda d: torch.ones(2), TypeError, "must return a pair .*got Tensor"),  # would unpack into 2 numbers
+    (lambda d: (torch.ones(d // 2), 1.0, 0), TypeError, "must return a pair .*got a 3-tuple"),
+    (lambda d: [torch.ones(d // 2), 1.0], TypeError, "must return a pair .*got list"),
+    (lambda d: (torch.ones(d // 2, device="meta"), 1.0), ValueError, "meta tensor"),
+    (lambda d: (torch.zeros(d // 2), 1.0), ValueError, "frequencies <= 0; expected 8 frequencies > 0"),
+    (lambda d: (torch.cat([torch.ones(d // 2 - 1), torch.zeros(1)]), 1.0), ValueError, "zero_frequencies=True"),
 ])
 def test_what_a_registered_function_returns_is_checked(registered, result, error, match):
     name = registered(lambda cfg, dim, seq_len: result(dim))
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as raised:
         rope.inv_freq({"rope_type": name}, 16)
+    assert f"rope_type '{name}'" in str(raised.value)
+
+
+def test_zero_frequencies_only_for_a_type_registered_with_them(registered):
+    """Pairs that do not rotate (theta_i = 0) are what proportional RoPE means: the one built-in
+    type registered with zero_frequencies=True. Another such type may give zeros, never < 0."""
+    assert [entry for entry in BUILT_IN if rope_type(entry).zero_frequencies] == ["proportional"]
+    still = int(torch.randint(1, 8, ()).item())
+    theta = torch.rand(8) + 0.1
+    theta[-still:] = 0
+    name = registered(lambda cfg, dim, seq_len: (theta.clone(), 1.0), zero_frequencies=True)
+    got, _ = rope.inv_freq({"rope_type": name}, 16)
+    assert got.equal(theta)
+    negative = registered(lambda cfg, dim, seq_len: (-theta, 1.0), zero_frequencies=True)
+    with pytest.raises(ValueError, match=f"rope_type '{negative}' gave frequencies < 0"):
+        rope.inv_freq({"rope_type": negative}, 16)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -161,6 +190,11 @@ def test_what_a_registered_function_returns_is_checked(registered, result, error
     (dict(optional_keys=("ok", 3)), TypeError, "optional_keys"),
     (dict(required_keys=("a",), optional_keys=("a",)), ValueError, "share"),
     (dict(stand_ins={"factor": ("x",)}), ValueError, "stand_ins names 'factor'"),
+    (dict(required_keys=("factor",), stand_ins={"factor": ("factr",)}), ValueError,
+     "stand_ins\\['factor'\\] must name keys other than 'factor' that rope_type 'fresh_type' reads"),
+    (dict(required_keys=("factor",), stand_ins={"factor": ("factor",)}), ValueError, "other than 'factor'"),
+    (dict(required_keys=("factor",), stand_ins={"factor": ()}), ValueError, "stand_ins\\['factor'\\] must name"),
+    (dict(zero_frequencies=1), TypeError, "zero_frequencies must be a bool"),
     (dict(required_keys=("a",), key_checks={"b": at_least_one}), ValueError, "key_checks names 'b'"),
     (dict(required_keys=("factor",), key_checks={"factor": at_least_one}), ValueError, "a field of RopeConfig"),
     (dict(required_keys=("a",), key_checks={"a": 3}), TypeError, "key_checks\\['a'\\] must be callable"),

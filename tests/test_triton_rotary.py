@@ -154,45 +154,81 @@ def test_backward_is_the_conjugate_rotation_and_leaves_the_gradient_alone():
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_backward_overwrites_the_gradient_only_when_asked(layout):
-    """grad_in_place=True: the input gradients are the incoming gradient tensors, rotated in place
-    (and still right); an expanded gradient (from sum(), stride 0), or one buffer passed as both
-    gradients, gets new tensors."""
+def test_backward_never_writes_into_the_incoming_gradient(layout):
+    """Autograd hands one gradient tensor to both inputs of an addition: here w reaches the
+    rotation's backward and the backward of y = 2 x, which runs after it. A rotation in place
+    of w would give x the gradient 2 R^T w; the backward writes new tensors, so x gets 2 w."""
     q, k, positions, theta = _small(torch.float64, seed=3)
     q.requires_grad_(), k.requires_grad_()
-    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
-    expected = [exact_rotation(g, positions, theta, layout=layout, attention_factor=1.3, conjugate=True)
-                for g in (grad_q, grad_k)]
-    outs = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=1.3, backend="triton",
-                             grad_in_place=True)
-    got = torch.autograd.grad(outs, (q, k), (grad_q, grad_k))
-    for g, incoming, ref in zip(got, (grad_q, grad_k), expected):
-        assert g.data_ptr() == incoming.data_ptr()
-        torch.testing.assert_close(incoming.cpu(), ref, rtol=0, atol=1e-12)
+    x = torch.randn_like(q).requires_grad_()
+    w = torch.randn_like(q)
+    q_out, k_out = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=1.3, backend="triton")
+    y = 2 * x
+    grad_x, grad_q = torch.autograd.grad(((q_out + y) * w).sum() + k_out.sum(), (x, q))
+    torch.testing.assert_close(grad_x, 2 * w, rtol=0, atol=0)
+    expected = exact_rotation(w, positions, theta, layout=layout, attention_factor=1.3, conjugate=True)
+    torch.testing.assert_close(grad_q.cpu(), expected, rtol=0, atol=1e-12)
 
-    outs = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=1.3, backend="triton",
-                             grad_in_place=True)
-    got_q, got_k = torch.autograd.grad(outs[0].sum() + 2 * outs[1].sum(), (q, k))
-    for g, scale, x in ((got_q, 1.0, q), (got_k, 2.0, k)):
-        ones = torch.full_like(x, scale)
-        expected = exact_rotation(ones, positions, theta, layout=layout, attention_factor=1.3, conjugate=True)
-        torch.testing.assert_close(g.cpu(), expected, rtol=0, atol=1e-12)
-    shared = torch.randn_like(k)  # one contiguous buffer as both gradients (q and k of one shape): not in place
-    q1, k1 = q[:, :, :2].detach().requires_grad_(), k.detach().requires_grad_()
-    outs = rope.apply_rotary(q1, k1, positions, theta, layout=layout, backend="triton", grad_in_place=True)
-    expected = exact_rotation(shared, positions, theta, layout=layout, conjugate=True)
-    got = torch.autograd.grad(outs, (q1, k1), (shared, shared))
-    for g in got:
-        torch.testing.assert_close(g.cpu(), expected, rtol=0, atol=1e-12)
-    with pytest.raises(TypeError, match="grad_in_place must be a bool"):
-        rope.apply_rotary(q, k, positions, theta, backend="triton", grad_in_place=1)
+
+def test_no_gradient_is_silently_missing():
+    """inv_freq that requires grad is refused while autograd records (the angles are exact
+    integer turns: no gradient with respect to theta), and taken under no_grad; rotary_ refuses
+    q or k that require grad (autograd cannot record an in-place custom operator)."""
+    q, k, positions, theta = _small(torch.float64, seed=5)
+    learned = theta.clone().requires_grad_()
+    with pytest.raises(ValueError, match="inv_freq requires grad"):
+        torch.ops.rope.rotary(q.clone().requires_grad_(), k, positions, learned, False, 8, 1.0, False)
+    with pytest.raises(ValueError, match="inv_freq requires grad"):
+        rope.apply_rotary(q, k, positions, learned, backend="triton")
+    with torch.no_grad():
+        got = rope.apply_rotary(q, k, positions, learned, backend="triton")
+    for out, ref in zip(got, rope.apply_rotary(q, k, positions, theta, backend="triton")):
+        assert torch.equal(out, ref)
+    for name, tensors in (("q", (q.clone().requires_grad_(), k.clone())),
+                          ("k", (q.clone(), k.clone().requires_grad_()))):
+        before = [t.detach().clone() for t in tensors]
+        with pytest.raises(ValueError, match=f"{name} requires grad"):
+            torch.ops.rope.rotary_(*tensors, positions, theta, False, 8, 1.0, False)
+        assert all(torch.equal(t.detach(), b) for t, b in zip(tensors, before))  # nothing was rotated
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_float32_math_takes_positions_below_two_to_the_31(dtype):
+    """float32 q and k (float32 math) hold the accuracy bound for |m| < 2^31 only: the largest
+    positions on either side are rotated within it, the next ones refused by name; float64 math
+    takes any int64 position."""
+    q, k, _, theta = _small(torch.float32, seed=6)
+    edge = torch.tensor([2**31 - 1, -(2**31) + 1, 0, 7, 2**30], dtype=dtype, device=DEVICE)
+    q_out, k_out = rope.apply_rotary(q, k, edge, theta, backend="triton")
+    for x, out in ((q, q_out), (k, k_out)):
+        assert_close_to(out, exact_rotation(x, edge, theta, layout="half"), x)
+    for outside in (2**31, -(2**31), -(2**63), 2**62):
+        if torch.iinfo(dtype).min <= outside <= torch.iinfo(dtype).max:
+            bad = edge.clone()
+            bad[3] = outside
+            with pytest.raises(ValueError, match=r"positions must hold values in \(-2\^31, 2\^31\)"):
+                rope.apply_rotary(q, k, bad, theta, backend="triton")
+    far = torch.tensor([2**62, -(2**63), 2**40 + 3, 5, -7], device=DEVICE)
+    q64, k64 = q.double(), k.double()
+    q_out, _ = rope.apply_rotary(q64, k64, far, theta, backend="triton")
+    assert_close_to(q_out, exact_rotation(q64, far, theta, layout="half"), q64)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the refusal of CPU tensors without the interpreter")
+def test_cpu_tensors_without_the_interpreter_are_refused_by_name(monkeypatch):
+    q, k, positions, theta = _small(seed=7)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="q is on cpu: the Triton kernels need CUDA tensors"):
+        rope.apply_rotary(q, k, positions, theta, backend="triton")
+    with pytest.raises(ValueError, match="q is on cpu"):
+        torch.ops.rope.rotary_(q.clone(), k.clone(), positions, theta, False, 8, 1.0, False)
 
 
 def test_opcheck():
     q, k, positions, theta = _small()
     torch.library.opcheck(torch.ops.rope.rotary.default, (q, k, positions, theta, False, 8, 1.1, False))
     leaf = (q.clone().requires_grad_(), k.clone().requires_grad_())
-    torch.library.opcheck(torch.ops.rope.rotary.default, (*leaf, positions, theta, True, 8, 1.0, True, True))
+    torch.library.opcheck(torch.ops.rope.rotary.default, (*leaf, positions, theta, True, 8, 1.0, True))
     torch.library.opcheck(torch.ops.rope.rotary_.default, (q.clone(), k.clone(), positions, theta, True, 8, 1.0, True))
 
 
@@ -206,8 +242,8 @@ def test_torch_compile_traces_the_kernel_in_one_graph():
     compiled = torch.compile(scores, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k), scores(q, k), rtol=0, atol=0)
 
-    def loss(q, k):  # the backward, with the gradient rotated in place, traced too
-        q, k = rope.apply_rotary(q, k, positions, theta, backend="triton", grad_in_place=True)
+    def loss(q, k):  # the backward traced too
+        q, k = rope.apply_rotary(q, k, positions, theta, backend="triton")
         return (q * q.detach()).sum() + (k * k.detach()).sum()
 
     leaves = (q.detach().requires_grad_(), k.detach().requires_grad_())
@@ -332,8 +368,7 @@ def _small_mrope(dtype=torch.float32, seed=0):
     return q, k, position_ids, theta, axes
 
 
-@pytest.mark.parametrize("grad_in_place", [False, True])
-def test_mrope_backward_is_the_conjugate_rotation(grad_in_place):
+def test_mrope_backward_is_the_conjugate_rotation():
     from rope.mrope import apply_mrope
 
     q, k, position_ids, theta, axes = _small_mrope(torch.float64, seed=2)
@@ -347,22 +382,21 @@ def test_mrope_backward_is_the_conjugate_rotation(grad_in_place):
     expected = [mrope_reference(g, position_ids, theta, axes, layout="interleaved", attention_factor=1.3,
                                 conjugate=True) for g in (grad_q, grad_k)]
     outs = apply_mrope(q, k, position_ids, theta, axes, layout="interleaved", attention_factor=1.3,
-                       backend="triton", grad_in_place=grad_in_place)
+                       backend="triton")
     got = torch.autograd.grad(outs, (q, k), (grad_q, grad_k))
-    for g, incoming, ref in zip(got, (grad_q, grad_k), expected):
-        assert (g.data_ptr() == incoming.data_ptr()) == grad_in_place
+    for g, ref in zip(got, expected):
         torch.testing.assert_close(g.cpu(), ref, rtol=0, atol=1e-12)
 
 
 def test_mrope_opcheck_and_in_place():
     q, k, position_ids, theta, axes = _small_mrope()
     torch.library.opcheck(torch.ops.rope.rotary.default,
-                          (q, k, position_ids, theta, False, 8, 1.1, False, False, axes))
+                          (q, k, position_ids, theta, False, 8, 1.1, False, axes))
     leaf = (q.clone().requires_grad_(), k.clone().requires_grad_())
-    torch.library.opcheck(torch.ops.rope.rotary.default, (*leaf, position_ids, theta, True, 8, 1.0, True, True, axes))
+    torch.library.opcheck(torch.ops.rope.rotary.default, (*leaf, position_ids, theta, True, 8, 1.0, True, axes))
     torch.library.opcheck(torch.ops.rope.rotary_.default,
                           (q.clone(), k.clone(), position_ids, theta, True, 8, 1.0, True, axes))
-    expected = torch.ops.rope.rotary(q, k, position_ids, theta, True, 8, 0.9, False, False, axes)
+    expected = torch.ops.rope.rotary(q, k, position_ids, theta, True, 8, 0.9, False, axes)
     q_in, k_in = q.clone(), k.clone()
     torch.ops.rope.rotary_(q_in, k_in, position_ids, theta, True, 8, 0.9, False, axes)
     assert torch.equal(q_in, expected[0]) and torch.equal(k_in, expected[1])
@@ -394,7 +428,7 @@ def test_mrope_traces_in_one_graph_and_still_checks_the_axes():
     q, k, position_ids, theta, axes = _small_mrope(seed=4)
 
     def loss(q, k, axes):
-        q, k = apply_mrope(q, k, position_ids, theta, axes, backend="triton", grad_in_place=True)
+        q, k = apply_mrope(q, k, position_ids, theta, axes, backend="triton")
         return (q * q.detach()).sum() + (k * k.detach()).sum()
 
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")

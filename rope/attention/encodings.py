@@ -146,10 +146,24 @@ def t5_relative_bucket(
     last bucket collects every distance from a point below max_distance on (91 for T5's settings).
     The floor is evaluated exactly (by integer comparison), so a distance at which the log
     expression is exactly an integer lands in the upper bucket. transformers and Mesh TensorFlow
-    evaluate it in float32, which can round such a point down (e.g. distance 60 with
-    num_buckets=72, max_distance=100, causal); float64 can too (distance 8 with num_buckets=18,
-    max_distance=128). For T5's settings (32 buckets, max_distance 128, either direction) the exact
-    rule and transformers agree at every distance.
+    evaluate the expression in float32, which can land a distance one bucket below or above
+    where the expression is an integer or within float32 rounding of one. Examples, found by
+    comparing this function with transformers' ``T5Attention._relative_position_bucket`` over
+    every num_buckets <= 160 and max_distance <= 1200 (and checked by the tests):
+
+    * ``relative_position=-18, bidirectional=False, num_buckets=17, max_distance=27``: exact 14,
+      transformers 13 (the expression is 6 exactly; float32 gives 5.9999995);
+    * ``relative_position=-206, bidirectional=False, num_buckets=15, max_distance=636``: exact 12,
+      transformers 13 (the expression is 5.99999948; float32 gives 6);
+    * ``relative_position=18, bidirectional=True, num_buckets=34, max_distance=27``: exact 31,
+      transformers 30 (the first example, in the half of keys after the query).
+
+    An exact tie can also come out right in float32:
+    ``relative_position=-60, bidirectional=False, num_buckets=72, max_distance=100``: exact 54,
+    transformers 54 ((60/36)^2 = 100/36). The formula in float64 errs too, elsewhere:
+    ``relative_position=8, bidirectional=True, num_buckets=18, max_distance=128``: exact 14,
+    float64 13 (transformers' float32 gives 14 there). For T5's settings (32 buckets,
+    max_distance 128, either direction) the exact rule and transformers agree at every distance.
 
     Returns an int64 tensor of the shape of ``relative_position``, values in [0, num_buckets).
     """

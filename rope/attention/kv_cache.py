@@ -91,13 +91,20 @@ class DynamicNTKKeyCache:
     def step(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Append the new keys ``k`` ``[batch, seq, heads_k, head_dim]`` at integer ``positions``
         ``[seq]`` and return the logits of the new queries ``q`` (same tokens) against every
-        cached key, float64 ``[batch, heads_q, seq, cached]``."""
+        cached key, float64 ``[batch, heads_q, seq, cached]``. Everything stays on q's device:
+        the positions (moved there), the frequencies and the cache, which then holds that
+        device's keys."""
         integer_tensor("positions", positions, dim=1)
         if positions.numel() == 0:
             raise ValueError("positions must hold at least one token")
-        positions = positions.to(torch.int64).cpu()
-        theta = self.frequencies(current_length(self.positions, positions))
+        device = q.device if isinstance(q, torch.Tensor) else positions.device  # check_qk names a bad q
+        positions = positions.to(device, torch.int64)
+        cached = self.positions.to(device)
+        theta = self.frequencies(current_length(cached, positions)).to(device)
         check_qk(q, k, positions, positions, theta)
+        if self.keys is not None and self.keys.device != device:
+            raise ValueError(f"q is on {device}, but the cached keys are on {self.keys.device}: a cache serves "
+                             "one device")
         if q.shape[3] != self.head_dim:
             raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[3]}")
         if self.keys is not None and (k.shape[0], k.shape[2]) != (self.keys.shape[0], self.keys.shape[2]):
@@ -107,7 +114,7 @@ class DynamicNTKKeyCache:
         if self.store == "rotated":
             new_keys = _rotate(new_keys, positions, theta, self.layout)
         self.keys = new_keys if self.keys is None else torch.cat([self.keys, new_keys], dim=1)
-        self.positions = torch.cat([self.positions, positions])
+        self.positions = torch.cat([cached, positions])
         if self.store == "unrotated":
             return rotary_scores(q, self.keys, positions, self.positions, theta, layout=self.layout)
         q_rotated = _rotate(q.to(torch.float64), positions, theta, self.layout)

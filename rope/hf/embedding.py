@@ -34,28 +34,50 @@ _SEQ_DEPENDENT = ("dynamic", "longrope")
 
 
 def rope_parameters_from_config(config: Any) -> dict[str, Any]:
-    """The ``rope_parameters`` mapping of a transformers config object, with the top-level keys
-    transformers folds in (``rope_theta``, ``partial_rotary_factor``, ``max_position_embeddings``,
-    and a top-level ``original_max_position_embeddings``, which takes priority as in Phi-3).
-    A mapping nested by layer type (Gemma 3: ``{"full_attention": {...}, "sliding_attention":
-    {...}}``) gets them folded into each layer type's mapping."""
+    """The ``rope_parameters`` mapping of a transformers config object, read as transformers reads
+    it (``standardize_rope_params`` and the frequency functions of ``modeling_rope_utils``):
+
+    * ``rope_theta`` and ``partial_rotary_factor`` of the config fill in where the mapping has none;
+    * ``max_position_embeddings`` is always the config's: transformers reads
+      ``config.max_position_embeddings`` (dynamic NTK's L, yarn's and longrope's implied factor)
+      and ignores such a key inside ``rope_parameters`` (it warns "Unrecognized keys");
+    * ``original_max_position_embeddings``, for ``llama3``, ``yarn`` and ``longrope`` only: in a
+      flat mapping a top-level ``config.original_max_position_embeddings`` takes priority (Phi-3),
+      else the mapping's own, else ``max_position_embeddings``; in a mapping nested by layer type
+      (Gemma 3: ``{"full_attention": {...}, "sliding_attention": {...}}``) each layer type keeps
+      its own, else gets ``max_position_embeddings``: the top-level value is not used there.
+
+    A mapping nested by layer type gets these folded into each layer type's mapping."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if not isinstance(params, Mapping):
         raise TypeError(f"config.rope_parameters must be a mapping, got {type(params).__name__}")
     params = dict(params)
     per_type = layer_type_parameters(params)
     if per_type is not None:
-        return {layer_type: _fold_top_level(config, p) for layer_type, p in per_type.items()}
-    return _fold_top_level(config, params)
+        return {layer_type: _fold_top_level(config, p, nested=True) for layer_type, p in per_type.items()}
+    return _fold_top_level(config, params, nested=False)
 
 
-def _fold_top_level(config: Any, params: dict[str, Any]) -> dict[str, Any]:
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+"""The rope types transformers' ``standardize_rope_params`` gives an ``original_max_position_embeddings``."""
+
+
+def _fold_top_level(config: Any, params: dict[str, Any], *, nested: bool) -> dict[str, Any]:
+    """One (flat, or one layer type's) mapping with the config's top-level keys folded in as
+    transformers folds them (:func:`rope_parameters_from_config`)."""
     params = dict(params)
-    for key in ("rope_theta", "partial_rotary_factor", "max_position_embeddings"):
+    for key in ("rope_theta", "partial_rotary_factor"):
         if params.get(key) is None and getattr(config, key, None) is not None:
             params[key] = getattr(config, key)
-    if getattr(config, "original_max_position_embeddings", None) is not None:
-        params["original_max_position_embeddings"] = config.original_max_position_embeddings
+    length = getattr(config, "max_position_embeddings", None)
+    if length is not None:  # transformers reads config.max_position_embeddings, never the mapping's key
+        params["max_position_embeddings"] = length
+    if params.get("rope_type", params.get("type", "default")) in _ORIGINAL_LENGTH_TYPES:
+        original = getattr(config, "original_max_position_embeddings", None)
+        if not nested and original is not None:
+            params["original_max_position_embeddings"] = original
+        elif params.get("original_max_position_embeddings") is None and length is not None:
+            params["original_max_position_embeddings"] = length
     return params
 
 

@@ -3,6 +3,8 @@ the model's own tables."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +17,7 @@ from .embedding import (
     TABLE_FORMS,
     LayerTypeRotaryEmbedding,
     RotaryEmbedding,
+    _tables,
     head_dim_of,
     layer_type_parameters,
     rope_parameters_from_config,
@@ -22,8 +25,18 @@ from .embedding import (
 )
 
 PROBE_TOLERANCE = 1e-5
-"""How far install's probe lets the old and new tables differ: transformers' float32 angles at
-positions below 8 are off by less than 1e-6; a wrong layout or axis assignment is off by O(1)."""
+"""How far install's probe lets the old and new tables differ, beyond the error of transformers'
+float32 angles: at positions below 8 those are off by less than 1e-6, and at a position m the
+probe allows a further 2^-20 m theta_i (times the attention factor) for the table entries of pair
+i (the float32 product m theta_i and float32 frequencies are within a few ulps); a wrong layout,
+axis assignment or length threshold is off by O(1)."""
+
+LENGTH_DEPENDENT = ("dynamic", "longrope", "yarn", "llama3")
+"""The rope types whose frequencies depend on a length of the config (``max_position_embeddings``,
+``original_max_position_embeddings``): install probes them on both sides of each such length."""
+
+_PROBE_FLOAT32 = 2**-20
+_LONGEST_PROBE = 2**24  # float32 holds every position up to here, so transformers' tables are exact enough
 
 
 def _probe_positions(rows: int, device) -> torch.Tensor:
@@ -32,6 +45,53 @@ def _probe_positions(rows: int, device) -> torch.Tensor:
     gen = torch.Generator().manual_seed(0)
     positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])
     return (positions[:, None] if rows == 3 else positions).to(device)
+
+
+def _length_positions(length: int, rows: int, device) -> torch.Tensor:
+    """A few positions of a sequence of ``length`` tokens, the last one (length - 1) included, so
+    that ``max(position_ids) + 1`` is ``length``: ``[1, n]``, or ``[3, 1, n]`` (each row in another order)."""
+    values = torch.tensor(sorted({0, 1, length // 2, length - 2, length - 1} & set(range(length))))
+    positions = torch.stack([values.roll(row) for row in range(rows)])
+    return (positions[:, None] if rows == 3 else positions).to(device)
+
+
+def _thresholds(config: Any, embedding: RotaryEmbedding) -> set[int]:
+    """Every length of the config a rope type of :data:`LENGTH_DEPENDENT` could switch at: the
+    config's own ``max_position_embeddings`` and ``original_max_position_embeddings`` (top level,
+    in ``rope_parameters``, in each layer type's) and the ones rope read. Both readings are probed,
+    so a length one side reads differently from the other shows."""
+    keys = ("max_position_embeddings", "original_max_position_embeddings")
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    mappings = [params, *params.values()] if isinstance(params, Mapping) else []
+    values = [mapping.get(key) for mapping in mappings if isinstance(mapping, Mapping) for key in keys]
+    values += [getattr(source, key, None) for source in (config, embedding.rope_config) for key in keys]
+    return {value for value in values if isinstance(value, int) and not isinstance(value, bool) and value >= 1}
+
+
+def _probes(config: Any, embedding: RotaryEmbedding, rows: int, device) -> list[torch.Tensor]:
+    """The position ids install calls both modules with, by increasing length: one position (a
+    stateful module such as transformers' dynamic one resets there), the shuffled 0..7, and for a
+    rope type of :data:`LENGTH_DEPENDENT`, sequences of length T - 1, T, T + 1 and 2 T for every
+    threshold T (:func:`_thresholds`), up to 2^24. Increasing, so that transformers' dynamic
+    module, which keeps the largest base it has seen, computes each length's own."""
+    lengths = set()
+    if embedding.rope_config.rope_type in LENGTH_DEPENDENT:
+        for threshold in _thresholds(config, embedding):
+            lengths |= {threshold - 1, threshold, threshold + 1, 2 * threshold}
+    probes = [(1, _length_positions(1, rows, device)), (8, _probe_positions(rows, device))]
+    probes += [(length, _length_positions(length, rows, device)) for length in lengths if 1 < length <= _LONGEST_PROBE]
+    return [positions for _, positions in sorted(probes, key=lambda probe: probe[0])]
+
+
+def _float32_allowance(embedding: RotaryEmbedding, positions: torch.Tensor) -> torch.Tensor:
+    """2^-20 m theta_i times the attention factor, laid out as ``embedding``'s tables (M-RoPE: the
+    largest of the three rows' m): what transformers' float32 angles may be off by beyond
+    :data:`PROBE_TOLERANCE`."""
+    theta, attention = embedding.frequencies(positions)
+    largest = positions.amax(dim=0) if positions.dim() == 3 else positions
+    angles = largest.to(torch.float64)[..., None].abs() * theta.to(largest.device, torch.float64)
+    form = "pairs" if embedding.tables == "complex" else embedding.tables
+    return _tables(angles, angles, attention * _PROBE_FLOAT32, torch.float64, form)[0]
 
 
 def _call(name: str, module: nn.Module, positions, layer_type, device):
@@ -46,31 +106,51 @@ def _call(name: str, module: nn.Module, positions, layer_type, device):
                          "nothing was replaced") from err
 
 
-def _gap(theirs, ours) -> float | None:
-    """The largest difference of two module outputs ((cos, sin) or one complex tensor); ``None``
-    when their structure or shapes differ."""
+def _gap(theirs, ours, allowance: torch.Tensor | None = None) -> float | None:
+    """The largest difference of two module outputs ((cos, sin) or one complex tensor), less
+    ``allowance`` (per entry, broadcast); ``None`` when their structure or shapes differ."""
     theirs, ours = (tuple(out) if isinstance(out, (tuple, list)) else (out,) for out in (theirs, ours))
     if not (len(theirs) == len(ours) and all(
             isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_complex() == b.is_complex()
             for a, b in zip(theirs, ours))):
         return None
-    return max(float((a.to(b.dtype) - b).abs().max()) for a, b in zip(theirs, ours))
+    gaps = [(a.to(b.dtype) - b).abs().to(torch.float64) for a, b in zip(theirs, ours)]
+    if allowance is not None:
+        gaps = [gap - allowance.to(gap.device) for gap in gaps]
+    return max(float(gap.max()) if gap.numel() else 0.0 for gap in gaps)
 
 
-def _table_gap(name: str, old: nn.Module, new: nn.Module, device) -> float | None:
-    """The largest difference between the tables of ``old`` and ``new`` at probe positions, over
-    every layer type; ``None`` where they differ in shape or in what position ids they take. A
-    module that takes M-RoPE's three rows of position ids must be matched by an M-RoPE module,
-    which the three-row probe checks whichever kind ``new`` is. Raises if ``old`` cannot be called."""
+def _probe_copy(name: str, old: nn.Module) -> nn.Module:
+    """A deep copy of ``old`` to call in its place: transformers' rotary modules can change state
+    when called (``dynamic`` keeps the largest base it has seen, and its config is standardized
+    again), and probing must leave the model exactly as it was. A module that cannot be copied
+    is refused rather than called."""
+    try:
+        return copy.deepcopy(old)
+    except Exception as err:  # any failure: the module cannot be probed without the risk of changing it
+        raise ValueError(f"install: {name} ({type(old).__name__}) could not be copied for the probe "
+                         f"({type(err).__name__}: {err}), and calling the model's own module could change its state; "
+                         "nothing was replaced") from err
+
+
+def _table_gap(name: str, old: nn.Module, new: nn.Module, config: Any, device) -> float | None:
+    """The largest difference between the tables of ``old`` and ``new`` at probe positions
+    (:func:`_probes`), over every layer type, beyond transformers' float32 error
+    (:func:`_float32_allowance`); ``None`` where they differ in shape or in what position ids
+    they take. A module that takes M-RoPE's three rows of position ids must be matched by an
+    M-RoPE module, which the three-row probe checks whichever kind ``new`` is. ``old`` itself is
+    never called: a deep copy of it is (:func:`_probe_copy`). Raises if it cannot be called."""
+    old = _probe_copy(name, old)
     cases = list(new.layer_types.items()) if isinstance(new, LayerTypeRotaryEmbedding) else [(None, new)]
     worst = 0.0
     for layer_type, embedding in cases:
         mrope = embedding.mrope_axes is not None
-        positions = _probe_positions(3 if mrope else 1, device)
-        gap = _gap(_call(name, old, positions, layer_type, device), embedding(torch.zeros(1, device=device), positions))
-        if gap is None:
-            return None
-        worst = max(worst, gap)
+        for positions in _probes(config, embedding, 3 if mrope else 1, device):
+            gap = _gap(_call(name, old, positions, layer_type, device),
+                       embedding(torch.zeros(1, device=device), positions), _float32_allowance(embedding, positions))
+            if gap is None:
+                return None
+            worst = max(worst, gap)
         if not mrope and layer_type is None:  # does the old module read three rows of position ids?
             try:
                 theirs = old(torch.zeros(1, dtype=torch.float32, device=device), _probe_positions(3, device))
@@ -152,7 +232,7 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
     for form in TABLE_FORMS:
         for new in _candidates(config, old, form):
             new = new.to(device) if device is not None else new
-            gap = _table_gap(name, old, new, device)
+            gap = _table_gap(name, old, new, config, device)
             if gap is not None and gap <= PROBE_TOLERANCE:
                 return new
             label = form if isinstance(new, LayerTypeRotaryEmbedding) or new.mrope_axes is None else (
@@ -220,10 +300,14 @@ def install(model: nn.Module) -> int:
 
     Every replacement is first checked: the old and new modules must return the same ``(cos,
     sin)`` at a few probe positions (shuffled per axis for M-RoPE, for every layer type if the
-    config has several), to within :data:`PROBE_TOLERANCE`, in one of the :data:`TABLE_FORMS`,
-    which the new module then keeps. A module that reads M-RoPE's three rows of position ids is
-    only matched by an M-RoPE module; where the config names no ``mrope_section`` (the model
-    class has a default), the old module's sections are tried in each assignment style.
+    config has several; for the rope types of :data:`LENGTH_DEPENDENT`, also sequences ending
+    on both sides of each length of the config), to within :data:`PROBE_TOLERANCE` beyond
+    transformers' float32 error, in one of the :data:`TABLE_FORMS`, which the new module then
+    keeps. The probe calls a deep copy of the old module, never the module itself, so that a
+    stateful one (transformers' ``dynamic``) is left exactly as it was. A module that reads
+    M-RoPE's three rows of position ids is only matched by an M-RoPE module; where the config
+    names no ``mrope_section`` (the model class has a default), the old module's sections are
+    tried in each assignment style.
 
     Raises ``ValueError``, leaving the model untouched, where a module no form reproduces (a
     convention rope does not know, instead of running with wrong positions; a model cast to

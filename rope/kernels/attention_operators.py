@@ -40,8 +40,13 @@ def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layou
     ``[batch, q_len, heads_q, v_dim]`` in q's dtype. The float64 reference is
     :func:`rope.attention.blockwise.rotary_attention`.
     """
-    out, _ = fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+    # checked before dispatch, which would turn an int beyond int64 (window=2**64) into a bare
+    # OverflowError; the operator takes the checked values (floats as float, ints within int64)
+    options = check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                              softmax_scale, logn_length, attention_factor)
+    out, _ = fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal, options.window,
+                             options.leaky_scale, None if softmax_scale is None else options.scale,
+                             options.logn_length, options.attention_factor)
     return out
 
 

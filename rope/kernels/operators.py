@@ -3,16 +3,18 @@
 Registered with ``torch.library.custom_op``, a fake (meta) implementation and an autograd
 formula, so that ``torch.compile(fullgraph=True)`` traces through them and ``gradcheck`` /
 ``opcheck`` pass. The backward of y = s R_m x is dx = s R_m^T dy: the same kernel with the sign
-of the sines flipped (``conjugate``), written to a new tensor; the incoming gradient is left
-alone unless ``grad_in_place`` asks for it to be overwritten (one buffer less per tensor, as
-flash-attention's ``inplace`` backward does), which happens only where the two gradients are
-contiguous and separate: an expanded or strided gradient (e.g. from ``sum()``), or one buffer
-passed as both, still gets new tensors.
+of the sines flipped (``conjugate``), written to a new tensor. The incoming gradient is never
+overwritten: autograd may hand one gradient tensor to several consumers (the two inputs of an
+addition receive the same one), so a backward that rotated it in place would corrupt the
+gradient of every other consumer. There is no gradient with respect to ``inv_freq`` (the
+angles are exact integer turns, constants to autograd): a ``inv_freq`` that requires grad is
+refused while autograd records.
 
 Both take an optional last argument ``axes`` for M-RoPE (:mod:`rope.mrope`): pair i then reads
 row ``axes[i]`` of ``[3, ...]`` positions.
 
-``rotary_`` rotates q and k in place (no autograd: use it for inference, e.g. on a KV cache).
+``rotary_`` rotates q and k in place, for inference (e.g. a KV cache): autograd cannot record
+an in-place rotation through a custom operator, so q and k that require grad are refused.
 Importing this module imports Triton; :func:`rope.apply_rotary` does so only when it needs it.
 
 Checks. Users call these operators directly, and the kernel trusts its arguments (a wrong width
@@ -63,6 +65,11 @@ MAX_FREQUENCY = 2.0**16
 """With float32 math (float32 q and k) the kernel reduces the angles exactly only for ``|theta_i|``
 below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles. The
 float64 math of the other dtypes takes any finite float32 theta_i."""
+
+MAX_POSITION = 2**31
+"""With float32 math the kernel's accuracy bound holds for positions ``|m|`` below 2^31
+(:mod:`rope.kernels.triton_rotary`): the error of the fixed-point turns grows with ``|m|``, so
+larger positions are refused. float64 math takes every int64 position."""
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -127,13 +134,20 @@ def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags
                   maximum=triton_rotary.SCALE_RANGE[1])
 
 
-def _check_values(q: torch.Tensor, inv_freq: torch.Tensor, axes: torch.Tensor | None) -> None:
-    """Finite frequencies (below :data:`MAX_FREQUENCY` for float32 q and k, which take float32
-    math) and axes in {0, 1, 2}: eager off CUDA, device assertions on it."""
+def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                  axes: torch.Tensor | None) -> None:
+    """Finite frequencies, axes in {0, 1, 2}, and for float32 q and k (float32 math) frequencies
+    below :data:`MAX_FREQUENCY` and positions below :data:`MAX_POSITION` in magnitude: eager off
+    CUDA, device assertions on it."""
     _checks.finite_frequencies("inv_freq", inv_freq)
     if q.dtype == torch.float32 and inv_freq.numel():
         _checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
                              f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)")
+    if q.dtype == torch.float32 and positions.numel():
+        m = positions.to(torch.int64)  # abs() of int64's minimum overflows, and narrow dtypes wrap 2^31
+        _checks.assert_values("positions", ((m > -MAX_POSITION) & (m < MAX_POSITION)).all(),
+                             f"values in (-2^31, 2^31) for {q.dtype} q and k (the kernel's float32 math; "
+                             "float64 math and the torch path take any int64 position)")
     if axes is not None:
         in_range = ((axes >= 0) & (axes < POSITION_AXES)).all()
         _checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")
@@ -212,8 +226,11 @@ def _share_an_element(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def _check_in_place(q, k, positions, inv_freq, axes) -> None:
     """What rotating q and k in place needs: contiguous last dimensions, no element written twice
-    or by both, nothing written that is read as positions, frequencies or axes."""
+    or by both, nothing written that is read as positions, frequencies or axes, and no tensor
+    that requires grad (autograd cannot record the rotation: the gradient would silently skip it)."""
     for name, x in (("q", q), ("k", k)):
+        _refuse_grad(name, x, "rotary_ rotates in place, which autograd cannot record through this operator; "
+                     "use torch.ops.rope.rotary (differentiable), or pass a detached tensor")
         if x.stride(-1) != 1:
             raise ValueError(f"in-place rotation needs {name} with a contiguous last dimension (stride 1), "
                              f"got strides {tuple(x.stride())}")
@@ -253,19 +270,18 @@ def rotary(
     rotary_dim: int,
     scale: float,
     conjugate: Number,
-    grad_in_place: Number = False,
     axes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors. ``grad_in_place``
-    only changes the backward (see the module docstring); ``axes`` makes it M-RoPE (positions
-    ``[3, ...]``, see :func:`rope.kernels.triton_rotary.launch`). q and k may overlap (they are only read).
+    """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors; ``axes`` makes it
+    M-RoPE (positions ``[3, ...]``, see :func:`rope.kernels.triton_rotary.launch`). q and k may
+    overlap (they are only read).
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
     """
     _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
-                     interleaved=interleaved, conjugate=conjugate, grad_in_place=grad_in_place)
-    _check_values(q, inv_freq, axes)
+                     interleaved=interleaved, conjugate=conjugate)
+    _check_values(q, positions, inv_freq, axes)
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
     _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes)
@@ -273,34 +289,31 @@ def rotary(
 
 
 @rotary.register_fake
-def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad_in_place=False, axes=None):
+def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes=None):
     _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
-                     interleaved=interleaved, conjugate=conjugate, grad_in_place=grad_in_place)
+                     interleaved=interleaved, conjugate=conjugate)
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, grad_in_place, axes = inputs  # defaults in
+    """Runs only while autograd records (some input requires grad): refuses a ``inv_freq`` that
+    requires grad, whose gradient would otherwise be silently missing."""
+    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes = inputs  # defaults filled in
+    _refuse_grad("inv_freq", inv_freq, "the rotation has no gradient with respect to the frequencies "
+                 "(exact integer turns); pass inv_freq.detach() if none is needed")
     ctx.save_for_backward(positions, inv_freq, axes)
     ctx.options = dict(interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=not conjugate)
-    ctx.grad_in_place = grad_in_place
 
 
-def _rotatable_in_place(grad_q: torch.Tensor, grad_k: torch.Tensor) -> bool:
-    """Contiguous (no element written twice) and not sharing storage with each other (one launch
-    rotates both, so a shared buffer would be read after another program wrote it)."""
-    return (grad_q.is_contiguous() and grad_k.is_contiguous()
-            and not torch._C._is_alias_of(grad_q, grad_k))
+def _refuse_grad(name: str, x: torch.Tensor, why: str) -> None:
+    if x.requires_grad:
+        raise ValueError(f"{name} requires grad: {why}")
 
 
 def _backward(ctx, grad_q, grad_k):
     positions, inv_freq, axes = ctx.saved_tensors
-    tensors = dict(q=grad_q, k=grad_k, positions=positions, inv_freq=inv_freq, axes=axes)
-    if ctx.grad_in_place and _rotatable_in_place(grad_q, grad_k):
-        rotary_(**tensors, **ctx.options)
-    else:
-        grad_q, grad_k = rotary(**tensors, **ctx.options, grad_in_place=False)
-    return grad_q, grad_k, None, None, None, None, None, None, None, None
+    grad_q, grad_k = rotary(q=grad_q, k=grad_k, positions=positions, inv_freq=inv_freq, axes=axes, **ctx.options)
+    return grad_q, grad_k, None, None, None, None, None, None, None
 
 
 rotary.register_autograd(_backward, setup_context=_setup_context)
@@ -328,7 +341,7 @@ def rotary_(
     _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
                      interleaved=interleaved, conjugate=conjugate)
     _check_in_place(q, k, positions, inv_freq, axes)
-    _check_values(q, inv_freq, axes)
+    _check_values(q, positions, inv_freq, axes)
     _launch(q, k, q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes)
 
 

@@ -43,8 +43,10 @@ skipped.
 
 Domain (:func:`launch` refuses the rest with ``ValueError``): float16, bfloat16 or float32 q, k
 and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k, Leaky ReRoPE);
-positions, one row for the batch or one per sequence, with ``|m|`` < 2^31, so that every angle is
-reduced exactly and every difference m - n is an int64; every query with a key to attend to.
+positions (any integer dtype), one row for the batch or one per sequence, with ``|m|`` < 2^31, so
+that every angle is reduced exactly and every difference m - n is an int64; every query with a key to
+attend to; log2(e) softmax_scale attention_factor^2 within float32's range; CUDA tensors, or CPU
+tensors in Triton's interpreter.
 
 The backward is :mod:`.triton_attention_backward`; both are differentiable operators in
 :mod:`.attention_operators` (:func:`.attention_operators.fused_rotary_attention`). No GPU ran these
@@ -68,6 +70,7 @@ from .triton_rotary import (
     _interpreted,
     _pair_offsets,
     _widened,
+    check_launch_device,
     cos_sin_of_int32_turns,
     round_to_dtype,
 )
@@ -83,6 +86,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 _LN2 = math.log(2.0)
 _LOG2E = 1 / _LN2
+FLOAT32_MAX = torch.finfo(torch.float32).max
 MAX_POSITION_C = tl.constexpr(MAX_POSITION)  # the jit functions read constexpr globals only
 LN2_C = tl.constexpr(_LN2)
 
@@ -403,7 +407,10 @@ def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bo
         _checks.assert_values("inv_freq", (leaky[0].abs() < MAX_FREQUENCY).all(),
                               "values with |theta| / leaky_scale below 2^16 (Leaky ReRoPE's second pass)")
     for name, positions in dict(q_positions=q_positions, k_positions=k_positions).items():
-        _checks.assert_values(name, (positions.abs() < MAX_POSITION).all(), "values in (-2^31, 2^31)")
+        # two-sided in int64: abs() wraps at the dtype's minimum (-2^63 passes), and 2^31 is no
+        # value of an int32 (or narrower) tensor, whose comparison would wrap it
+        wide = positions.to(torch.int64)
+        _checks.assert_values(name, ((wide > -MAX_POSITION) & (wide < MAX_POSITION)).all(), "values in (-2^31, 2^31)")
     # a key for every query, checked on the device (no host synchronisation on CUDA), row by row
     if q_positions.numel() and not k_positions.shape[-1]:
         raise ValueError("k_positions is empty: the queries have no key to attend to")
@@ -422,7 +429,27 @@ def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, 
     options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                                softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
     check_kernel_dtypes(q, k, v, inv_freq)
+    check_logit_scale(options, softmax_scale is None)
     return options
+
+
+def check_logit_scale(options: _Options, softmax_scale_is_default: bool = False) -> None:
+    """Refuse a softmax_scale s and attention_factor a whose largest logit factor, log2(e) s a^2
+    times the largest log-n factor (positions below 2^31), exceeds float32's range: the kernels
+    hold log2(e) s (times the log-n factors) and a in float32 and scale float32 logits by them, so
+    an infinite factor would give NaN where the float64 reference is finite. Only the options are
+    read; an overflow of ``|q . k| s a^2`` itself (values) is not checked (:func:`launch`)."""
+    logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
+    a = options.attention_factor
+    largest = _LOG2E * options.scale * logn * a * a  # products: inf beyond float64, not OverflowError (a**2)
+    if not (largest <= FLOAT32_MAX and a <= FLOAT32_MAX):  # a itself is a float32 argument of the kernels
+        name = ("softmax_scale" if options.attention_factor == 1.0 else
+                "attention_factor" if softmax_scale_is_default else "softmax_scale * attention_factor^2")
+        times = "" if logn == 1.0 else " times the largest log-n factor"
+        raise ValueError(f"{name} is too large for the kernel's float32 logits: log2(e) softmax_scale "
+                         f"attention_factor^2{times} = {largest:.3g} (and attention_factor) must not exceed "
+                         f"float32's largest number {FLOAT32_MAX:.6g}; got softmax_scale = {options.scale!r}, "
+                         f"attention_factor = {a!r}")
 
 
 @dataclass(frozen=True)
@@ -454,6 +481,7 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
     derive what the kernels take."""
     options = check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                              softmax_scale, logn_length, attention_factor)
+    check_launch_device("q", q)  # q, k, v, the positions and inv_freq share its device (check_metadata)
     leaky = None
     if options.leaky_scale is not None and inv_freq.is_floating_point():
         leaky = leaky_frequencies(inv_freq, options.leaky_scale)
@@ -524,6 +552,15 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     ``rotate=False`` skips the rotations (attention on q and k as given, a window still selecting
     between the frames' identical logits): the same kernel without RoPE, the benchmark's baseline.
 
+    The logits are float32 (module docstring): ``ValueError`` where the factor they are scaled by,
+    log2(e) ``softmax_scale`` a^2 (times the largest log-n factor), or a itself, exceeds float32's
+    range (:func:`check_logit_scale`, from the options alone). The values are not checked: a
+    rotated coordinate a x beyond the range of q's dtype, or a logit ``|q . k| s a^2`` beyond
+    float32's, is infinite and gives NaN where the float64 reference is finite. ``v_dim = 0``
+    gives an empty output and every row's lse. CPU tensors need Triton's interpreter
+    (``TRITON_INTERPRET=1``; ``ValueError`` naming q's device otherwise,
+    :func:`rope.kernels.triton_rotary.check_launch_device`).
+
     Non-finite inputs are not refused (checking them would cost a pass over q, k and v). A NaN
     in q reaches its own row only; one in k reaches the output and lse of the rows that attend
     to that key (a masked key's logit is dropped); one in v reaches the output of those rows and
@@ -537,7 +574,7 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     batch, q_len, heads_q, _ = q.shape
     out = q.new_empty(batch, q_len, heads_q, v.shape[3])
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
-    if out.numel() == 0 or q_len == 0:
+    if lse.numel() == 0:  # no query row (v_dim = 0 still has every row's lse: the masks drop the values)
         return out, lse
     grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
     attention_forward_kernel[grid](

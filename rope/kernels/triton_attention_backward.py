@@ -360,7 +360,9 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
                          num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
                          attention_factor=attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as the fake implementation's (the kernels take the strides; empty_like would keep
+    # a permuted q's layout, which torch.compile's traced graph would not expect)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     if dq.numel() == 0 or q.shape[1] == 0:
         return dq, dk.zero_(), dv.zero_()
     delta = (grad_out.float() * out.float()).sum(dim=-1).transpose(1, 2)  # D, [batch, heads_q, q_len]

@@ -176,7 +176,7 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
         splits = _checks.integer("splits", splits, minimum=1, maximum=max(1, triton.cdiv(k_len, block_n)))
     out = q.new_empty(batch, q_len, heads_q, v.shape[3])
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
-    if out.numel() == 0 or q_len == 0:
+    if lse.numel() == 0:  # no query row (v_dim = 0 still has every row's lse)
         return out, lse
     chunk = triton.cdiv(triton.cdiv(k_len, splits), block_n) * block_n
     splits = triton.cdiv(k_len, chunk)  # no empty chunk

@@ -467,6 +467,15 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def check_launch_device(name: str, x: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless the kernels can run on ``x``'s device: CUDA, or the CPU under
+    Triton's interpreter (``TRITON_INTERPRET=1``; Triton's own error is "0 active drivers"). The
+    one device check of every launcher, rotary and attention, before anything is launched."""
+    if not (x.is_cuda or (x.device.type == "cpu" and _interpreted())):
+        raise ValueError(f"{name} is on {x.device}: the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
+                         "for Triton's CPU interpreter (with CPU tensors)")
+
+
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
                      bf16_by_bits: bool = False) -> dict:
@@ -555,6 +564,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
+    check_launch_device("q", q)
     float64_math = _checks.flag("float64_math", q.dtype != torch.float32 if float64_math is None else float64_math)
     if q.dtype == torch.float64 and not float64_math:
         raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
