@@ -27,6 +27,9 @@ from numbers import Integral, Real
 
 import torch
 
+INT64_MAX = 2**63 - 1
+"""The largest int64 value: the largest position, and the bound of integer options that reach int64."""
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """The dtypes of queries and keys: the floating types rope rotates (one rounding to each)."""
 

@@ -340,8 +340,7 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
     if _use_kernel(q, backend, inv_freq, attention_factor):
         return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
                                 attention_factor=attention_factor, conjugate=conjugate)
-    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
-    if axes is None:
+    if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin
         cos, sin = exact_cos_sin(positions, inv_freq)
     else:
         check_axes(axes, rotary_dim // 2)

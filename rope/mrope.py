@@ -119,8 +119,8 @@ def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
     where float64 does not exist), shape ``position_ids.shape[1:] + (pairs,)``. ``inv_freq``:
     finite float32 or float64 theta_i (:func:`rope._checks.finite_frequencies`)."""
     _check_position_ids(position_ids)
-    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
-    _checks.same_device("position_ids", position_ids, inv_freq=inv_freq)
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES, values=False)  # values:
+    _checks.same_device("position_ids", position_ids, inv_freq=inv_freq)  # by rope.angles.cos_sin
     check_axes(axes, inv_freq.shape[0])
     return exact_cos_sin(per_pair_positions(position_ids, axes), inv_freq, per_pair=True)
 
@@ -168,8 +168,6 @@ def apply_mrope(
                      attention_factor=attention_factor, conjugate=conjugate, backend=backend)
 
 
-_INT64_MAX = 2**63 - 1
-
 
 def _frame_times(frames: int, time_interval: int | float) -> torch.Tensor:
     """trunc(time_interval * f) for frames f = 0 .. frames - 1, int64: an int time_interval exactly,
@@ -177,7 +175,7 @@ def _frame_times(frames: int, time_interval: int | float) -> torch.Tensor:
     float32(f) * float32(time_interval) rounded once and truncated; ``ValueError`` naming
     time_interval where that does not fit int64."""
     if isinstance(time_interval, int):
-        if (frames - 1) * time_interval > _INT64_MAX:
+        if (frames - 1) * time_interval > _checks.INT64_MAX:
             last = (frames - 1) * time_interval
             raise ValueError(f"time_interval {time_interval} puts frame {frames - 1} at {last}, past the largest int64 "
                              "position")
@@ -229,7 +227,7 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) 
         segment = _segment(segment)
         if isinstance(segment, int):
             last = position + segment - 1
-            if last > _INT64_MAX:
+            if last > _checks.INT64_MAX:
                 raise ValueError(f"positions must fit int64: the text run of {segment} tokens from {position} would "
                                  f"reach {last} (start={start}, time_interval={time_interval!r})")
             blocks.append((torch.arange(segment) + position).expand(len(MROPE_AXES), -1))
@@ -237,7 +235,7 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) 
             frames, rows, columns = segment
             times = _frame_times(frames, time_interval)
             last = position + max(int(times[-1]), rows - 1, columns - 1)
-            if last > _INT64_MAX:
+            if last > _checks.INT64_MAX:
                 raise ValueError(f"positions must fit int64: the block {segment} from {position} would reach {last} "
                                  f"(start={start}, time_interval={time_interval!r})")
             t, h, w = torch.meshgrid(times, torch.arange(rows), torch.arange(columns), indexing="ij")

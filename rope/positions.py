@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import flag, integer, integer_tensor, same_device
-
-_INT64_MAX = 2**63 - 1
+from ._checks import INT64_MAX, flag, integer, integer_tensor, same_device
 
 
 def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,11 +42,11 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
         if offsets.numel() != lengths.numel():
             raise ValueError(f"offsets must have one entry per sequence ({lengths.numel()}), got {offsets.numel()}")
         offsets = offsets.to(torch.int64)
-        too_far = (lengths > 0) & (offsets > _INT64_MAX - (lengths - 1))
+        too_far = (lengths > 0) & (offsets > INT64_MAX - (lengths - 1))
         if too_far.any():
             j = int(too_far.nonzero()[0, 0])
             raise ValueError(f"offsets[{j}] = {int(offsets[j])} puts the last of its {int(lengths[j])} tokens past the "
-                             f"largest int64 position ({_INT64_MAX})")
+                             f"largest int64 position ({INT64_MAX})")
         positions = positions + torch.repeat_interleave(offsets, lengths, output_size=total)
     return positions
 

@@ -167,10 +167,6 @@ def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
     _checks.same_device("q", q, v=v)
 
 
-INT64_MAX = 2**63 - 1
-"""The largest integer option (window, logn_length, block_size): the operators take int64 scalars."""
-
-
 def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size,
                    logn_length=None, attention_factor=1.0) -> _Options:
     """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim))."""
@@ -178,7 +174,7 @@ def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale,
     _checks.flag("causal", causal)
     if window is not None:
         # an int64 at most: the operators' Scalar arguments (a larger int is a bare OverflowError in the dispatcher)
-        _checks.integer("window", window, minimum=1, maximum=INT64_MAX)
+        _checks.integer("window", window, minimum=1, maximum=_checks.INT64_MAX)
         window, leaky_scale = _check_window(window, leaky_scale)
     elif leaky_scale is not None:
         raise ValueError(f"leaky_scale = {leaky_scale!r} needs a window (it bends the positions beyond it)")
@@ -186,8 +182,9 @@ def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale,
         scale = 1 / math.sqrt(head_dim)
     else:
         scale = _checks.number("softmax_scale", softmax_scale, positive=True)
-    block_size = _checks.integer("block_size", block_size, minimum=1, maximum=INT64_MAX)
-    logn_length = _checks.optional_integer("logn_length", logn_length, minimum=2, maximum=INT64_MAX)  # ln L > 0
+    block_size = _checks.integer("block_size", block_size, minimum=1, maximum=_checks.INT64_MAX)
+    # ln L > 0; the integer options are at most INT64_MAX: the operators take int64 scalars
+    logn_length = _checks.optional_integer("logn_length", logn_length, minimum=2, maximum=_checks.INT64_MAX)
     attention_factor = _checks.number("attention_factor", attention_factor, positive=True)
     return _Options(layout, causal, window, leaky_scale, scale, block_size, logn_length, attention_factor)
 

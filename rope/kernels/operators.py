@@ -66,11 +66,6 @@ MAX_FREQUENCY = 2.0**16
 below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles. The
 float64 math of the other dtypes takes any finite float32 theta_i."""
 
-MAX_POSITION = 2**31
-"""With float32 math the kernel's accuracy bound holds for positions ``|m|`` below 2^31
-(:mod:`rope.kernels.triton_rotary`): the error of the fixed-point turns grows with ``|m|``, so
-larger positions are refused. float64 math takes every int64 position."""
-
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     """q ``[batch, seq, heads_q, head_dim]`` and k ``[batch, seq, heads_k, head_dim]`` of one
@@ -137,17 +132,17 @@ def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags
 def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                   axes: torch.Tensor | None) -> None:
     """Finite frequencies, axes in {0, 1, 2}, and for float32 q and k (float32 math) frequencies
-    below :data:`MAX_FREQUENCY` and positions below :data:`MAX_POSITION` in magnitude: eager off
-    CUDA, device assertions on it."""
+    below :data:`MAX_FREQUENCY` and positions below
+    :data:`rope.kernels.triton_rotary.MAX_POSITION` in magnitude (float64 math takes every int64
+    position): eager off CUDA, device assertions on it."""
     _checks.finite_frequencies("inv_freq", inv_freq)
     if q.dtype == torch.float32 and inv_freq.numel():
         _checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
                              f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)")
     if q.dtype == torch.float32 and positions.numel():
-        m = positions.to(torch.int64)  # abs() of int64's minimum overflows, and narrow dtypes wrap 2^31
-        _checks.assert_values("positions", ((m > -MAX_POSITION) & (m < MAX_POSITION)).all(),
-                             f"values in (-2^31, 2^31) for {q.dtype} q and k (the kernel's float32 math; "
-                             "float64 math and the torch path take any int64 position)")
+        triton_rotary.check_positions_in_range(
+            "positions", positions, f"values in (-2^31, 2^31) for {q.dtype} q and k (the kernel's float32 math; "
+            "float64 math and the torch path take any int64 position)")
     if axes is not None:
         in_range = ((axes >= 0) & (axes < POSITION_AXES)).all()
         _checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")

@@ -66,20 +66,19 @@ import triton.language as tl
 from .. import _checks
 from ..attention.blockwise import _check_arguments, _Options, check_logn_positions, logn_factors
 from .triton_rotary import (
+    MAX_POSITION,
     _fixed_point_phase,
     _interpreted,
     _pair_offsets,
     _widened,
     check_launch_device,
+    check_positions_in_range,
     cos_sin_of_int32_turns,
     round_to_dtype,
 )
 
 MAX_FREQUENCY = 2.0**16
 """The frequencies (and, for Leaky ReRoPE, frequencies / leaky_scale) the kernel reduces exactly."""
-
-MAX_POSITION = 2**31
-"""Positions must satisfy ``|m|`` < MAX_POSITION (float32 angles within 1.35 2^-24, int64 differences)."""
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 """The dtypes of q, k and v the kernel takes (one for all three)."""
@@ -407,10 +406,7 @@ def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bo
         _checks.assert_values("inv_freq", (leaky[0].abs() < MAX_FREQUENCY).all(),
                               "values with |theta| / leaky_scale below 2^16 (Leaky ReRoPE's second pass)")
     for name, positions in dict(q_positions=q_positions, k_positions=k_positions).items():
-        # two-sided in int64: abs() wraps at the dtype's minimum (-2^63 passes), and 2^31 is no
-        # value of an int32 (or narrower) tensor, whose comparison would wrap it
-        wide = positions.to(torch.int64)
-        _checks.assert_values(name, ((wide > -MAX_POSITION) & (wide < MAX_POSITION)).all(), "values in (-2^31, 2^31)")
+        check_positions_in_range(name, positions)  # |m| < 2^31: float32 angles, int64 differences
     # a key for every query, checked on the device (no host synchronisation on CUDA), row by row
     if q_positions.numel() and not k_positions.shape[-1]:
         raise ValueError("k_positions is empty: the queries have no key to attend to")

@@ -93,6 +93,10 @@ from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
 from ..apply import KERNEL_SCALE_RANGE
 from .exact_turns import by_quadrant, exact_cos_sin
 
+MAX_POSITION = 2**31
+"""float32 math (this kernel's, and the attention kernels') holds its accuracy bound for positions
+``|m|`` below 2^31 (module docstring): the error of the fixed-point turns grows with ``|m|``."""
+
 SCALE_RANGE = KERNEL_SCALE_RANGE
 """The attention factors the kernel takes: float32 math represents s, or s 2^-k, as a normal
 float32 number with room to spare (smaller or larger factors belong to the torch path)."""
@@ -465,6 +469,14 @@ def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, inter
 def _interpreted() -> bool:
     """Whether Triton's CPU interpreter runs the kernel (its bfloat16 conversions are not the GPU's)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_positions_in_range(name: str, positions: torch.Tensor, expected: str = "values in (-2^31, 2^31)") -> None:
+    """Refuse positions outside (-:data:`MAX_POSITION`, :data:`MAX_POSITION`), compared in int64 on
+    both sides (``abs()`` of int64's minimum overflows, and 2^31 wraps in an int32 comparison):
+    through :func:`rope._checks.assert_values`, eager off CUDA."""
+    wide = positions.to(torch.int64)
+    _checks.assert_values(name, ((wide > -MAX_POSITION) & (wide < MAX_POSITION)).all(), expected)
 
 
 def check_launch_device(name: str, x: torch.Tensor) -> None:
