@@ -355,7 +355,9 @@ def test_other_types_default_rope_theta_to_10000(config):
 
 def test_yarn_truncate_none_means_false_as_in_transformers():
     """transformers reads get("truncate", True): a stored None is falsy, no truncation."""
-    base = 10.0 ** (1 + 5 * torch.rand(()).item())
+    # bases from 10^2.5 up: below about 21 the whole correction range lies past the 64 pairs and
+    # truncating it changes nothing
+    base = 10.0 ** (2.5 + 3.5 * torch.rand(()).item())
     config = {**YARN, "rope_theta": base, "original_max_position_embeddings": 4096, "factor": 16.0}
     with no_config_warnings():
         assert rope.parse_config({**config, "truncate": None}).truncate is False
