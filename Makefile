@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test check env lock clean
+.PHONY: book test check env lock clean gpu-check gpu-wheels
 
 env: $(STAMP)
 
@@ -44,6 +44,17 @@ lock: $(STAMP)
 	{ echo "# Every package of the test-and-book environment, pinned (pip freeze of .venv)."; \
 	  echo "# Regenerate with: make lock"; \
 	  $(PY) -m pip freeze --exclude-editable; } > requirements.lock
+
+# Everything that needs a GPU, on the lent GPU machine, at most nine minutes (benchmarks/README.md,
+# "make gpu-check"): that machine's own python3 (torch with CUDA, no network, so no virtual
+# environment); results in $$OUT/gpu-check there, gpu-check-results/ elsewhere.
+gpu-check:
+	python3 benchmarks/gpu_check.py
+
+# The wheels that machine lacks (nbval, ipykernel and their needs, the pinned hypothesis, Liger-Kernel)
+# into .whl/, to carry there; needs a package registry.
+gpu-wheels:
+	bash tools/gpu_wheels.sh
 
 clean:
 	rm -rf _build _mathjax

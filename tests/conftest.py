@@ -1,5 +1,7 @@
 import os
+import sys
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -17,3 +19,24 @@ settings.register_profile("check", parent=settings.get_profile("default"), max_e
 # A long local hunt: HYPOTHESIS_PROFILE=thorough make test
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default"))
+
+
+@pytest.fixture(autouse=True)
+def _end_a_worker_whose_cuda_context_died(request):
+    """After each test that used CUDA, check that the CUDA context still works. A failed device-side
+    assertion kills the process's context, and every later test in it would fail for that reason
+    alone: end the process instead. Under pytest-xdist (``-n``, ``--max-worker-restart``) the
+    worker's death fails this test and a fresh worker takes the rest; without xdist the session
+    stops, naming the test."""
+    yield
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as err:  # torch.AcceleratorError (a RuntimeError): the context is dead
+        message = f"CUDA context dead after {request.node.nodeid}: {str(err).splitlines()[0]}"
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            print(message + "; ending this xdist worker", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(3)
+        pytest.exit(message, returncode=3)
