@@ -1,6 +1,9 @@
 # Entry points (see README): `make book`, `make test` and, while developing, `make check`. Each sets
 # up everything it needs.
 PYTHON ?= python3
+# pytest-xdist workers for `make test` and `make check`: one per core of the 2-core machines they are
+# timed on (JOBS=0: the tests in the pytest process itself, as without xdist; more on a larger machine).
+JOBS   ?= 2
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -24,20 +27,24 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build --all --warningiserror --keep-going .
 
 # The whole suite: unit and property tests, the rendered-book check, nbval on every notebook.
-# One CPU thread per process (the notebooks' kernels inherit it): torch's multithreaded float64
-# cos was seen to return values a few 1e-9 off on rare runs on a loaded 2-core machine, and the
-# suite compares float64 results to 1e-12; every test is small, so threads buy nothing here.
+# One CPU thread per process (the xdist workers and the notebooks' kernels inherit it): torch's
+# multithreaded float64 cos was seen to return values a few 1e-9 off on rare runs on a loaded 2-core
+# machine, and the suite compares float64 results to 1e-12; every test is small, so threads buy
+# nothing here. $(JOBS) worker processes share the tests one by one, except the groups of ./conftest.py
+# (a notebook's cells, a rendered page's checks), each run whole on one worker; the 25 slowest
+# tests are listed at the end.
 test: book
 	bash tools/ensure_chromium.sh
-	OMP_NUM_THREADS=1 $(PY) -m pytest --nbval -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(PY) -m pytest --nbval -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25
 
-# The development loop, a minute or two: ruff, then the unit and property tests without the book
-# (no build, no nbval, no tests/test_book_render.py), the tests marked slow skipped and hypothesis
-# at its `check` profile (HYPOTHESIS_PROFILE=default make check for the full number of examples).
+# The development loop, about 1.5 minutes on 2 idle cores: ruff, then the unit and property tests without
+# the book (no build, no nbval, no tests/test_book_render.py), the tests marked slow skipped (every
+# test file keeps fast tests here) and hypothesis at its `check` profile (HYPOTHESIS_PROFILE=default
+# make check for the full number of examples), in $(JOBS) worker processes as `make test`.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	OMP_NUM_THREADS=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-check} $(PY) -m pytest tests -p no:cacheprovider \
-		-m "not slow" --ignore=tests/test_book_render.py -q
+		-n $(JOBS) --dist loadgroup -m "not slow" --ignore=tests/test_book_render.py -q
 
 # Re-pin every package after changing pyproject.toml's pins.
 lock: $(STAMP)

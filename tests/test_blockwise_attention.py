@@ -370,7 +370,9 @@ def assert_gradients_match(inputs, block_size, rtol=1e-10, **options):
         torch.testing.assert_close(g, e, rtol=rtol, atol=rtol * e.abs().max().item(), msg=lambda m: f"d{name}: {m}")
 
 
-@pytest.mark.parametrize("block_size", [1, 3, 64])
+# Block sizes 1 and 64 (one key per tile, one tile for all) run in `make test`; 3 in `make check` too.
+@pytest.mark.parametrize("block_size", [pytest.param(1, marks=pytest.mark.slow), 3,
+                                        pytest.param(64, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -394,7 +396,11 @@ def test_gradients_with_gqa_partial_rotary_value_width_and_unsorted_positions(me
                                layout="interleaved")
 
 
-@pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
+# The leaky frame (plain, bent and both tiles) in `make check`; all three in `make test`.
+SLOW_METHODS = [pytest.param("rope", marks=pytest.mark.slow), pytest.param("rerope", marks=pytest.mark.slow), "leaky16"]
+
+
+@pytest.mark.parametrize("method", SLOW_METHODS)
 def test_gradcheck(method):
     window, leaky_scale = METHODS[method]
     q, k, v, q_positions, k_positions, theta = case(17, q_len=3, k_len=4, heads_q=2, heads_k=1, head_dim=4, pairs=2)
@@ -455,7 +461,7 @@ def test_return_stats_keeps_the_output_differentiable():
 # --- the operators torch.ops.rope.blockwise_attention and blockwise_attention_backward ----------------------------
 
 
-@pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
+@pytest.mark.parametrize("method", SLOW_METHODS)
 def test_opcheck_the_forward_operator(method):
     window, leaky_scale = METHODS[method]
     q, k, v, q_positions, k_positions, theta = case(20, q_len=5, k_len=6, heads_q=2, heads_k=1, head_dim=4, pairs=2,

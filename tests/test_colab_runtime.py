@@ -77,6 +77,22 @@ def package_files(record: str) -> set[str]:
             and "__pycache__/" not in row[0]}
 
 
+def test_the_clone_and_the_linked_dependencies_leave_out_only_what_they_must():
+    """`make check`'s share of the test below: the fake clone holds the package and the chapter and
+    nothing git ignores; the fresh environment links every entry of .venv's site-packages but this
+    project's (the names an editable install leaves); the RECORD comparison leaves out only metadata
+    and bytecode."""
+    files = checkout_files()
+    assert "rope/__init__.py" in files and CHAPTER.relative_to(ROOT).as_posix() in files
+    assert not [name for name in files if name.startswith((".git/", ".venv/", "_build/")) or "/__pycache__/" in name]
+    assert all(map(is_this_project, [Path("rope"), Path("rope_derived-0.1.0.dist-info"),
+                                     Path("__editable__.rope_derived-0.1.0.pth")]))
+    assert not any(map(is_this_project, [Path("torch"), Path("ropey"), Path("rope_other-1.0.dist-info")]))
+    record = ("rope/__init__.py,sha256=x,1\nrope/__pycache__/__init__.cpython-311.pyc,,\n"
+              "rope_derived-0.1.0.dist-info/RECORD,,\nrope/data/notes.md,sha256=y,2\n")
+    assert package_files(record) == {"rope/__init__.py", "rope/data/notes.md"}
+
+
 @pytest.mark.slow  # 30-60 s: a wheel build, a kernel start, the install, the chapter
 @pytest.mark.skipif(os.name == "nt", reason="a POSIX layout: bin/python, a shell script for git")
 def test_a_chapter_runs_in_a_fresh_colab_runtime_as_nbval_runs_it_here(tmp_path):

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 from packaging.requirements import Requirement
@@ -41,11 +42,13 @@ def test_lock_file_satisfies_pyproject():
             f"lock pins {name}=={pins[name]}, pyproject wants {requirement}")
 
 
+@pytest.mark.slow
 def test_import_rope_needs_neither_triton_nor_transformers():
     code = "import sys, rope; bad = {'triton', 'transformers'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_the_library_runs_without_numpy():
     """The library needs torch alone: the torch path, rope.hf, rope.attention, and rope.kernels as far
     as it can run without a GPU (imported, its float32 constants computed; Triton's CPU interpreter

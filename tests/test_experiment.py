@@ -325,6 +325,7 @@ def test_tiny_preset_results_file_has_every_method_and_finite_numbers(tiny_resul
     assert "O(seq)-memory methods at longer lengths" in path.with_suffix(".md").read_text()
 
 
+@pytest.mark.slow
 def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_results, tmp_path, capsys):
     _, results = tiny_results
     path = tmp_path / "again.json"
@@ -339,6 +340,7 @@ def test_tiny_preset_is_deterministic_and_the_command_line_writes_it(tiny_result
     assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
 
 
+@pytest.mark.slow
 def test_progress_without_tqdm_is_plain_lines_and_the_same_results(tiny_results, tmp_path, monkeypatch, capsys):
     """tqdm is optional (the ``experiment`` extra): without it the command line runs, shows its
     progress as plain lines on stderr, and writes the same numbers."""
@@ -363,6 +365,7 @@ def test_plain_progress_reports_every_tenth_and_the_end(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines() == expected
 
 
+@pytest.mark.slow
 def test_run_seed_changes_training_but_not_the_evaluation_tokens(tiny_results, tmp_path):
     _, results = tiny_results
     main(["--preset", "tiny", "--seed", "1", "--methods", "rope", "--output", str(tmp_path / "s1.json"),
@@ -381,6 +384,7 @@ def _committed_results() -> dict[Path, tuple[bytes, int]]:
     return {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in files}
 
 
+@pytest.mark.slow
 def test_the_default_run_writes_its_own_folder_not_the_committed_results(tiny_results, tmp_path, monkeypatch):
     _, results = tiny_results
     before = _committed_results()
@@ -406,6 +410,7 @@ def test_the_committed_results_are_refused_before_the_run_without_overwrite(seed
     assert _committed_results() == before
 
 
+@pytest.mark.slow
 def test_existing_results_are_refused_then_replaced_with_overwrite(tiny_results, tmp_path, monkeypatch, capsys):
     _, results = tiny_results
     out = tmp_path / "results"
@@ -427,6 +432,7 @@ def test_existing_results_are_refused_then_replaced_with_overwrite(tiny_results,
     assert "preset `tiny`" in table.read_text()
 
 
+@pytest.mark.slow
 def test_gpu_preset_sizes_run_end_to_end():
     """The gpu preset's model, task and lengths (L = 256, 4 layers of width 256), with a few steps
     and a short evaluation so that it fits in the CPU suite: shapes and configs are consistent."""

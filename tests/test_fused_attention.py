@@ -141,6 +141,7 @@ def test_interleaved_layout(method, dtype):
     check(case(2, dtype=dtype), layout="interleaved", window=window, leaky_scale=leaky_scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads_q, heads_k", [(4, 2), (4, 1), (3, 3)])
 @pytest.mark.parametrize("method", ["rope", "leaky16"])
 def test_gqa_mqa_partial_rotary_and_value_width(heads_q, heads_k, method):
@@ -159,6 +160,7 @@ def test_head_dims_64_and_128(head_dim, method):
     check(inputs, window=window, leaky_scale=leaky_scale)
 
 
+@pytest.mark.slow
 def test_query_head_h_reads_key_head_h_over_group():
     q, k, v, q_positions, k_positions, theta = case(5, heads_q=6, heads_k=2, dtype=torch.float32, batch=2)
     out, _ = launch(q, k, v, q_positions, k_positions, theta)
@@ -175,6 +177,7 @@ POSITION_CASES = [(positions, method) for positions in POSITIONS for method in (
     (positions, method) for positions in ("unsorted", "reversed", "decode_ahead") for method in ("rerope", "leaky0.5")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("positions, method", POSITION_CASES)
 def test_positions_with_offsets_gaps_and_other_lengths(positions, method):
     window, leaky_scale = METHODS[method]
@@ -215,6 +218,7 @@ def test_every_tile_kind_occurs_and_matches():
         check(inputs, window=20, leaky_scale=leaky_scale, block_m=32, block_n=16)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not triton_attention._interpreted(), reason="counts the calls the interpreter makes")
 @pytest.mark.parametrize("leaky_scale", [None, 16.0])
 def test_each_tile_forms_its_logits_once_per_frame_it_takes(leaky_scale, monkeypatch):
@@ -280,6 +284,7 @@ def test_empty_queries_and_empty_batch():
     assert out.shape == (0, 20, 4, 32) and lse.shape == (0, 4, 20)
 
 
+@pytest.mark.slow
 def test_launch_sizes_do_not_change_the_result_beyond_rounding():
     inputs = case(14, q_len=50, k_len=50, dtype=torch.bfloat16)
     for block_m, block_n in ((16, 32), (32, 16), (64, 64)):
@@ -551,6 +556,7 @@ def test_gradients_match_float64_autograd(dtype, method):
     assert_gradients_match(inputs, causal=causal, window=window, leaky_scale=leaky_scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_gradients_with_gqa_partial_rotary_value_width_and_unsorted_positions(method):
     window, leaky_scale = METHODS[method]
@@ -657,6 +663,7 @@ def test_the_backward_refuses_bad_saved_tensors(changes, error, message):
         launch_backward(q, k, v, q_positions, k_positions, theta, **saved)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_without_rotation_it_is_attention_on_q_and_k_as_given(dtype):
     """rotate=False (the benchmark's baseline): the logits of unrotated q and k, i.e. theta = 0,
@@ -704,6 +711,7 @@ DECODE_CONFIGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", DECODE_CONFIGS)
 def test_decoding_from_an_unrotated_cache_follows_the_frequencies_of_each_step(name):
     """The kernel rotates keys on load, so a cache of unrotated keys decodes with each step's own
@@ -736,6 +744,7 @@ def test_decoding_from_an_unrotated_cache_follows_the_frequencies_of_each_step(n
     assert stale_gap > 100 * tolerance(q, k, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, method", [(torch.float32, "rope"), (torch.bfloat16, "leaky16"),
                                            (torch.float16, "rerope")])
 def test_log_n_scaling_forward_and_backward(dtype, method):
@@ -751,6 +760,7 @@ def test_log_n_scaling_forward_and_backward(dtype, method):
     assert (scaled.double() - plain.double()).abs().max() > 10 * tolerance(*inputs[:3])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, method", [(torch.float32, "rope"), (torch.bfloat16, "rerope"),
                                            (torch.float16, "leaky16")])
 def test_the_attention_factor_scales_the_rotated_coordinates(dtype, method):
@@ -765,6 +775,7 @@ def test_the_attention_factor_scales_the_rotated_coordinates(dtype, method):
     assert (scaled.double() - plain.double()).abs().max() > 10 * tolerance(*inputs[:3])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shapes", ["both", "queries", "keys"])
 @pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
 def test_positions_per_batch_row(shapes, method):
@@ -823,6 +834,7 @@ def _decode_inputs(seed, q_len, heads_q, heads_k, dtype, positions, k_len=75, **
                 q_positions=q_positions, k_positions=k_positions, **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q_len, heads_q, heads_k, method, dtype, positions", DECODE_CASES)
 def test_decoding_kernel_matches_the_reference_for_every_split(q_len, heads_q, heads_k, method, dtype, positions):
     """Every split count from one to one chunk per key block: within the prefill kernel's tolerance
@@ -838,6 +850,7 @@ def test_decoding_kernel_matches_the_reference_for_every_split(q_len, heads_q, h
     assert torch.equal(one, prefill) and torch.equal(one_lse, prefill_lse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["rope", "leaky16"])
 def test_decoding_kernel_with_every_option(method):
     """Per-sequence positions, interleaved pairs (shared positions: the reference's interleaved
@@ -862,6 +875,7 @@ def test_decoding_kernel_with_every_option(method):
         assert (decoded.double() - prefilled.double()).abs().max() <= tolerance(q, k, v, factor=factor)
 
 
+@pytest.mark.slow
 def test_the_operators_decode_with_the_decoding_kernel(monkeypatch):
     """fused_rotary_attention takes the decoding kernel for at most DECODE_ROWS rows per key head,
     the prefill kernel above; gradients through it match float64 autograd."""
@@ -876,6 +890,7 @@ def test_the_operators_decode_with_the_decoding_kernel(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, method", [(torch.bfloat16, "rerope"), (torch.float16, "leaky16"),
                                            (torch.float32, "leaky0.5")])
 def test_gradients_through_the_decoding_kernel_match_float64_autograd(dtype, method):

@@ -50,6 +50,7 @@ def test_the_committed_files_are_where_the_loaders_look():
         experiment.committed_results("extrapolation_results_gpu.json")
 
 
+@pytest.mark.slow
 def test_the_wheel_ships_the_committed_results_and_they_load_from_it(tmp_path):
     # built from a copy of what the wheel is made of, so that setuptools' build/ stays out of the checkout
     source = tmp_path / "source"

@@ -295,6 +295,7 @@ def test_decode_batches_one_token_per_sequence(shared_positions, block_s):
     assert torch.equal(q_in, q_out) and torch.equal(k_in, k_out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_s, block_h, group", [(2, 2, 3), (1, 2, 2), (4, 4, 1), (1, 4, 1)])
 def test_every_launch_shape_gives_the_same_result(block_s, block_h, group):
     """The results do not depend on (BLOCK_S, BLOCK_H, GROUP): the interpreter's defaults (all
@@ -333,6 +334,7 @@ def mrope_problems(draw):
     return q, k, position_ids, theta, axes
 
 
+@pytest.mark.slow
 @settings(max_examples=settings.default.max_examples // 2)  # half the profile's: the kernel is interpreted
 @given(mrope_problems(), layouts, st.sampled_from([1.0, 0.875]), st.booleans())
 def test_mrope_kernel_matches_float64_reference(problem, layout, attention_factor, conjugate):
@@ -368,6 +370,7 @@ def _small_mrope(dtype=torch.float32, seed=0):
     return q, k, position_ids, theta, axes
 
 
+@pytest.mark.slow
 def test_mrope_backward_is_the_conjugate_rotation():
     from rope.mrope import apply_mrope
 
@@ -388,6 +391,7 @@ def test_mrope_backward_is_the_conjugate_rotation():
         torch.testing.assert_close(g.cpu(), ref, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_mrope_opcheck_and_in_place():
     q, k, position_ids, theta, axes = _small_mrope()
     torch.library.opcheck(torch.ops.rope.rotary.default,
