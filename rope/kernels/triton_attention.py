@@ -74,6 +74,7 @@ from .triton_rotary import (
     check_launch_device,
     check_positions_in_range,
     cos_sin_of_int32_turns,
+    launch_device,
     round_to_dtype,
 )
 
@@ -573,16 +574,17 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     if lse.numel() == 0:  # no query row (v_dim = 0 still has every row's lse: the masks drop the values)
         return out, lse
     grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
-    attention_forward_kernel[grid](
-        q, k, v,
-        out, lse,
-        run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        *run.batch_strides,
-        *run.runtime_scalars(q, k), run.options.attention_factor,
-        **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
-    )
+    with launch_device(q):
+        attention_forward_kernel[grid](
+            q, k, v,
+            out, lse,
+            run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *out.stride()[:3],
+            *run.batch_strides,
+            *run.runtime_scalars(q, k), run.options.attention_factor,
+            **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
+        )
     return out, lse

@@ -49,7 +49,7 @@ from .triton_attention import (
     _token_block,
     prepare_launch,
 )
-from .triton_rotary import cos_sin_of_int32_turns, round_to_dtype
+from .triton_rotary import cos_sin_of_int32_turns, launch_device, round_to_dtype
 
 LOG2E_C = tl.constexpr(1.4426950408889634)
 
@@ -375,12 +375,13 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     scalars = (*run.runtime_scalars(q, k), run.options.scale, run.options.attention_factor)
     launch_options = dict(**run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False)
-    grid = (triton.cdiv(k.shape[1], run.sizes["BLOCK_N"]), batch * k.shape[2])
-    attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
-                                *dv.stride()[:3], *run.batch_strides, *scalars, **launch_options)
-    grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
-    attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
-                              *run.batch_strides, *scalars, **launch_options)
+    with launch_device(q):
+        grid = (triton.cdiv(k.shape[1], run.sizes["BLOCK_N"]), batch * k.shape[2])
+        attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
+                                    *dv.stride()[:3], *run.batch_strides, *scalars, **launch_options)
+        grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
+        attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
+                                  *run.batch_strides, *scalars, **launch_options)
     return dq, dk, dv
 
 

@@ -79,6 +79,7 @@ rounding for speed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -488,6 +489,14 @@ def check_launch_device(name: str, x: torch.Tensor) -> None:
                          "for Triton's CPU interpreter (with CPU tensors)")
 
 
+def launch_device(x: torch.Tensor):
+    """The context every launcher enters around its launches: ``x``'s CUDA device made current.
+    Triton launches on the current device, not on its tensors' (a kernel given tensors on cuda:1
+    while cuda:0 is current would run on cuda:0 and read cuda:1's addresses there); torch's own
+    operators switch devices the same way. A no-op for CPU tensors (Triton's interpreter)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
                      bf16_by_bits: bool = False) -> dict:
@@ -600,8 +609,10 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not _interpreted():
-        tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
+        with launch_device(q):
+            tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
         return
     default = _launch_sizes(batch, seq_len, heads_q, heads_k, interpreted=_interpreted())
     sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
-    rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)
+    with launch_device(q):
+        rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)
