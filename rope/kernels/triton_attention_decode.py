@@ -45,9 +45,10 @@ DECODE_ROWS = 16
 """The most query rows (q_len x the GQA group) :func:`prefers_decode` sends to this kernel: one
 tile of rows, the smallest ``tl.dot`` takes."""
 
-DECODE_LAUNCH = (64, 4)
+DECODE_LAUNCH = (64, 8)
 """(BLOCK_N, num_warps) on a GPU unless given: longer key blocks than the prefill kernel's for
-16-row tiles (untimed: no GPU ran it)."""
+16-row tiles, over 8 warps, which compile without register spills for sm_80 and sm_90
+(``rope.kernels.targets --spills``; 4 warps spilled up to 376 bytes per thread; untimed: no GPU ran it)."""
 
 
 @triton.jit
