@@ -944,19 +944,20 @@ def test_the_decoding_kernel_names_bad_arguments(changes, error, message):
 
 
 def test_each_backward_kernel_takes_its_own_gpu_sizes_unless_given(monkeypatch):
-    """On a GPU the dk/dv and dq kernels launch with DKDV_LAUNCH and DQ_LAUNCH (tiles that do not
+    """On a GPU the dk/dv and dq kernels launch with DKDV_LAUNCH and DQ_LAUNCH (sizes that do not
     spill registers), except for the sizes the caller gives; in the interpreter both take the
     forward's (prepare_launch's)."""
     from types import SimpleNamespace
 
-    run = SimpleNamespace(sizes=dict(BLOCK_M=64, BLOCK_N=32), launch_options=dict(num_warps=2, num_stages=3))
+    run = SimpleNamespace(sizes=dict(BLOCK_M=64, BLOCK_N=32), launch_options=dict(num_warps=2))
+    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
     monkeypatch.setattr(triton_attention_backward, "_interpreted", lambda: False)
-    dkdv, dq = triton_attention_backward.DKDV_LAUNCH, triton_attention_backward.DQ_LAUNCH
-    for default in (dkdv, dq):
-        chosen = triton_attention_backward._kernel_launch(run, default, None, None, None)
-        assert chosen == dict(BLOCK_M=default[0], BLOCK_N=default[1], num_warps=default[2], num_stages=3)
-        chosen = triton_attention_backward._kernel_launch(run, default, 64, None, 2)  # run holds the given sizes
-        assert chosen == dict(BLOCK_M=64, BLOCK_N=default[1], num_warps=2, num_stages=3)
+    for default in (triton_attention_backward.DKDV_LAUNCH, triton_attention_backward.DQ_LAUNCH):
+        chosen = triton_attention_backward._kernel_launch(run, default, None, None, None, None)
+        assert chosen == dict(zip(names, default))
+        chosen = triton_attention_backward._kernel_launch(run, default, 64, None, 2, None)  # run holds the given
+        assert chosen == dict(zip(names, (64, default[1], 2, default[3])))
     monkeypatch.setattr(triton_attention_backward, "_interpreted", lambda: True)
-    assert triton_attention_backward._kernel_launch(run, dkdv, None, None, None) == dict(
-        BLOCK_M=64, BLOCK_N=32, num_warps=2, num_stages=3)
+    default = triton_attention_backward.DKDV_LAUNCH
+    assert triton_attention_backward._kernel_launch(run, default, None, None, None, None) == dict(
+        BLOCK_M=64, BLOCK_N=32, num_warps=2)

@@ -100,12 +100,13 @@ def _attention_type(name: str, dtype: str) -> str:
 
 def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, interleaved: bool, head_dim: int,
                               tail: int, kernel: str = "forward", logn: bool = False,
-                              sizes: tuple[int, int, int] | None = None):
+                              sizes: tuple[int, ...] | None = None):
     """One of the attention kernels (``kernel``: "forward", :mod:`.triton_attention`; "dkdv" or "dq",
     :mod:`.triton_attention_backward`; "decode", :mod:`.triton_attention_decode`) for q/k/v of
     Triton type ``dtype``, ``mode`` (PLAIN, RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail``
-    unrotated coordinates, launch ``sizes`` = (BLOCK_M, BLOCK_N, num_warps) (by default the
-    launchers' on a GPU), with log-n scaling (``logn``) or not, compiled as the launchers compile it."""
+    unrotated coordinates, launch ``sizes`` = (BLOCK_M, BLOCK_N, num_warps[, num_stages]) (by
+    default the launchers' on a GPU), with log-n scaling (``logn``) or not, compiled as the
+    launchers compile it."""
     import torch
 
     function = {"forward": triton_attention.attention_forward_kernel,
@@ -116,7 +117,7 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
         sizes = {"forward": triton_attention.GPU_LAUNCH, "dkdv": triton_attention_backward.DKDV_LAUNCH,
                  "dq": triton_attention_backward.DQ_LAUNCH,
                  "decode": (triton_attention_decode.DECODE_ROWS, *triton_attention_decode.DECODE_LAUNCH)}[kernel]
-    block_m, block_n, warps = sizes
+    block_m, block_n, warps, *stages = sizes
     constants = triton_attention.kernel_constants(head_dim, head_dim - tail, head_dim, interleaved=interleaved,
                                                   causal=causal, mode=mode, logn=logn,
                                                   dtype=getattr(torch, _TORCH_DTYPES[dtype]))
@@ -130,7 +131,7 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned},
     )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": warps, "enable_fp_fusion": False})
+                          options=dict(num_warps=warps, enable_fp_fusion=False, **dict(zip(["num_stages"], stages))))
 
 
 ATTENTION_VARIANTS = [

@@ -90,10 +90,12 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 MAX_POSITION_C = tl.constexpr(MAX_POSITION)  # the jit functions read constexpr globals only
 LN2_C = tl.constexpr(_LN2)
 
-GPU_LAUNCH = (64, 16, 8)
+GPU_LAUNCH = (32, 16, 4)
 """(BLOCK_M, BLOCK_N, num_warps) on a GPU unless given: tiles that compile without register spills
-for sm_80 and sm_90 in every variant of ``rope.kernels.targets`` (``--spills``; 64 x 32 spilled
-up to 18 KB per thread on sm_80, 48 bytes on sm_90; untimed: no GPU ran it)."""
+for sm_80 and sm_90 in every variant of ``rope.kernels.targets``, with Triton 3.6 and 3.9
+(``--spills``; 64 x 32 x 8 spilled up to 18 KB per thread on sm_80, 64 x 16 x 8 12 bytes with
+Triton 3.6; untimed: no GPU ran it)."""
+
 
 PLAIN, RE_ROPE, LEAKY = 0, 1, 2
 """The kernel's MODE: RoPE only, ReRoPE, Leaky ReRoPE."""

@@ -345,26 +345,28 @@ def attention_dq_kernel(
                 TAIL_PAD, INTERLEAVED, BF16_BY_BITS)
 
 
-DKDV_LAUNCH = (16, 16, 8)
-"""(BLOCK_M, BLOCK_N, num_warps) of the dk/dv kernel on a GPU unless given. Each program holds more
-than the forward's (a key block, its rotations in both frames and their gradients); these tiles
-compile without register spills for sm_80 and sm_90 in every variant of ``rope.kernels.targets``
-(``--spills``; the forward's former 64 x 32 x 8 spilled up to 6 KB per thread, 16 x 32 x 8 still
-416 bytes; untimed: no GPU ran it)."""
+DKDV_LAUNCH = (16, 16, 8, 1)
+"""(BLOCK_M, BLOCK_N, num_warps, num_stages) of the dk/dv kernel on a GPU unless given. Each
+program holds more than the forward's (a key block, its rotations in both frames and their
+gradients), and the software pipelining of the query loop (num_stages above 1) holds the next
+blocks' loads besides: these sizes compile without register spills for sm_80 and sm_90 in every
+variant of ``rope.kernels.targets``, with Triton 3.6 and 3.9 (``--spills``; the forward's former
+64 x 32 x 8 spilled up to 6 KB per thread, 16 x 16 x 8 in 3 stages up to 208 bytes with Triton
+3.6; untimed: no GPU ran it)."""
 
-DQ_LAUNCH = (16, 32, 4)
-"""(BLOCK_M, BLOCK_N, num_warps) of the dq kernel on a GPU unless given: no register spills for
-sm_80 and sm_90 in every variant of ``rope.kernels.targets`` (64 x 32 x 8 spilled up to 1.4 KB
-per thread; untimed)."""
+DQ_LAUNCH = (16, 32, 4, 3)
+"""(BLOCK_M, BLOCK_N, num_warps, num_stages) of the dq kernel on a GPU unless given: no register
+spills for sm_80 and sm_90 in every variant of ``rope.kernels.targets`` (64 x 32 x 8 spilled up
+to 1.4 KB per thread; untimed)."""
 
 
-def _kernel_launch(run, default, block_m, block_n, num_warps) -> dict:
+def _kernel_launch(run, default, block_m, block_n, num_warps, num_stages) -> dict:
     """The sizes and launch options of one backward kernel: the caller's where given, else
     ``default`` on a GPU (the interpreter's are :func:`.triton_attention.prepare_launch`'s)."""
-    if _interpreted():
-        return dict(**run.sizes, **run.launch_options)
-    given = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
     chosen = dict(**run.sizes, **run.launch_options)
+    if _interpreted():
+        return chosen
+    given = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return chosen | {name: value for name, value in zip(given, default) if given[name] is None}
 
 
@@ -398,8 +400,8 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     scalars = (*run.runtime_scalars(q, k), run.options.scale, run.options.attention_factor)
-    dkdv = _kernel_launch(run, DKDV_LAUNCH, block_m, block_n, num_warps)
-    dq_sizes = _kernel_launch(run, DQ_LAUNCH, block_m, block_n, num_warps)
+    dkdv = _kernel_launch(run, DKDV_LAUNCH, block_m, block_n, num_warps, num_stages)
+    dq_sizes = _kernel_launch(run, DQ_LAUNCH, block_m, block_n, num_warps, num_stages)
     with launch_device(q):
         grid = (triton.cdiv(k.shape[1], dkdv["BLOCK_N"]), batch * k.shape[2])
         attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
