@@ -43,7 +43,7 @@ def test_kernel_compiles_for_the_target(arch):
     assert len(lines) == 37 + 9 and all(line.startswith(f"ok sm_{arch} ") for line in lines)
 
 
-@pytest.mark.slow  # a compiler process each: about 10 s
+@pytest.mark.slow  # a compiler process each: about 3 s
 @pytest.mark.parametrize("arch", [75, 90])
 def test_machine_code_counts_the_vector_loads_of_q_and_k(arch):
     """The q/k loads of the smallest launch (1 token x 16 heads of 128 coordinates, 2 warps: two
@@ -53,7 +53,7 @@ def test_machine_code_counts_the_vector_loads_of_q_and_k(arch):
     assert code["vector_loads"] == 4 and 0 <= code["loads_before_angle"] <= 4
 
 
-@pytest.mark.slow  # about 2 minutes per target (34 variants compiled, each afresh)
+@pytest.mark.slow  # 25 s per target on an idle core (33 variants compiled afresh)
 @pytest.mark.parametrize("arch", [80, 90])
 def test_no_launch_size_a_gpu_may_run_spills_registers(arch):
     """Every autotuning candidate of the rotary kernel (float64 and float32 math) and the attention
