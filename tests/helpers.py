@@ -2,7 +2,11 @@
 random inputs. (Hypothesis strategies shared by several files are in strategies.py.)"""
 
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -167,3 +171,30 @@ class LargestTensor(TorchDispatchMode):
         sizes = [t.numel() for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
         self.largest = max([self.largest, *sizes])
         return result
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def value_checks_assert_on(device) -> bool:
+    """Whether rope refuses bad tensor *values* on ``device`` by an asynchronous device assertion
+    (CUDA: :func:`rope._checks.assert_values` checks without a host synchronisation) rather than
+    an eager ``ValueError`` (every other device). A test of a value check picks its branch here:
+    ``pytest.raises(ValueError)`` in-process, or :func:`assert_device_assertion` in a subprocess."""
+    return torch.device(device).type == "cuda"
+
+
+def assert_device_assertion(code: str, timeout: float = 600) -> None:
+    """Run ``code`` (Python source; tests/ and the repository are importable, so it may call a
+    test module's helpers) in a fresh process, synchronise the GPU after it, and assert that the
+    process failed with CUDA's device-side assertion and raised no ``ValueError``: the documented
+    refusal of a bad tensor value on CUDA. A fresh process, because a failed device assertion
+    leaves its process's CUDA context unusable: every later CUDA call, of every later test, fails."""
+    script = f"{code}\nimport torch\ntorch.cuda.synchronize()\n"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(TESTS.parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], cwd=TESTS, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, f"no device assertion failed:\n{code}\n{output[-3000:]}"
+    assert "device-side assert" in output and "ValueError" not in output, f"{code}\n{output[-3000:]}"

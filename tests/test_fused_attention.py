@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("triton")
 
 import rope
-from helpers import random_qk
+from helpers import assert_device_assertion, random_qk, value_checks_assert_on
 from rope.attention.blockwise import blockwise_attention, rotary_attention
 from rope.attention.logn import logn_scale
 from rope.attention.rerope import _rotated, bent_frame
@@ -341,15 +341,6 @@ BAD = [
     (dict(v=lambda v: v[:, :-1]), ValueError, "v .* must match k"),
     (dict(q_positions=lambda p: p.double()), TypeError, "q_positions"),
     (dict(k_positions=lambda p: p[:-1]), ValueError, "k_positions"),
-    (dict(q_positions=lambda p: p + 2**31), ValueError, "q_positions must hold values in"),
-    (dict(k_positions=lambda p: p - 2**31 - 20), ValueError, "k_positions must hold values in"),
-    (dict(k_positions=lambda p: torch.cat([p.new_tensor([-2**63]), p[1:]])), ValueError,  # abs(-2^63) = -2^63
-     "k_positions must hold values in"),
-    (dict(k_positions=lambda p: torch.cat([p.new_tensor([-2**31]), p[1:]]).to(torch.int32)), ValueError,
-     "k_positions must hold values in"),
-    (dict(q_positions=lambda p: p - 100), ValueError, "precedes every key"),
-    (dict(q_positions=lambda p: p - 100, k_positions=lambda p: p - 100, logn_length=8), ValueError,
-     "q_positions must hold no negative position"),
     (dict(logn_length=1), ValueError, "logn_length"),
     (dict(q_positions=lambda p: p.expand(2, -1)), ValueError, "q_positions must have shape"),
     (dict(k_positions=lambda p: p[None, None]), ValueError, "k_positions must have shape"),
@@ -362,9 +353,6 @@ BAD = [
     (dict(k=lambda k: k[:, :0], v=lambda v: v[:, :0], k_positions=lambda p: p[:0], causal=False), ValueError,
      "k_positions is empty"),
     (dict(inv_freq=lambda t: t.double()), TypeError, "inv_freq"),
-    (dict(inv_freq=lambda t: t * 2.0**20), ValueError, "inv_freq must hold values below 2"),
-    (dict(inv_freq=lambda t: t * 2.0**13, leaky_scale=0.01), ValueError, "leaky_scale"),
-    (dict(inv_freq=torch.tensor([1.0, math.inf] * 8, device=DEVICE)), ValueError, "inv_freq"),
     (dict(q=lambda q: q.transpose(1, 3).contiguous().transpose(1, 3)), ValueError, "q must have a contiguous last"),
     (dict(layout="gptj"), ValueError, "layout"),
     (dict(causal=1), TypeError, "causal"),
@@ -397,6 +385,37 @@ def test_bad_arguments_are_named(changes, error, message):
     if "block_m" not in changes:  # the decoding kernel checks the same arguments first
         with pytest.raises(error, match=message):
             launch_decode(**_bad(**changes))
+
+
+BAD_VALUES = [
+    # (changes, message): values refused by rope._checks.assert_values (eagerly off CUDA, by a
+    # device assertion on CUDA)
+    (dict(q_positions=lambda p: p + 2**31), "q_positions must hold values in"),
+    (dict(k_positions=lambda p: p - 2**31 - 20), "k_positions must hold values in"),
+    (dict(k_positions=lambda p: torch.cat([p.new_tensor([-2**63]), p[1:]])),  # abs(-2^63) = -2^63
+     "k_positions must hold values in"),
+    (dict(k_positions=lambda p: torch.cat([p.new_tensor([-2**31]), p[1:]]).to(torch.int32)),
+     "k_positions must hold values in"),
+    (dict(q_positions=lambda p: p - 100), "q_positions must hold no position before every key .* precedes"),
+    (dict(q_positions=lambda p: p - 100, k_positions=lambda p: p - 100, logn_length=8),
+     "q_positions must hold no negative position"),
+    (dict(inv_freq=lambda t: t * 2.0**20), "inv_freq must hold values below 2"),
+    (dict(inv_freq=lambda t: t * 2.0**13, leaky_scale=0.01), r"inv_freq must hold values with \|theta\| / leaky_scale"),
+    (dict(inv_freq=torch.tensor([1.0, math.inf] * 8, device=DEVICE)), "inv_freq must hold finite values"),
+]
+
+
+@pytest.mark.parametrize("launcher", ["launch", "launch_decode"])  # the decoding kernel checks the same values
+@pytest.mark.parametrize("index", range(len(BAD_VALUES)), ids=[f"{next(iter(c))}-{m}" for c, m in BAD_VALUES])
+def test_bad_values_are_refused_as_on_their_device(index, launcher):
+    """A ValueError naming the argument off CUDA; on CUDA the documented device assertion (in a
+    fresh process: it leaves the CUDA context unusable)."""
+    changes, message = BAD_VALUES[index]
+    if value_checks_assert_on(DEVICE):
+        assert_device_assertion(f"import test_fused_attention as t; t.{launcher}(**t._bad(**t.BAD_VALUES[{index}][0]))")
+    else:
+        with pytest.raises(ValueError, match=message):
+            {"launch": launch, "launch_decode": launch_decode}[launcher](**_bad(**changes))
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8, torch.int64])
@@ -937,3 +956,23 @@ def test_the_decoding_kernel_names_bad_arguments(changes, error, message):
     with pytest.raises(error, match=message):
         launch_decode(**arguments)
 
+
+
+def test_each_backward_kernel_takes_its_own_gpu_sizes_unless_given(monkeypatch):
+    """On a GPU the dk/dv and dq kernels launch with DKDV_LAUNCH and DQ_LAUNCH (sizes that do not
+    spill registers), except for the sizes the caller gives; in the interpreter both take the
+    forward's (prepare_launch's)."""
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(sizes=dict(BLOCK_M=64, BLOCK_N=32), launch_options=dict(num_warps=2))
+    names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+    monkeypatch.setattr(triton_attention_backward, "_interpreted", lambda: False)
+    for default in (triton_attention_backward.DKDV_LAUNCH, triton_attention_backward.DQ_LAUNCH):
+        chosen = triton_attention_backward._kernel_launch(run, default, None, None, None, None)
+        assert chosen == dict(zip(names, default))
+        chosen = triton_attention_backward._kernel_launch(run, default, 64, None, 2, None)  # run holds the given
+        assert chosen == dict(zip(names, (64, default[1], 2, default[3])))
+    monkeypatch.setattr(triton_attention_backward, "_interpreted", lambda: True)
+    default = triton_attention_backward.DKDV_LAUNCH
+    assert triton_attention_backward._kernel_launch(run, default, None, None, None, None) == dict(
+        BLOCK_M=64, BLOCK_N=32, num_warps=2)

@@ -16,7 +16,15 @@ import triton.language as tl
 
 import rope
 import rope.kernels.operators  # registers torch.ops.rope.rotary and torch.ops.rope.rotary_
-from helpers import FLOAT_DTYPES, exact_cos_sin, exact_rotation, rotate_float64, ulp
+from helpers import (
+    FLOAT_DTYPES,
+    assert_device_assertion,
+    exact_cos_sin,
+    exact_rotation,
+    rotate_float64,
+    ulp,
+    value_checks_assert_on,
+)
 from rope.kernels.triton_rotary import cos_sin_of_int32_turns
 from strategies import layouts
 
@@ -192,22 +200,35 @@ def test_no_gradient_is_silently_missing():
         assert all(torch.equal(t.detach(), b) for t, b in zip(tensors, before))  # nothing was rotated
 
 
+_EDGE = [2**31 - 1, -(2**31) + 1, 0, 7, 2**30]  # float32 math's largest positions on either side
+
+
+def _rotate_float32_at(dtype_name: str, position: int):
+    """float32 q and k rotated at the positions _EDGE with ``position`` at index 3 (of int32 or int64)."""
+    q, k, _, theta = _small(torch.float32, seed=6)
+    positions = torch.tensor(_EDGE, dtype=getattr(torch, dtype_name), device=DEVICE)
+    positions[3] = position
+    return rope.apply_rotary(q, k, positions, theta, backend="triton")
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_float32_math_takes_positions_below_two_to_the_31(dtype):
     """float32 q and k (float32 math) hold the accuracy bound for |m| < 2^31 only: the largest
-    positions on either side are rotated within it, the next ones refused by name; float64 math
-    takes any int64 position."""
+    positions on either side are rotated within it, the next ones refused by name (a ValueError,
+    on CUDA a device assertion); float64 math takes any int64 position."""
     q, k, _, theta = _small(torch.float32, seed=6)
-    edge = torch.tensor([2**31 - 1, -(2**31) + 1, 0, 7, 2**30], dtype=dtype, device=DEVICE)
-    q_out, k_out = rope.apply_rotary(q, k, edge, theta, backend="triton")
+    edge = torch.tensor(_EDGE, dtype=dtype, device=DEVICE)
+    q_out, k_out = _rotate_float32_at(str(dtype).removeprefix("torch."), _EDGE[3])
     for x, out in ((q, q_out), (k, k_out)):
         assert_close_to(out, exact_rotation(x, edge, theta, layout="half"), x)
     for outside in (2**31, -(2**31), -(2**63), 2**62):
         if torch.iinfo(dtype).min <= outside <= torch.iinfo(dtype).max:
-            bad = edge.clone()
-            bad[3] = outside
-            with pytest.raises(ValueError, match=r"positions must hold values in \(-2\^31, 2\^31\)"):
-                rope.apply_rotary(q, k, bad, theta, backend="triton")
+            arguments = f"{str(dtype).removeprefix('torch.')!r}, {outside}"
+            if value_checks_assert_on(DEVICE):
+                assert_device_assertion(f"import test_triton_rotary as t; t._rotate_float32_at({arguments})")
+            else:
+                with pytest.raises(ValueError, match=r"positions must hold values in \(-2\^31, 2\^31\)"):
+                    _rotate_float32_at(str(dtype).removeprefix("torch."), outside)
     far = torch.tensor([2**62, -(2**63), 2**40 + 3, 5, -7], device=DEVICE)
     q64, k64 = q.double(), k.double()
     q_out, _ = rope.apply_rotary(q64, k64, far, theta, backend="triton")
@@ -423,24 +444,38 @@ def test_mrope_decode_batches_one_token_per_sequence(shared_positions):
         assert torch.equal(out[..., 8:], x[..., 8:])
 
 
-def test_mrope_traces_in_one_graph_and_still_checks_the_axes():
-    """torch.compile(fullgraph=True) through apply_mrope, forward and backward; the axis values,
-    which a graph cannot branch on, are checked by the operator when the graph runs it (eagerly
-    off CUDA, by an asynchronous device assertion on CUDA)."""
+def _mrope_loss(position_ids, theta):
+    """The loss of test_mrope_traces_in_one_graph_and_still_checks_the_axes: q and k rotated by
+    apply_mrope at ``position_ids`` with the axes given, summed against themselves."""
     from rope.mrope import apply_mrope
-
-    q, k, position_ids, theta, axes = _small_mrope(seed=4)
 
     def loss(q, k, axes):
         q, k = apply_mrope(q, k, position_ids, theta, axes, backend="triton")
         return (q * q.detach()).sum() + (k * k.detach()).sum()
+    return loss
 
+
+def _compiled_mrope_loss_with_axis_3():
+    """The compiled loss run with an axis out of range (refused when the graph runs the operator)."""
+    q, k, position_ids, theta, _ = _small_mrope(seed=4)
+    compiled = torch.compile(_mrope_loss(position_ids, theta), fullgraph=True, backend="aot_eager")
+    return compiled(q, k, torch.tensor([0, 1, 3, 1]).to(DEVICE))
+
+
+def test_mrope_traces_in_one_graph_and_still_checks_the_axes():
+    """torch.compile(fullgraph=True) through apply_mrope, forward and backward; the axis values,
+    which a graph cannot branch on, are checked by the operator when the graph runs it (eagerly
+    off CUDA, by an asynchronous device assertion on CUDA)."""
+    q, k, position_ids, theta, axes = _small_mrope(seed=4)
+    loss = _mrope_loss(position_ids, theta)
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
     leaves = (q.detach().requires_grad_(), k.detach().requires_grad_())
     expected = torch.autograd.grad(loss(*leaves, axes), leaves)
     got = torch.autograd.grad(compiled(*leaves, axes), leaves)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
-    if DEVICE == "cpu":  # on CUDA the failed device assertion would poison the context of later tests
+    if value_checks_assert_on(DEVICE):
+        assert_device_assertion("import test_triton_rotary as t; t._compiled_mrope_loss_with_axis_3()")
+    else:
         with pytest.raises(ValueError, match=r"axes must hold values in \{0, 1, 2\}"):
-            compiled(q, k, torch.tensor([0, 1, 3, 1]).to(DEVICE))
+            _compiled_mrope_loss_with_axis_3()

@@ -4,9 +4,10 @@
 * :mod:`.precision` — the usual float32 recipe, bf16 tables and position-digit tables;
 * :mod:`.scaling` — what frequency scaling does to each pair: NTK bases, YaRN ramps, temperatures;
 * :mod:`.extrapolation` — unseen angles and the interpolation bounds of length extension;
-* :mod:`.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B.
+* :mod:`.general` — the general rotations exp(nB) and O^n, and block-diagonalizing B;
+* :mod:`.notebook` — chapters whose cells need Triton or transformers skip them without it.
 """
 
-from . import decay, extrapolation, general, precision, scaling
+from . import decay, extrapolation, general, notebook, precision, scaling
 
-__all__ = ["decay", "extrapolation", "general", "precision", "scaling"]
+__all__ = ["decay", "extrapolation", "general", "notebook", "precision", "scaling"]

@@ -15,14 +15,23 @@ Not imported by ``import rope`` (it imports Triton).
 
 prints instead, for each launch size the autotuner may pick, the machine code Triton's bundled
 ``cuobjdump`` disassembles from the cubin: SASS instructions (there are no loops, so a thread
-executes each at most once), registers, shared memory, and how many of its 128-bit loads of q/k
-the program issues before its first use of a loaded frequency (the float32 to float64
-conversion that starts the angle): those loads wait in memory while the angle is computed.
+executes each at most once), registers, bytes spilled to local memory, shared memory, and how
+many of its 128-bit loads of q/k the program issues before its first use of a loaded frequency
+(the float32 to float64 conversion that starts the angle): those loads wait in memory while the
+angle is computed.
+
+    python -m rope.kernels.targets --spills 80 90
+
+prints the registers and spilled bytes (ptxas's count) of every launch size a GPU may run, the
+rotary kernel's candidates and the attention kernels at their launchers' sizes, and exits
+non-zero if any spills (:func:`spill_report`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import itertools
 import os
 import re
@@ -36,7 +45,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import triton_attention, triton_attention_backward, triton_attention_decode
-from .triton_rotary import TUNING_CANDIDATES, kernel_constants, rotary_kernel
+from .triton_rotary import FLOAT64_TUNING_CANDIDATES, TUNING_CANDIDATES, kernel_constants, rotary_kernel
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
@@ -91,12 +100,13 @@ def _attention_type(name: str, dtype: str) -> str:
 
 def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, interleaved: bool, head_dim: int,
                               tail: int, kernel: str = "forward", logn: bool = False,
-                              sizes: tuple[int, int, int] | None = None):
+                              sizes: tuple[int, ...] | None = None):
     """One of the attention kernels (``kernel``: "forward", :mod:`.triton_attention`; "dkdv" or "dq",
     :mod:`.triton_attention_backward`; "decode", :mod:`.triton_attention_decode`) for q/k/v of
     Triton type ``dtype``, ``mode`` (PLAIN, RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail``
-    unrotated coordinates, launch ``sizes`` = (BLOCK_M, BLOCK_N, num_warps) (by default the
-    launchers' on a GPU), with log-n scaling (``logn``) or not, compiled as the launchers compile it."""
+    unrotated coordinates, launch ``sizes`` = (BLOCK_M, BLOCK_N, num_warps[, num_stages]) (by
+    default the launchers' on a GPU), with log-n scaling (``logn``) or not, compiled as the
+    launchers compile it."""
     import torch
 
     function = {"forward": triton_attention.attention_forward_kernel,
@@ -104,9 +114,10 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
                 "dq": triton_attention_backward.attention_dq_kernel,
                 "decode": triton_attention_decode.attention_decode_kernel}[kernel]
     if sizes is None:
-        sizes = ((triton_attention_decode.DECODE_ROWS, *triton_attention_decode.DECODE_LAUNCH) if kernel == "decode"
-                 else triton_attention.GPU_LAUNCH)
-    block_m, block_n, warps = sizes
+        sizes = {"forward": triton_attention.GPU_LAUNCH, "dkdv": triton_attention_backward.DKDV_LAUNCH,
+                 "dq": triton_attention_backward.DQ_LAUNCH,
+                 "decode": (triton_attention_decode.DECODE_ROWS, *triton_attention_decode.DECODE_LAUNCH)}[kernel]
+    block_m, block_n, warps, *stages = sizes
     constants = triton_attention.kernel_constants(head_dim, head_dim - tail, head_dim, interleaved=interleaved,
                                                   causal=causal, mode=mode, logn=logn,
                                                   dtype=getattr(torch, _TORCH_DTYPES[dtype]))
@@ -120,7 +131,7 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
         attrs={(names.index(k),): [["tt.divisibility", 16]] for k in aligned},
     )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": warps, "enable_fp_fusion": False})
+                          options=dict(num_warps=warps, enable_fp_fusion=False, **dict(zip(["num_stages"], stages))))
 
 
 ATTENTION_VARIANTS = [
@@ -143,35 +154,80 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
     """SASS instruction count, registers, shared bytes and load order of one variant (head_dim 128,
     half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
     at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math)."""
-    kernel = compile_variant(arch, dtype, sizes, interleaved=False, tail=0, float64_math=float64_math)
+    kernel, usage = ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
+                                                        float64_math=float64_math))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
         cubin.flush()
         sass = subprocess.run([cuobjdump, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
-                               check=True).stdout
+        resources = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
+                                   check=True).stdout
     opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
     angle_starts = next(i for i, opcode in enumerate(opcodes)
                         if (opcode.startswith("DFMA") if float64_math else opcode == "F2F.F64.F32"))
-    vector_loads = [i for i, opcode in enumerate(opcodes) if opcode == "LDG.E.128"]
-    return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", usage).group(1)),
-                shared=kernel.metadata.shared, vector_loads=len(vector_loads),
+    # a 128-bit global load: LDG.E.128 on sm_80+, with a suffix on others (sm_75: LDG.E.128.SYS)
+    vector_loads = [i for i, opcode in enumerate(opcodes) if opcode.split(".")[:3] == ["LDG", "E", "128"]]
+    return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", resources).group(1)),
+                spills=usage["spills"], shared=kernel.metadata.shared, vector_loads=len(vector_loads),
                 loads_before_angle=sum(i < angle_starts for i in vector_loads))
 
 
 def print_machine_code(arch: int) -> None:
     """The table of :func:`machine_code` for bfloat16 in float64 math (``launch``'s default for
-    it) and in float32 math, for every launch size the autotuner may pick."""
-    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions | registers | shared bytes "
+    it) and in float32 math, for every launch size the autotuner may pick in each."""
+    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions | registers | spilled bytes | shared bytes "
           "| q/k loads before the angle |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for float64_math in (True, False):
-        for sizes in TUNING_CANDIDATES:
+        for sizes in candidates(float64_math):
             code = machine_code(arch, sizes, float64_math=float64_math)
             print(f"| {', '.join(map(str, sizes))} | {'float64' if float64_math else 'float32'} "
-                  f"| {code['instructions']} | {code['registers']} | {code['shared']} "
+                  f"| {code['instructions']} | {code['registers']} | {code['spills']} | {code['shared']} "
                   f"| {code['loads_before_angle']} of {code['vector_loads']} |")
+
+
+def ptxas_usage(build) -> tuple:
+    """(kernel, usage): the kernel ``build()`` compiles and its registers and spilled bytes as
+    ptxas reports them when Triton runs it. The kernel is compiled afresh (Triton's cache would
+    skip ptxas) with ptxas's log printed, and the log read back. ``spills`` is the bytes of spill
+    stores plus loads: a spilling kernel keeps values in local memory (off chip, behind the L1
+    cache), what a launch size should avoid."""
+    knobs = triton.knobs
+    saved = knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log
+    log = io.StringIO()
+    try:
+        knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = True, True
+        with contextlib.redirect_stdout(log):
+            kernel = build()
+    finally:
+        knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log = saved
+    text = log.getvalue()
+    stores, loads = map(int, re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text).groups())
+    return kernel, dict(registers=int(re.search(r"Used (\d+) registers", text).group(1)), spills=stores + loads)
+
+
+def candidates(float64_math: bool) -> list[tuple[int, int, int, int]]:
+    """The launch sizes the autotuner may pick for float64 or float32 math."""
+    return FLOAT64_TUNING_CANDIDATES if float64_math else TUNING_CANDIDATES
+
+
+def spill_report(arch: int) -> list[tuple[str, dict]]:
+    """(label, usage) of every launch size a GPU may run, for ``arch`` (usage as :func:`ptxas_usage`
+    gives it): the rotary kernel's candidates (bfloat16, head_dim 128, the half layout) in float64
+    math (the default for 16-bit dtypes, also float64's) and float32 math, float64 in float64
+    math, and the attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes."""
+    rows = []
+    for dtype, float64_math in (("bf16", True), ("fp64", True), ("bf16", False)):
+        for sizes in candidates(float64_math):
+            label = f"rotary {dtype} {'float64' if float64_math else 'float32'} math sizes={sizes}"
+            rows.append((label, ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
+                                                                    float64_math=float64_math))[1]))
+    for variant in ATTENTION_VARIANTS:
+        label = "attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} logn={}".format(
+            *variant)
+        rows.append((label, ptxas_usage(lambda: compile_attention_variant(arch, *variant))[1]))
+    return rows
 
 
 def main(arches: list[int]) -> int:
@@ -180,12 +236,15 @@ def main(arches: list[int]) -> int:
     # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): each dtype in the math
     # `launch` gives it by default (float64 for all but float32), float32 math with a tail also
     # with an attention factor above 1; then float32 math for bfloat16, float64 math for float32.
-    first, last = TUNING_CANDIDATES[0], TUNING_CANDIDATES[-1]
+    # The first and last candidate of the math's list each time.
     variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype == "fp32", dtype != "fp32")
-                for dtype, sizes, interleaved, tail in itertools.product(
-                    ("bf16", "fp16", "fp32", "fp64"), (first, last), (False, True), (0, 64))]
-    variants += [(dtype, last, False, 0, True, False, dtype != "fp32") for dtype in ("bf16", "fp16", "fp32")]
-    variants += [("bf16", last, False, 0, False, True, False), ("fp32", last, False, 0, True, False, True)]
+                for dtype, end, interleaved, tail in itertools.product(
+                    ("bf16", "fp16", "fp32", "fp64"), (0, -1), (False, True), (0, 64))
+                for sizes in [candidates(dtype != "fp32")[end]]]
+    variants += [(dtype, candidates(dtype != "fp32")[-1], False, 0, True, False, dtype != "fp32")
+                 for dtype in ("bf16", "fp16", "fp32")]
+    variants += [("bf16", TUNING_CANDIDATES[-1], False, 0, False, True, False),
+                 ("fp32", FLOAT64_TUNING_CANDIDATES[-1], False, 0, True, False, True)]
     for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math) in itertools.product(arches,
                                                                                                         variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
@@ -215,8 +274,18 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("arches", type=int, nargs="*", default=[75, 80, 90], help="sm versions, e.g. 75 80 90")
     parser.add_argument("--code", action="store_true", help="print the machine code table for each arch instead")
+    parser.add_argument("--spills", action="store_true",
+                        help="print registers and spilled bytes of every GPU launch size; exit non-zero if any spills")
     args = parser.parse_args()
-    if args.code:
+    if args.spills:
+        warnings.filterwarnings("ignore", category=UserWarning)
+        spilled = 0
+        for arch in args.arches:
+            for label, usage in spill_report(arch):
+                spilled += usage["spills"] > 0
+                print(f"sm_{arch} {label}: {usage['registers']} registers, {usage['spills']} bytes spilled")
+        sys.exit(1 if spilled else 0)
+    elif args.code:
         warnings.filterwarnings("ignore", category=UserWarning)
         for arch in args.arches:
             print_machine_code(arch)

@@ -74,6 +74,7 @@ from .triton_rotary import (
     check_launch_device,
     check_positions_in_range,
     cos_sin_of_int32_turns,
+    launch_device,
     round_to_dtype,
 )
 
@@ -89,9 +90,12 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 MAX_POSITION_C = tl.constexpr(MAX_POSITION)  # the jit functions read constexpr globals only
 LN2_C = tl.constexpr(_LN2)
 
-GPU_LAUNCH = (64, 32, 8)
-"""(BLOCK_M, BLOCK_N, num_warps) on a GPU unless given: the largest tiles that compile without
-register spills for sm_90 in every mode (``rope.kernels.targets``; untimed: no GPU ran it)."""
+GPU_LAUNCH = (32, 16, 4)
+"""(BLOCK_M, BLOCK_N, num_warps) on a GPU unless given: tiles that compile without register spills
+for sm_80 and sm_90 in every variant of ``rope.kernels.targets``, with Triton 3.6 and 3.9
+(``--spills``; 64 x 32 x 8 spilled up to 18 KB per thread on sm_80, 64 x 16 x 8 12 bytes with
+Triton 3.6; untimed: no GPU ran it)."""
+
 
 PLAIN, RE_ROPE, LEAKY = 0, 1, 2
 """The kernel's MODE: RoPE only, ReRoPE, Leaky ReRoPE."""
@@ -573,16 +577,17 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     if lse.numel() == 0:  # no query row (v_dim = 0 still has every row's lse: the masks drop the values)
         return out, lse
     grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
-    attention_forward_kernel[grid](
-        q, k, v,
-        out, lse,
-        run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *out.stride()[:3],
-        *run.batch_strides,
-        *run.runtime_scalars(q, k), run.options.attention_factor,
-        **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
-    )
+    with launch_device(q):
+        attention_forward_kernel[grid](
+            q, k, v,
+            out, lse,
+            run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *out.stride()[:3],
+            *run.batch_strides,
+            *run.runtime_scalars(q, k), run.options.attention_factor,
+            **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
+        )
     return out, lse

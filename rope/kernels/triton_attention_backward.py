@@ -49,7 +49,7 @@ from .triton_attention import (
     _token_block,
     prepare_launch,
 )
-from .triton_rotary import cos_sin_of_int32_turns, round_to_dtype
+from .triton_rotary import _interpreted, cos_sin_of_int32_turns, launch_device, round_to_dtype
 
 LOG2E_C = tl.constexpr(1.4426950408889634)
 
@@ -345,6 +345,31 @@ def attention_dq_kernel(
                 TAIL_PAD, INTERLEAVED, BF16_BY_BITS)
 
 
+DKDV_LAUNCH = (16, 16, 8, 1)
+"""(BLOCK_M, BLOCK_N, num_warps, num_stages) of the dk/dv kernel on a GPU unless given. Each
+program holds more than the forward's (a key block, its rotations in both frames and their
+gradients), and the software pipelining of the query loop (num_stages above 1) holds the next
+blocks' loads besides: these sizes compile without register spills for sm_80 and sm_90 in every
+variant of ``rope.kernels.targets``, with Triton 3.6 and 3.9 (``--spills``; the forward's former
+64 x 32 x 8 spilled up to 6 KB per thread, 16 x 16 x 8 in 3 stages up to 208 bytes with Triton
+3.6; untimed: no GPU ran it)."""
+
+DQ_LAUNCH = (16, 32, 4, 3)
+"""(BLOCK_M, BLOCK_N, num_warps, num_stages) of the dq kernel on a GPU unless given: no register
+spills for sm_80 and sm_90 in every variant of ``rope.kernels.targets`` (64 x 32 x 8 spilled up
+to 1.4 KB per thread; untimed)."""
+
+
+def _kernel_launch(run, default, block_m, block_n, num_warps, num_stages) -> dict:
+    """The sizes and launch options of one backward kernel: the caller's where given, else
+    ``default`` on a GPU (the interpreter's are :func:`.triton_attention.prepare_launch`'s)."""
+    chosen = dict(**run.sizes, **run.launch_options)
+    if _interpreted():
+        return chosen
+    given = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
+    return chosen | {name: value for name, value in zip(given, default) if given[name] is None}
+
+
 def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse=None, *,
                     layout: str = "half", causal: bool = True, window: int | None = None,
                     leaky_scale: float | None = None, softmax_scale: float | None = None,
@@ -354,7 +379,8 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     """(dq, dk, dv) in the dtypes of q, k and v: the gradients of :func:`.triton_attention.launch`
     for its ``out`` and ``lse`` and the incoming ``grad_out`` (out's shape) and ``grad_lse``
     (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
-    (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline)."""
+    (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline),
+    except the launch sizes: on a GPU those not given are :data:`DKDV_LAUNCH` and :data:`DQ_LAUNCH`."""
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
@@ -374,13 +400,16 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     scalars = (*run.runtime_scalars(q, k), run.options.scale, run.options.attention_factor)
-    launch_options = dict(**run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False)
-    grid = (triton.cdiv(k.shape[1], run.sizes["BLOCK_N"]), batch * k.shape[2])
-    attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
-                                *dv.stride()[:3], *run.batch_strides, *scalars, **launch_options)
-    grid = (triton.cdiv(q_len, run.sizes["BLOCK_M"]), batch * heads_q)
-    attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
-                              *run.batch_strides, *scalars, **launch_options)
+    dkdv = _kernel_launch(run, DKDV_LAUNCH, block_m, block_n, num_warps, num_stages)
+    dq_sizes = _kernel_launch(run, DQ_LAUNCH, block_m, block_n, num_warps, num_stages)
+    with launch_device(q):
+        grid = (triton.cdiv(k.shape[1], dkdv["BLOCK_N"]), batch * k.shape[2])
+        attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
+                                    *dv.stride()[:3], *run.batch_strides, *scalars, **run.constants, **dkdv,
+                                    enable_fp_fusion=False)
+        grid = (triton.cdiv(q_len, dq_sizes["BLOCK_M"]), batch * heads_q)
+        attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
+                                  *run.batch_strides, *scalars, **run.constants, **dq_sizes, enable_fp_fusion=False)
     return dq, dk, dv
 
 

@@ -39,15 +39,16 @@ from .triton_attention import (
     _row_factors,
     prepare_launch,
 )
-from .triton_rotary import _interpreted
+from .triton_rotary import _interpreted, launch_device
 
 DECODE_ROWS = 16
 """The most query rows (q_len x the GQA group) :func:`prefers_decode` sends to this kernel: one
 tile of rows, the smallest ``tl.dot`` takes."""
 
-DECODE_LAUNCH = (64, 4)
+DECODE_LAUNCH = (64, 8)
 """(BLOCK_N, num_warps) on a GPU unless given: longer key blocks than the prefill kernel's for
-16-row tiles (untimed: no GPU ran it)."""
+16-row tiles, over 8 warps, which compile without register spills for sm_80 and sm_90
+(``rope.kernels.targets --spills``; 4 warps spilled up to 376 bytes per thread; untimed: no GPU ran it)."""
 
 
 @triton.jit
@@ -183,18 +184,19 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
     out_part = torch.empty(batch, heads_q, q_len, splits, v.shape[3], dtype=torch.float32, device=q.device)
     lse_part = torch.empty(batch, heads_q, q_len, splits, dtype=torch.float32, device=q.device)
     rows = max(16, triton.next_power_of_2(q_len * (heads_q // heads_k)))
-    attention_decode_kernel[(splits, batch * heads_k)](
-        q, k, v,
-        out_part, lse_part,
-        run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        *v.stride()[:3],
-        *run.batch_strides,
-        q_len, k_len, heads_q, heads_q // heads_k, chunk, splits,
-        *run.runtime_scalars(q, k)[4:], run.options.attention_factor,
-        **run.constants, BLOCK_M=rows, BLOCK_N=block_n, **run.launch_options, enable_fp_fusion=False,
-    )
+    with launch_device(q):
+        attention_decode_kernel[(splits, batch * heads_k)](
+            q, k, v,
+            out_part, lse_part,
+            run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *run.batch_strides,
+            q_len, k_len, heads_q, heads_q // heads_k, chunk, splits,
+            *run.runtime_scalars(q, k)[4:], run.options.attention_factor,
+            **run.constants, BLOCK_M=rows, BLOCK_N=block_n, **run.launch_options, enable_fp_fusion=False,
+        )
     # LSE = log sum_s exp(LSE_s); O = sum_s exp(LSE_s - LSE) O_s (a NaN stays NaN)
     lse = torch.logsumexp(lse_part, dim=-1)
     combined = (torch.exp(lse_part - lse[..., None])[..., None] * out_part).sum(dim=-2)

@@ -79,6 +79,7 @@ rounding for speed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
@@ -434,24 +435,37 @@ def rotary_kernel(
 
 TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (4, 4, 1, 2), (8, 4, 1, 2), (2, 16, 1, 4), (2, 32, 1, 4),
                      (2, 16, 4, 4), (4, 8, 2, 4)]
-"""(BLOCK_S, BLOCK_H, GROUP, num_warps) tried on first use of a shape on a GPU: the leaders of a
-sweep over the benchmark shapes on an H100 (benchmarks/tune_blocks.py)."""
+"""(BLOCK_S, BLOCK_H, GROUP, num_warps) tried for float32 math on first use of a shape on a GPU:
+the leaders of a sweep over the benchmark shapes on an H100 (benchmarks/tune_blocks.py)."""
+
+FLOAT64_TUNING_CANDIDATES = [(1, 16, 1, 4), (2, 8, 1, 4), (4, 4, 1, 4), (4, 8, 1, 8), (2, 16, 1, 8), (1, 32, 1, 8),
+                             (1, 16, 2, 4), (2, 8, 2, 4)]
+"""The candidates for float64 math: tiles of 8 pairs per thread (BLOCK_S x BLOCK_H x 64 pairs of a
+128-wide head over 32 num_warps threads), about 128 registers and no spills on sm_80 and sm_90.
+float64 math keeps several times float32 math's live values per pair: at 16 pairs per thread,
+the tiles of :data:`TUNING_CANDIDATES`, it takes all 255 registers and 5 of those 8 spill to local
+memory on sm_90, 6 on sm_80 (``python -m rope.kernels.targets --spills``; untimed: no GPU ran it)."""
 
 
-def _small_problems_take_the_first(configs, named_args, **kwargs):
-    """Below 256 tokens launch latency dominates and the sizes hardly matter: no sweep."""
+def _candidates_of_the_math(configs, named_args, **kwargs):
+    """The candidates of the launch's math (float32 or float64); below 256 tokens only the first of
+    them: launch latency dominates and the sizes hardly matter, so no sweep."""
+    sizes = FLOAT64_TUNING_CANDIDATES if kwargs["FLOAT64_MATH"] else TUNING_CANDIDATES
+    configs = [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
+                                                config.kwargs["GROUP"], config.num_warps) in sizes]
     return configs[:1] if named_args["tokens_bucket"] < 256 else configs
 
 
 tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w)
-             for s, h, g, w in TUNING_CANDIDATES],
+             for s, h, g, w in TUNING_CANDIDATES + FLOAT64_TUNING_CANDIDATES],
     key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FLOAT64_MATH", "MROPE"],
-    prune_configs_by={"early_config_prune": _small_problems_take_the_first},
+    prune_configs_by={"early_config_prune": _candidates_of_the_math},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(rotary_kernel)
-""":func:`rotary_kernel` with its launch sizes autotuned over :data:`TUNING_CANDIDATES` (on a GPU;
-``tuned_kernel.best_config`` is the last choice)."""
+""":func:`rotary_kernel` with its launch sizes autotuned over :data:`TUNING_CANDIDATES` (float32
+math) or :data:`FLOAT64_TUNING_CANDIDATES` (float64 math) on a GPU; ``tuned_kernel.best_config``
+is the last choice."""
 
 
 def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, interpreted: bool) -> tuple[int, int, int]:
@@ -486,6 +500,14 @@ def check_launch_device(name: str, x: torch.Tensor) -> None:
     if not (x.is_cuda or (x.device.type == "cpu" and _interpreted())):
         raise ValueError(f"{name} is on {x.device}: the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
                          "for Triton's CPU interpreter (with CPU tensors)")
+
+
+def launch_device(x: torch.Tensor):
+    """The context every launcher enters around its launches: ``x``'s CUDA device made current.
+    Triton launches on the current device, not on its tensors' (a kernel given tensors on cuda:1
+    while cuda:0 is current would run on cuda:0 and read cuda:1's addresses there); torch's own
+    operators switch devices the same way. A no-op for CPU tensors (Triton's interpreter)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
@@ -600,8 +622,10 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not _interpreted():
-        tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
+        with launch_device(q):
+            tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
         return
     default = _launch_sizes(batch, seq_len, heads_q, heads_k, interpreted=_interpreted())
     sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
-    rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)
+    with launch_device(q):
+        rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)
