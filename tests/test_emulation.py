@@ -1,5 +1,6 @@
 """rope.kernels.emulation: the fma by parts is correctly rounded (against exact rationals), loop
-bounds reach the interpreter as Python ints, and the switches are off where nothing needs them.
+bounds reach the interpreter as Python ints, and the switches are off where nothing needs them;
+rope.kernels refuses a Triton older than it supports, and ``import rope`` needs no Triton.
 
 The kernels run in Triton's interpreter with ``FMA_BY_PARTS`` set by hand, so that the emulation
 is checked under every Triton version, whatever its own ``tl.fma`` does. Inputs: random operands
@@ -8,8 +9,13 @@ x y + z lies exactly on, or one unit of the product's last bit beside, the midpo
 neighbours of the result's precision, where rounding the product first goes wrong.
 """
 
+import os
 import random
+import re
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +26,7 @@ import triton
 import triton.language as tl
 
 from helpers import round_exact
-from rope.kernels import emulation, triton_rotary
+from rope.kernels import MIN_TRITON, check_triton_version, emulation, triton_rotary
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PRECISION = {torch.float32: 24, torch.float64: 53}
@@ -177,3 +183,39 @@ def test_switches_follow_the_interpreter(monkeypatch):
         out = torch.empty_like(a)
         _fma_kernel[(1,)](a, a, -(a * a), out, N=1, FMA_BY_PARTS=False)
         assert triton_rotary._fma_by_parts() == (out.item() != 2**-24)
+
+
+@pytest.mark.parametrize("version", ["3.6.0", "3.9.0", "3.10.1+git1a2b3c", "4.0.0"])
+def test_supported_triton_versions_pass(version):
+    check_triton_version(version)
+
+
+@pytest.mark.parametrize("version", ["3.5.1", "2.3.0", "3.0.0+fb", "unknown"])
+def test_older_triton_is_refused_by_name(version):
+    with pytest.raises(ImportError, match=rf"Triton {MIN_TRITON[0]}\.{MIN_TRITON[1]} or newer, found Triton "
+                                          rf"{re.escape(version)}"):
+        check_triton_version(version)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_importing_the_kernels_under_an_old_triton_fails_with_the_versions():
+    """The check runs at import: Triton reporting 3.5.2 stops ``import rope.kernels`` with the message."""
+    result = run_python("import triton\ntriton.__version__ = '3.5.2'\nimport rope.kernels")
+    assert result.returncode != 0
+    assert "ImportError: rope.kernels needs Triton 3.6 or newer, found Triton 3.5.2" in result.stderr
+
+
+def test_import_rope_works_without_triton():
+    """``import rope`` (and the torch path) does not import Triton; only the kernels need it."""
+    result = run_python("import sys\nsys.modules['triton'] = None\nimport rope, torch\n"
+                        "x = torch.randn(1, 4, 2, 8, dtype=torch.float64)\n"
+                        "theta, _ = rope.inv_freq({'rope_theta': 1e4}, 8)\n"
+                        "rope.apply_rotary(x, x, torch.arange(4), theta, backend='torch')\n"
+                        "try:\n    import rope.kernels\nexcept ImportError:\n    print('no kernels')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no kernels"

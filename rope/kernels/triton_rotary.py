@@ -26,7 +26,9 @@ Every multiply-add is an explicit ``tl.fma`` and the kernel is compiled with
 which the test suite runs, performs the GPU's float arithmetic operation for operation. The
 exceptions are the bfloat16 conversions, which the interpreter gets wrong (it truncates float32
 to bfloat16 and loses bfloat16 subnormals on the way back): under the interpreter the kernel
-converts by bit arithmetic instead (``BF16_BY_BITS``), the same functions as the GPU's.
+converts by bit arithmetic instead (``BF16_BY_BITS``), the same functions as the GPU's; and an
+interpreter whose fma rounds twice (Triton 3.6's) gets a correctly rounded one computed by parts
+(``FMA_BY_PARTS``, :mod:`rope.kernels.emulation`).
 
 Accuracy. Let y be the exact value of an output (exact angle m theta_i for the float32 value
 theta_i, exact cos/sin, exact products), |pair| = s sqrt(x_a^2 + x_b^2), and u = 2^-24. For
