@@ -138,14 +138,16 @@ def test_fma_by_parts_float32_rounds_subnormal_results_once():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_fma_by_parts_special_values(dtype):
     """Infinities, NaN and signed zeros as IEEE 754's fma gives them; huge float64 factors (beyond
-    the splitter's reach) are split at a smaller scale."""
+    the splitter's reach, up to the largest number) are split at a smaller scale."""
     inf, nan = float("inf"), float("nan")
     big = 2.0**1000 if dtype == torch.float64 else 2.0**100
+    largest = torch.finfo(dtype).max  # its top 26 bits round up to 2^1024 when split
     cases = [  # x, y, z, expected
         (inf, 2.0, 1.0, inf), (-inf, 2.0, 1.0, -inf), (2.0, 3.0, -inf, -inf), (inf, 0.0, 1.0, nan),
         (inf, 1.0, -inf, nan), (nan, 1.0, 1.0, nan), (1.0, 1.0, nan, nan),
         (-0.0, 1.0, -0.0, -0.0), (0.0, 1.0, -0.0, 0.0), (2.0, 3.0, -6.0, 0.0), (-2.0, 3.0, 6.0, 0.0),
         (big * (1 + 2**-20), 0.5 + 2**-23, -big / 2, None), (big, 0.75, -big, -big / 4),
+        (largest, 0.5 + 2**-20, -largest / 4, None), (-largest, largest * 2.0**-1000, 1.0, None),
     ]
     xs, ys, zs, expected = (list(column) for column in zip(*cases))
     out = fma_by_parts(xs, ys, zs, dtype)

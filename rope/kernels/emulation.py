@@ -59,23 +59,28 @@ def _odd(s, e):
 
 @triton.jit
 def _split(a):
-    """(hi, lo), a = hi + lo with 26 and 27 significant bits (Veltkamp); ``|a|`` above 2^995 is split
-    at 2^-32 of its size and scaled back (exact, short of the largest 2^-27 of float64's range)."""
-    big = tl.abs(a) > _SPLIT_LIMIT
-    scaled = tl.where(big, a * _DOWN, a)
-    c = scaled * _SPLITTER
-    hi = c - (c - scaled)
-    lo = scaled - hi
-    return tl.where(big, hi * _UP, hi), tl.where(big, lo * _UP, lo)
+    """(hi, lo), a = hi + lo with 26 and 27 significant bits (Veltkamp), for ``|a|`` <= 2^995 (the
+    splitter's product stays finite)."""
+    c = a * _SPLITTER
+    hi = c - (c - a)
+    return hi, a - hi
 
 
 @triton.jit
 def _two_product(a, b):
-    """(p, e): p = RN(a b) and p + e = a b exactly, without an fma (Dekker's product)."""
+    """(p, e): p = RN(a b) and p + e = a b exactly, without an fma (Dekker's product). A factor above
+    2^995 is split at 2^-32 of its size and the product and its error scaled back by 2^32, exactly
+    (the error's scale is far above the subnormal range there)."""
+    big_a = tl.abs(a) > _SPLIT_LIMIT
+    big_b = tl.abs(b) > _SPLIT_LIMIT
+    a = tl.where(big_a, a * _DOWN, a)
+    b = tl.where(big_b, b * _DOWN, b)
+    scale = tl.where(big_a, _UP, 1.0) * tl.where(big_b, _UP, 1.0)
     p = a * b
     a_hi, a_lo = _split(a)
     b_hi, b_lo = _split(b)
-    return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    e = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    return p * scale, e * scale
 
 
 @triton.jit
