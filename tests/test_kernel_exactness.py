@@ -355,18 +355,18 @@ def test_gradients_are_within_the_bound_in_every_dtype(dtype, scale, conjugate):
 
 
 @triton.jit
-def _exact_cos_sin_probe(POS, FREQ, WINDOWS, COS, SIN, N: tl.constexpr, P: tl.constexpr):
+def _exact_cos_sin_probe(POS, FREQ, WINDOWS, COS, SIN, N: tl.constexpr, P: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     i = tl.arange(0, N)
     j = tl.arange(0, P)
-    cos, sin = exact_turns.exact_cos_sin(tl.load(POS + i)[:, None], tl.load(FREQ + j)[None, :], WINDOWS)
+    cos, sin = exact_turns.exact_cos_sin(tl.load(POS + i)[:, None], tl.load(FREQ + j)[None, :], WINDOWS, FMA_BY_PARTS)
     tl.store(COS + i[:, None] * P + j[None, :], cos)
     tl.store(SIN + i[:, None] * P + j[None, :], sin)
 
 
 @triton.jit
-def _near_zero_probe(X, COS, SIN, N: tl.constexpr):
+def _near_zero_probe(X, COS, SIN, N: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     i = tl.arange(0, N)
-    cos, sin = exact_turns.cos_sin_near_zero(tl.load(X + i))
+    cos, sin = exact_turns.cos_sin_near_zero(tl.load(X + i), FMA_BY_PARTS)
     tl.store(COS + i, cos)
     tl.store(SIN + i, sin)
 
@@ -391,7 +391,7 @@ def test_exact_cos_sin_in_the_kernel_is_within_2_to_the_minus_52():
     theta = theta * torch.where(torch.arange(32) % 3 == 0, -1.0, 1.0)
     cos, sin = (torch.empty(64, 32, dtype=torch.float64, device=DEVICE) for _ in range(2))
     _exact_cos_sin_probe[(1,)](positions.to(DEVICE), theta.to(DEVICE), inverse_two_pi_windows(torch.device(DEVICE)),
-                               cos, sin, N=64, P=32)
+                               cos, sin, N=64, P=32, FMA_BY_PARTS=triton_rotary._fma_by_parts())
     angles = [mpmath.mpf(m) * mpmath.mpf(float(t)) for m in positions.tolist() for t in theta.tolist()]
     assert_within(cos, [mpmath.cos(a) for a in angles], Fraction(1, 2**52), "cos")
     assert_within(sin, [mpmath.sin(a) for a in angles], Fraction(1, 2**52), "sin")
@@ -404,7 +404,7 @@ def test_kernel_cos_sin_polynomials_near_zero():
     x = torch.cat([torch.linspace(-edge, edge, 1000, dtype=torch.float64),
                    torch.tensor([edge, -edge, 2.0**-1074, 0.0, 1e-8, math.pi / 4] * 4, dtype=torch.float64)])
     cos, sin = torch.empty_like(x), torch.empty_like(x)
-    _near_zero_probe[(1,)](x.to(DEVICE), cos, sin, N=1024)
+    _near_zero_probe[(1,)](x.to(DEVICE), cos, sin, N=1024, FMA_BY_PARTS=triton_rotary._fma_by_parts())
     assert_within(cos, [mpmath.cos(v) for v in x.tolist()], Fraction(1, 2**52), "cos")
     assert_within(sin, [mpmath.sin(v) for v in x.tolist()], Fraction(1, 2**52), "sin")
 

@@ -25,7 +25,7 @@ from helpers import (
     ulp,
     value_checks_assert_on,
 )
-from rope.kernels.triton_rotary import cos_sin_of_int32_turns
+from rope.kernels.triton_rotary import _fma_by_parts, cos_sin_of_int32_turns
 from strategies import layouts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,9 +49,9 @@ def assert_close_to(out, ref, x, attention_factor=1.0):
 
 
 @triton.jit
-def _cos_sin_probe(TURNS, COS, SIN, N: tl.constexpr):
+def _cos_sin_probe(TURNS, COS, SIN, N: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     i = tl.program_id(0) * N + tl.arange(0, N)
-    cos, sin = cos_sin_of_int32_turns(tl.load(TURNS + i))
+    cos, sin = cos_sin_of_int32_turns(tl.load(TURNS + i), FMA_BY_PARTS)
     tl.store(COS + i, cos)
     tl.store(SIN + i, sin)
 
@@ -65,7 +65,7 @@ def cos_sin_errors(turns: torch.Tensor) -> torch.Tensor:
     """max(|cos error|, |sin error|) of the kernel's cos/sin of 2 pi t / 2^32 against float64, in 2^-24."""
     turns = turns.to(DEVICE)
     cos, sin = torch.empty(turns.shape, device=DEVICE), torch.empty(turns.shape, device=DEVICE)
-    _cos_sin_probe[(turns.numel() // 1024,)](turns, cos, sin, N=1024)
+    _cos_sin_probe[(turns.numel() // 1024,)](turns, cos, sin, N=1024, FMA_BY_PARTS=_fma_by_parts())
     angle = turns.cpu().double() * (2 * torch.pi / 2**32)
     err = torch.maximum((cos.cpu().double() - angle.cos()).abs(), (sin.cpu().double() - angle.sin()).abs())
     return err / 2.0**-24

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..angles import LIMB_BITS, TWO_PI, WINDOW_EXPONENTS
+from .emulation import fma
 
 _MASK = tl.constexpr((1 << LIMB_BITS) - 1)
 _E_MIN = tl.constexpr(WINDOW_EXPONENTS[0])
@@ -94,17 +95,28 @@ def turns(m, t0, t1, t2, t3, t4, t5):
 
 
 @triton.jit
-def cos_sin_near_zero(x):
+def cos_sin_near_zero(x, FMA_BY_PARTS: tl.constexpr):
     """float64 cos x and sin x for ``|x|`` <= pi/4 (plus a little): Taylor polynomials by Horner's
     rule in fused multiply-adds, sin x = x + x^3 p(x^2), cos x = 1 + x^2 q(x^2). The polynomial
     parts are at most 0.08 (sine) and 0.31 (cosine) of 1, so their few roundings weigh little
     beside the final one."""
     x2 = x * x
-    p = tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(x2, _S17, _S15), x2, _S13), x2, _S11), x2, _S9), x2, _S7),
-                      x2, _S5), x2, _S3)
-    q = tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(tl.fma(x2, _C18, _C16), x2, _C14), x2, _C12), x2, _C10),
-                                    x2, _C8), x2, _C6), x2, _C4), x2, _C2)
-    return tl.fma(x2, q, 1.0), tl.fma(x * x2, p, x)
+    p = fma(x2, _S17, _S15, FMA_BY_PARTS)
+    p = fma(p, x2, _S13, FMA_BY_PARTS)
+    p = fma(p, x2, _S11, FMA_BY_PARTS)
+    p = fma(p, x2, _S9, FMA_BY_PARTS)
+    p = fma(p, x2, _S7, FMA_BY_PARTS)
+    p = fma(p, x2, _S5, FMA_BY_PARTS)
+    p = fma(p, x2, _S3, FMA_BY_PARTS)
+    q = fma(x2, _C18, _C16, FMA_BY_PARTS)
+    q = fma(q, x2, _C14, FMA_BY_PARTS)
+    q = fma(q, x2, _C12, FMA_BY_PARTS)
+    q = fma(q, x2, _C10, FMA_BY_PARTS)
+    q = fma(q, x2, _C8, FMA_BY_PARTS)
+    q = fma(q, x2, _C6, FMA_BY_PARTS)
+    q = fma(q, x2, _C4, FMA_BY_PARTS)
+    q = fma(q, x2, _C2, FMA_BY_PARTS)
+    return fma(x2, q, 1.0, FMA_BY_PARTS), fma(x * x2, p, x, FMA_BY_PARTS)
 
 
 @triton.jit
@@ -119,7 +131,7 @@ def by_quadrant(quadrant, cos, sin):
 
 
 @triton.jit
-def cos_sin_of_turns(c1, c2, c3, c4, c5):
+def cos_sin_of_turns(c1, c2, c3, c4, c5, FMA_BY_PARTS: tl.constexpr):
     """float64 cos and sin of 2 pi (turns in limbs; the lowest limb is below float64's reach and
     not needed). The quadrant q = round(4 turns) mod 4 and the rest x = turns - q/4 in
     [-1/8, 1/8]: its top 40 bits are exact in float64 (``head``), the next 63 add with one rounding
@@ -129,21 +141,22 @@ def cos_sin_of_turns(c1, c2, c3, c4, c5):
     below 2^-104. Then cos and sin are swapped and negated by the quadrant."""
     quadrant = (c5 + (1 << 18)) >> 19  # 0 .. 4
     head = ((c5 - (quadrant << 19)) * (1 << 21) + c4).to(tl.float64) * 2.2737367544323206e-13  # 2^-42, exact
-    tail = tl.fma(c3.to(tl.float64), 1.0842021724855044e-19,  # 2^-63
-                  tl.fma(c2.to(tl.float64), 5.169878828456423e-26, c1.to(tl.float64) * 2.465190328815662e-32))
+    tail = fma(c3.to(tl.float64), 1.0842021724855044e-19,  # 2^-63
+               fma(c2.to(tl.float64), 5.169878828456423e-26, c1.to(tl.float64) * 2.465190328815662e-32, FMA_BY_PARTS),
+               FMA_BY_PARTS)
     x_hi = head + tail
     x_lo = tail - (x_hi - head)  # exact: head is a multiple of 2^-42 and |tail| < 2^-42
     a = x_hi * _TWO_PI_HI
-    d = tl.fma(x_hi, _TWO_PI_HI, -a) + tl.fma(x_hi, _TWO_PI_LO, x_lo * _TWO_PI_HI)
-    cos_a, sin_a = cos_sin_near_zero(a)
-    return by_quadrant(quadrant, tl.fma(-d, sin_a, cos_a), tl.fma(d, cos_a, sin_a))
+    d = fma(x_hi, _TWO_PI_HI, -a, FMA_BY_PARTS) + fma(x_hi, _TWO_PI_LO, x_lo * _TWO_PI_HI, FMA_BY_PARTS)
+    cos_a, sin_a = cos_sin_near_zero(a, FMA_BY_PARTS)
+    return by_quadrant(quadrant, fma(-d, sin_a, cos_a, FMA_BY_PARTS), fma(d, cos_a, sin_a, FMA_BY_PARTS))
 
 
 @triton.jit
-def exact_cos_sin(m, theta, WINDOWS):
+def exact_cos_sin(m, theta, WINDOWS, FMA_BY_PARTS: tl.constexpr):
     """float64 cos(m theta) and sin(m theta), each within 2^-52, for int64 positions ``m`` and
     float32 ``theta`` of broadcastable shapes (the kernel: ``[BLOCK_S, HALF_PAD]`` and
     ``[1, HALF_PAD]``); T is built once per frequency and reused for every position."""
     t0, t1, t2, t3, t4, t5 = turns_per_position(theta, WINDOWS)
     _, c1, c2, c3, c4, c5 = turns(m, t0, t1, t2, t3, t4, t5)
-    return cos_sin_of_turns(c1, c2, c3, c4, c5)
+    return cos_sin_of_turns(c1, c2, c3, c4, c5, FMA_BY_PARTS)

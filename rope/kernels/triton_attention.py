@@ -65,9 +65,11 @@ import triton.language as tl
 
 from .. import _checks
 from ..attention.blockwise import _check_arguments, _Options, check_logn_positions, logn_factors
+from .emulation import fma, loop_bound
 from .triton_rotary import (
     MAX_POSITION,
     _fixed_point_phase,
+    _fma_by_parts,
     _interpreted,
     _pair_offsets,
     _widened,
@@ -116,18 +118,18 @@ def _load_head(row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: 
 
 
 @triton.jit
-def _rotated(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+def _rotated(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """a R x for the angles 2 pi turns / 2^64 (int64, wrapping) and the attention factor a =
     ``factor``, in float32, rounded to x's dtype; x itself without ``ROTATE`` (the benchmark's
     baseline: the same kernel without RoPE, where launch() requires a = 1)."""
     if ROTATE:
-        cos, sin = cos_sin_of_int32_turns(turns >> 32)
+        cos, sin = cos_sin_of_int32_turns(turns >> 32, FMA_BY_PARTS)
         cos = cos * factor
         sin = sin * factor
         a = _widened(xa, tl.float32, BF16_BY_BITS)
         b = _widened(xb, tl.float32, BF16_BY_BITS)
-        ya = round_to_dtype(tl.fma(a, cos, -(b * sin)), xa.dtype, BF16_BY_BITS)
-        yb = round_to_dtype(tl.fma(b, cos, a * sin), xb.dtype, BF16_BY_BITS)
+        ya = round_to_dtype(fma(a, cos, -(b * sin), FMA_BY_PARTS), xa.dtype, BF16_BY_BITS)
+        yb = round_to_dtype(fma(b, cos, a * sin, FMA_BY_PARTS), xb.dtype, BF16_BY_BITS)
     else:
         ya, yb = xa, xb
     return ya, yb
@@ -225,7 +227,7 @@ def _frame_turns(FREQ, LEAKY_FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, M
 
 @triton.jit
 def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: tl.constexpr,
-                  BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+                  BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """(qa1, qb1, qa2, qb2, bent_turns): a query block rotated for pass 1 (m theta) where ``plain``
     and for pass 2 (ReRoPE: w theta for every query; Leaky ReRoPE: (m - w) theta / k + w theta)
     where ``bent``, and the turns of pass 2; a frame not asked for is the unrotated block (unused).
@@ -233,7 +235,7 @@ def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: 
     turns = m[:, None] * per
     qa1, qb1 = qa, qb
     if plain:
-        qa1, qb1 = _rotated(qa, qb, turns, factor, BF16_BY_BITS, ROTATE)
+        qa1, qb1 = _rotated(qa, qb, turns, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     if MODE == 0:
         qa2, qb2, bent_turns = qa1, qb1, turns
     else:
@@ -243,7 +245,7 @@ def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: 
             bent_turns = (m - window)[:, None] * leaky_per + window * per
         qa2, qb2 = qa, qb
         if bent:
-            qa2, qb2 = _rotated(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE)
+            qa2, qb2 = _rotated(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     return qa1, qb1, qa2, qb2, bent_turns
 
 
@@ -253,7 +255,7 @@ def _attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, 
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
                       V_DIM: tl.constexpr, V_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr,
                       MODE: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                      ROTATE: tl.constexpr, BLOCK_N: tl.constexpr):
+                      ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr, BLOCK_N: tl.constexpr):
     """(m_run, l_run, acc) after folding the keys [start, start + BLOCK_N) before ``end`` into the
     online softmax of the query rows (their frames, positions m in [m_lo, m_hi], log2(e) s times
     their log-n factors ``row_scale``): the tile rule, each key frame rotated only where the tile
@@ -265,20 +267,20 @@ def _attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, 
         ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
         # Each frame's keys are rotated only where the tile takes that pass
         if MODE == 0:
-            ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+            ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
             x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
         else:
             if m_hi - n_lo < window:  # plain: every pair has r < w
-                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
                 x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
             else:
                 if MODE == 1:  # ReRoPE: keys unrotated (times the attention factor)
                     ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
                 else:
-                    ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
+                    ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
                 x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
-                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
                     plain = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                     x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
         valid = col_mask[None, :]
@@ -321,7 +323,8 @@ def attention_forward_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr,
     # Launch sizes
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -336,7 +339,7 @@ def attention_forward_kernel(
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
-                                                   BF16_BY_BITS, ROTATE)
+                                                   BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     # log2(e) s, times the log-n factors
     row_scale = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN) * qk_scale
 
@@ -346,12 +349,12 @@ def attention_forward_kernel(
     d = tl.arange(0, V_PAD)
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
-    for start in range(0, k_len, BLOCK_N):
+    for start in range(0, loop_bound(k_len, PYTHON_LOOPS), BLOCK_N):
         m_run, l_run, acc = _attend_key_block(
             m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head,
             K_POS + batch * spk_b, start, k_len, sk_s, sv_s, per, leaky_per, factor, window,
             HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
-            BLOCK_N)
+            FMA_BY_PARTS, BLOCK_N)
 
     seen = l_run != 0  # every real row (launch() refuses queries without a key), NaN sums included
     out = acc / tl.where(seen, l_run, 1.0)[:, None]
@@ -363,7 +366,8 @@ def attention_forward_kernel(
 
 
 def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved: bool, causal: bool, mode: int,
-                     dtype: torch.dtype, bf16_by_bits: bool = False, rotate: bool = True, logn: bool = False) -> dict:
+                     dtype: torch.dtype, bf16_by_bits: bool = False, rotate: bool = True, logn: bool = False,
+                     fma_by_parts: bool = False, python_loops: bool = False) -> dict:
     """The ``tl.constexpr`` arguments of :func:`attention_forward_kernel` other than the launch sizes.
     ``tl.dot`` needs every dimension of at least 16: the pads are powers of two from 16."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
@@ -372,7 +376,7 @@ def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved:
         HALF=half, HALF_PAD=pad(half), TAIL=tail, TAIL_PAD=pad(tail), V_DIM=v_dim, V_PAD=pad(v_dim),
         INTERLEAVED=interleaved, CAUSAL=causal, MODE=mode,
         PRECISION="ieee" if dtype == torch.float32 else "tf32",  # float32: no TF32 rounding of the operands
-        BF16_BY_BITS=bf16_by_bits, ROTATE=rotate, LOGN=logn,
+        BF16_BY_BITS=bf16_by_bits, ROTATE=rotate, LOGN=logn, FMA_BY_PARTS=fma_by_parts, PYTHON_LOOPS=python_loops,
     )
 
 
@@ -503,7 +507,8 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
     default = (16, 16, 4) if interpreted else GPU_LAUNCH  # the interpreter runs programs at a fixed cost each
     constants = kernel_constants(q.shape[3], 2 * inv_freq.numel(), v.shape[3],
                                  interleaved=options.layout == "interleaved", causal=options.causal, mode=mode,
-                                 dtype=q.dtype, bf16_by_bits=interpreted,
+                                 dtype=q.dtype, bf16_by_bits=interpreted, fma_by_parts=_fma_by_parts(),
+                                 python_loops=interpreted,
                                  rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
     if not constants["ROTATE"] and options.attention_factor != 1.0:
         raise ValueError(f"attention_factor = {options.attention_factor} scales the rotation: rotate=False takes 1")

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
+from .emulation import fma, loop_bound
 from .triton_attention import (
     _dot,
     _frame_turns,
@@ -55,15 +56,15 @@ LOG2E_C = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _turned_back(ga, gb, turns, factor, ROTATE: tl.constexpr):
+def _turned_back(ga, gb, turns, factor, ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """a R^T g in float32 for the angles 2 pi turns / 2^64 and the attention factor a = ``factor``:
     a (g_a cos + g_b sin, g_b cos - g_a sin); g itself without ``ROTATE``."""
     if ROTATE:
-        cos, sin = cos_sin_of_int32_turns(turns >> 32)
+        cos, sin = cos_sin_of_int32_turns(turns >> 32, FMA_BY_PARTS)
         cos = cos * factor
         sin = sin * factor
-        ya = tl.fma(ga, cos, gb * sin)
-        yb = tl.fma(gb, cos, -(ga * sin))
+        ya = fma(ga, cos, gb * sin, FMA_BY_PARTS)
+        yb = fma(gb, cos, -(ga * sin), FMA_BY_PARTS)
     else:
         ya, yb = ga, gb
     return ya, yb
@@ -85,13 +86,13 @@ def _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE: tl.constexpr):
 
 @triton.jit
 def _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                ROTATE: tl.constexpr):
+                ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """(ka1, kb1, ka2, kb2): a key block rotated for pass 1 (n theta) where ``plain`` and for pass 2
     (ReRoPE: unrotated; Leaky ReRoPE: n theta / k) where ``bent``; a frame not asked for is the
     unrotated block (unused). Without a window pass 2 is pass 1."""
     ka1, kb1 = ka, kb
     if plain:
-        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE)
+        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     if MODE == 0:
         ka2, kb2 = ka1, kb1
     else:
@@ -100,7 +101,7 @@ def _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE: tl.constex
             if MODE == 1:
                 ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
             else:
-                ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE)
+                ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     return ka1, kb1, ka2, kb2
 
 
@@ -192,7 +193,8 @@ def attention_dkdv_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (j, b h_k): dk and dv of keys [j BLOCK_N, (j + 1) BLOCK_N) of key head h_k of batch
@@ -208,7 +210,8 @@ def attention_dkdv_kernel(
     ka, kb, kt = _load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     # Both frames of the keys, once for all the query blocks
-    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, True, True, MODE, BF16_BY_BITS, ROTATE)
+    ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, True, True, MODE, BF16_BY_BITS, ROTATE,
+                                     FMA_BY_PARTS)
     d = tl.arange(0, V_PAD)
     v = tl.load(V + batch * sv_b + head_k * sv_h + cols[:, None] * sv_s + d[None, :],
                 mask=col_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
@@ -219,18 +222,18 @@ def attention_dkdv_kernel(
     dka2 = tl.zeros((BLOCK_N, HALF_PAD), tl.float32)
     dkb2 = tl.zeros((BLOCK_N, HALF_PAD), tl.float32)
     dkt = tl.zeros((BLOCK_N, TAIL_PAD), tl.float32)
-    for g in range(0, group):
+    for g in range(0, loop_bound(group, PYTHON_LOOPS)):
         head = head_k * group + g
         q_head = Q + batch * sq_b + head * sq_h
         do_head = DO + batch * sdo_b + head * sdo_h
         row_head = (batch * heads_q + head) * q_len
-        for start in range(0, q_len, BLOCK_M):
+        for start in range(0, loop_bound(q_len, PYTHON_LOOPS), BLOCK_M):
             rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, start, q_len, BLOCK_M)
             if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
                 qa, qb, qt = _load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
                 plain, bent = _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE)
                 qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, plain,
-                                                               bent, MODE, BF16_BY_BITS, ROTATE)
+                                                               bent, MODE, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
                 valid = row_mask[:, None] & col_mask[None, :]
                 if CAUSAL:
                     valid = valid & (n[None, :] <= m[:, None])
@@ -248,12 +251,12 @@ def attention_dkdv_kernel(
                     tl.trans(dl), tl.trans(bent_pairs), qa1, qb1, qa2, qb2, qt, dka1, dkb1, dka2, dkb2, dkt, plain,
                     bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
 
-    dka, dkb = _turned_back(dka1, dkb1, n[:, None] * per, factor, ROTATE)
+    dka, dkb = _turned_back(dka1, dkb1, n[:, None] * per, factor, ROTATE, FMA_BY_PARTS)
     if MODE == 1:  # ReRoPE's keys: unrotated, times the attention factor
         dka += dka2 * factor
         dkb += dkb2 * factor
     elif MODE == 2:
-        dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, factor, ROTATE)
+        dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, factor, ROTATE, FMA_BY_PARTS)
         dka += dka2
         dkb += dkb2
     _store_head(DK + batch * sdk_b + cols * sdk_s + head_k * sdk_h, col_mask, dka, dkb, dkt, HALF, HALF_PAD, TAIL,
@@ -286,7 +289,8 @@ def attention_dq_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (i, b h): dq of queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b."""
@@ -299,7 +303,7 @@ def attention_dq_kernel(
     qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
                             INTERLEAVED)
     qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
-                                                   BF16_BY_BITS, ROTATE)
+                                                   BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     d = tl.arange(0, V_PAD)
     do = tl.load(DO + batch * sdo_b + head * sdo_h + rows[:, None] * sdo_s + d[None, :],
                  mask=row_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
@@ -315,14 +319,14 @@ def attention_dq_kernel(
     dqt = tl.zeros((BLOCK_M, TAIL_PAD), tl.float32)
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
-    for start in range(0, k_len, BLOCK_N):
+    for start in range(0, loop_bound(k_len, PYTHON_LOOPS), BLOCK_N):
         cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
         if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
             ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
             # The keys rotated only into the frames the tile takes
             plain, bent = _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE)
             ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE, BF16_BY_BITS,
-                                             ROTATE)
+                                             ROTATE, FMA_BY_PARTS)
             v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=col_mask[:, None] & (d < V_DIM)[None, :],
                         other=0.0)
             valid = row_mask[:, None] & col_mask[None, :]
@@ -336,9 +340,9 @@ def attention_dq_kernel(
                 dl, bent_pairs, ka1, kb1, ka2, kb2, kt, dqa1, dqb1, dqa2, dqb2, dqt, plain, bent, MODE, HAS_TAIL,
                 PRECISION, BF16_BY_BITS)
 
-    dqa, dqb = _turned_back(dqa1, dqb1, m[:, None] * per, factor, ROTATE)
+    dqa, dqb = _turned_back(dqa1, dqb1, m[:, None] * per, factor, ROTATE, FMA_BY_PARTS)
     if MODE != 0:
-        dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, factor, ROTATE)
+        dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, factor, ROTATE, FMA_BY_PARTS)
         dqa += dqa2
         dqb += dqb2
     _store_head(DQ + batch * sdq_b + rows * sdq_s + head * sdq_h, row_mask, dqa, dqb, dqt, HALF, HALF_PAD, TAIL,

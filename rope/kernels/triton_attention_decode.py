@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import _checks
+from .emulation import loop_bound
 from .triton_attention import (
     LN2_C,
     _attend_key_block,
@@ -84,7 +85,8 @@ def attention_decode_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
-    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr,
+    BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (s, b h_k): every query of the query heads h_k group .. (h_k + 1) group - 1 of batch
@@ -101,7 +103,7 @@ def attention_decode_kernel(
     qa, qb, qt = _load_head(Q + batch * sq_b + token * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL,
                             TAIL_PAD, INTERLEAVED)
     qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
-                                                   BF16_BY_BITS, ROTATE)
+                                                   BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     row_scale = _row_factors(ROW_SCALE + batch * srs_b, token, row_mask, LOGN) * qk_scale
 
     m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -109,13 +111,13 @@ def attention_decode_kernel(
     acc = tl.zeros((BLOCK_M, V_PAD), tl.float32)
     first = split * chunk
     end = tl.minimum(first + chunk, k_len)
-    for start in range(first, end, BLOCK_N):
+    for start in range(loop_bound(first, PYTHON_LOOPS), loop_bound(end, PYTHON_LOOPS), BLOCK_N):
         m_run, l_run, acc = _attend_key_block(
             m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale,
             K + batch * sk_b + head_k * sk_h, V + batch * sv_b + head_k * sv_h,
             K_POS + batch * spk_b, start, end, sk_s, sv_s, per, leaky_per, factor, window,
             HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
-            BLOCK_N)
+            FMA_BY_PARTS, BLOCK_N)
 
     # The chunk's partial: O_s = acc / l and LSE_s = log l + max (-inf, with O_s = 0, where a row saw no key)
     seen = l_run != 0  # NaN sums included

@@ -26,7 +26,9 @@ Every multiply-add is an explicit ``tl.fma`` and the kernel is compiled with
 which the test suite runs, performs the GPU's float arithmetic operation for operation. The
 exceptions are the bfloat16 conversions, which the interpreter gets wrong (it truncates float32
 to bfloat16 and loses bfloat16 subnormals on the way back): under the interpreter the kernel
-converts by bit arithmetic instead (``BF16_BY_BITS``), the same functions as the GPU's.
+converts by bit arithmetic instead (``BF16_BY_BITS``), the same functions as the GPU's; and an
+interpreter whose fma rounds twice (Triton 3.6's) gets a correctly rounded one computed by parts
+(``FMA_BY_PARTS``, :mod:`rope.kernels.emulation`).
 
 Accuracy. Let y be the exact value of an output (exact angle m theta_i for the float32 value
 theta_i, exact cos/sin, exact products), |pair| = s sqrt(x_a^2 + x_b^2), and u = 2^-24. For
@@ -92,6 +94,7 @@ import triton.language as tl
 from .. import _checks
 from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
 from ..apply import KERNEL_SCALE_RANGE
+from .emulation import fma, interpreter_rounds_fma_twice
 from .exact_turns import by_quadrant, exact_cos_sin
 
 MAX_POSITION = 2**31
@@ -137,7 +140,7 @@ def _fixed_point_phase(theta):
 
 
 @triton.jit
-def cos_sin_of_int32_turns(turns):
+def cos_sin_of_int32_turns(turns, FMA_BY_PARTS: tl.constexpr):
     """float32 cos and sin of 2 pi turns / 2^32, for int64 ``turns`` in [-2^31, 2^31): the
     kernel's cos and sin (a device function, for ``@triton.jit`` code).
 
@@ -153,39 +156,44 @@ def cos_sin_of_int32_turns(turns):
     rest = (turns - (quadrant << 30)).to(tl.int32)  # in [-2^29, 2^29]
     low = rest & 255
     high = (rest - low).to(tl.float32)  # at most 22 significant bits: exact
-    x = tl.fma(high, _UNIT_HI, tl.fma(low.to(tl.float32), _UNIT_HI, high * _UNIT_LO))
+    x = fma(high, _UNIT_HI, fma(low.to(tl.float32), _UNIT_HI, high * _UNIT_LO, FMA_BY_PARTS), FMA_BY_PARTS)
     x2 = x * x
-    p = tl.fma(tl.fma(tl.fma(x2, _S9, _S7), x2, _S5), x2, _S3)
-    sin = tl.fma(x * x2, p, x)
-    q = tl.fma(tl.fma(tl.fma(tl.fma(x2, _C10, _C8), x2, _C6), x2, _C4), x2, _C2)
-    cos = tl.fma(x2, q, 1.0)
+    p = fma(x2, _S9, _S7, FMA_BY_PARTS)
+    p = fma(p, x2, _S5, FMA_BY_PARTS)
+    p = fma(p, x2, _S3, FMA_BY_PARTS)
+    sin = fma(x * x2, p, x, FMA_BY_PARTS)
+    q = fma(x2, _C10, _C8, FMA_BY_PARTS)
+    q = fma(q, x2, _C6, FMA_BY_PARTS)
+    q = fma(q, x2, _C4, FMA_BY_PARTS)
+    q = fma(q, x2, _C2, FMA_BY_PARTS)
+    cos = fma(x2, q, 1.0, FMA_BY_PARTS)
     return by_quadrant(quadrant, cos, sin)
 
 
 @triton.jit
-def _computed_cos_sin(pos, FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr):
+def _computed_cos_sin(pos, FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """float32 cos(m theta_i) and sin(m theta_i), [BLOCK_S, HALF_PAD], from exactly reduced
     angles; ``pos`` is the int64 [BLOCK_S, HALF_PAD] position of each pair (:func:`_positions`)."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
     turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
-    return cos_sin_of_int32_turns(turns >> 32)  # the top 32 bits suffice for float32
+    return cos_sin_of_int32_turns(turns >> 32, FMA_BY_PARTS)  # the top 32 bits suffice for float32
 
 
 @triton.jit
-def _product(a, b):
+def _product(a, b, FMA_BY_PARTS: tl.constexpr):
     """(p, e) with p = RN(a b) and p + e = a b exactly (unless a b underflows)."""
     p = a * b
-    return p, tl.fma(a, b, -p)
+    return p, fma(a, b, -p, FMA_BY_PARTS)
 
 
 @triton.jit
-def _difference_of_products(a, c_hi, c_lo, b, s_hi, s_lo):
+def _difference_of_products(a, c_hi, c_lo, b, s_hi, s_lo, FMA_BY_PARTS: tl.constexpr):
     """a (c_hi + c_lo) - b (s_hi + s_lo) in float64, rounded once up to a few 2^-106 (|a c| + |b s|):
     the products a c_hi, b s_hi and their difference are error-free transformations (Dekker's
     product by an fma, Knuth's TwoSum), the remaining terms are below 2^-52 of the result's scale."""
-    p, p_err = _product(a, c_hi)
-    q, q_err = _product(b, s_hi)
+    p, p_err = _product(a, c_hi, FMA_BY_PARTS)
+    q, q_err = _product(b, s_hi, FMA_BY_PARTS)
     d = p - q
     z = d - p
     d_err = (p - (d - z)) - (q + z)
@@ -287,7 +295,7 @@ def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.co
 def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64,
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
                       INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
-                      SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+                      SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail.
 
     float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
@@ -300,15 +308,15 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
         ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
         xa64 = _widened(xa, tl.float64, BF16_BY_BITS)
         xb64 = _widened(xb, tl.float64, BF16_BY_BITS)
-        ya = _difference_of_products(xa64, ca, cb, xb64, sa, sb) * power64
-        yb = _difference_of_products(xb64, ca, cb, -xa64, sa, sb) * power64
+        ya = _difference_of_products(xa64, ca, cb, xb64, sa, sb, FMA_BY_PARTS) * power64
+        yb = _difference_of_products(xb64, ca, cb, -xa64, sa, sb, FMA_BY_PARTS) * power64
     else:
         c = c_hi[:, None, :]
         s = s_hi[:, None, :]
         xa32 = _widened(xa, tl.float32, BF16_BY_BITS)
         xb32 = _widened(xb, tl.float32, BF16_BY_BITS)
-        ya = tl.fma(xa32, c, -(xb32 * s))
-        yb = tl.fma(xb32, c, xa32 * s)
+        ya = fma(xa32, c, -(xb32 * s), FMA_BY_PARTS)
+        yb = fma(xb32, c, xa32 * s, FMA_BY_PARTS)
         if SCALE_AFTER:
             ya = ya * power
             yb = yb * power
@@ -348,7 +356,7 @@ def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr
 @triton.jit
 def _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a, scale, scale64,
                   HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, FLOAT64_MATH: tl.constexpr,
-                  MROPE: tl.constexpr):
+                  MROPE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """(c_hi, c_lo, s_hi, s_lo), [BLOCK_S, HALF_PAD]: the attention factor's sigma times cos and
     (negated for the conjugate) sin. float32 math: RN(sigma cos) and RN(sigma sin), the low parts
     unused; float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
@@ -356,11 +364,11 @@ def _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a, 
     if FLOAT64_MATH:
         j = tl.arange(0, HALF_PAD)
         theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32)
-        cos, sin = exact_cos_sin(pos, theta[None, :], WINDOWS)
-        c_hi, c_lo = _product(cos, scale64)
-        s_hi, s_lo = _product(sin, scale64)
+        cos, sin = exact_cos_sin(pos, theta[None, :], WINDOWS, FMA_BY_PARTS)
+        c_hi, c_lo = _product(cos, scale64, FMA_BY_PARTS)
+        s_hi, s_lo = _product(sin, scale64, FMA_BY_PARTS)
     else:
-        cos, sin = _computed_cos_sin(pos, FREQ, HALF, HALF_PAD)
+        cos, sin = _computed_cos_sin(pos, FREQ, HALF, HALF_PAD, FMA_BY_PARTS)
         c_hi = cos * scale
         s_hi = sin * scale
         c_lo = c_hi
@@ -396,7 +404,7 @@ def rotary_kernel(
     # Compile time: widths, layout, variants of the arithmetic (kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
-    SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+    SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
     # Launch sizes (autotuned on a GPU)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
@@ -419,9 +427,9 @@ def rotary_kernel(
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
     c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a,
-                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, FLOAT64_MATH, MROPE)
+                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, FLOAT64_MATH, MROPE, FMA_BY_PARTS)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF, HALF_PAD,
-                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER, BF16_BY_BITS)
+                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS)
     for i in tl.static_range(1, GROUP):
         if first + i < blocks:
             x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
@@ -430,7 +438,7 @@ def rotary_kernel(
             xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
             _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF,
                               HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER,
-                              BF16_BY_BITS)
+                              BF16_BY_BITS, FMA_BY_PARTS)
 
 
 TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (4, 4, 1, 2), (8, 4, 1, 2), (2, 16, 1, 4), (2, 32, 1, 4),
@@ -485,6 +493,12 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _fma_by_parts() -> bool:
+    """Whether the kernels compute fma by parts (``FMA_BY_PARTS``, :mod:`.emulation`): in an
+    interpreter whose own ``tl.fma`` rounds twice."""
+    return _interpreted() and interpreter_rounds_fma_twice()
+
+
 def check_positions_in_range(name: str, positions: torch.Tensor, expected: str = "values in (-2^31, 2^31)") -> None:
     """Refuse positions outside (-:data:`MAX_POSITION`, :data:`MAX_POSITION`), compared in int64 on
     both sides (``abs()`` of int64's minimum overflows, and 2^31 wraps in an int32 comparison):
@@ -512,13 +526,14 @@ def launch_device(x: torch.Tensor):
 
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
-                     bf16_by_bits: bool = False) -> dict:
+                     bf16_by_bits: bool = False, fma_by_parts: bool = False) -> dict:
     """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, FLOAT64_MATH=float64_math,
         SCALE_AFTER=scale_after and not float64_math, MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
+        FMA_BY_PARTS=fma_by_parts,
     )
 
 
@@ -618,7 +633,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     options = kernel_constants(
         head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, float64_math=float64_math,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
-        scale_after=scale_after, bf16_by_bits=_interpreted(),
+        scale_after=scale_after, bf16_by_bits=_interpreted(), fma_by_parts=_fma_by_parts(),
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not _interpreted():
