@@ -13,11 +13,11 @@ code is unchanged) and set by the launchers from :func:`fma_by_parts` and :func:
   of one dimension.
 
 The float32 fma (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
-algorithms using rounding to odd", IEEE Transactions on Computers 57(4), 2008, section 5): the
+algorithms using rounding to odd", IEEE Transactions on Computers 57(4), 2008): the
 float64 product of two float32 numbers is exact (24 + 24 significant bits), the sum with z is rounded
 to odd in float64 (TwoSum gives its error; an even result with an error moves to the odd neighbour on
 the error's side), and the final rounding to float32 is then the single rounding of x y + z, since
-float64 carries more than 24 + 1 bits. The float64 fma (their Algorithm 5, "Emulated FMA"): the
+float64 carries more than 24 + 1 bits. The float64 fma (their emulated FMA): the
 exact product x y = u_h + u_l (Dekker's product with Veltkamp's splitting, no fma), TwoSum
 z + u_h = t_h + t_l, v = RO(t_l + u_l) rounded to odd, and the result RN(t_h + v). Both are exact
 as long as nothing overflows and the product's error is not below float64's normal range
