@@ -141,6 +141,12 @@ def test_entropy_rate_matches_the_chain():
         (lambda: run("tiny", output="results.json", overwrite="yes"), "overwrite"),
         (lambda: run("tiny", output=3), "output"),
         (lambda: run("tiny", output="results.md"), r"\.md"),
+        (lambda: run("tiny", methods=["rope", "rope"]), "methods must name each method once"),
+        (lambda: run("tiny", methods=[]), "methods must name at least one"),
+        (lambda: run("tiny", methods=5), "methods must be a list"),
+        (lambda: run("tiny", methods=[["rope"]]), "methods must be a list"),
+        (lambda: dataclasses.replace(PRESETS["tiny"], eval_multiples=(1, 2, 1)), "eval_multiples must not repeat"),
+        (lambda: dataclasses.replace(PRESETS["tiny"], long_eval_multiples=(64, 64)), "long_eval_multiples"),
     ],
 )
 def test_bad_input_is_rejected(make, message):
@@ -408,6 +414,75 @@ def test_the_committed_results_are_refused_before_the_run_without_overwrite(seed
     name = "extrapolation_results" + ("_seed1" if seed else "")
     assert f"{name}.json" in err and f"{name}.md" in err and "--overwrite" in err
     assert _committed_results() == before
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--out", "{file}"], "--out"),  # an existing file as the results folder
+    (["--out", "{file}/deeper"], "--out"),  # a folder under a file
+    (["--output", "{file}/results.json"], "--output"),
+    (["--output", "{folder}"], "--output"),  # a folder as the results file
+    (["--output", ""], "--output"),
+    (["--out", ""], "--out"),
+    (["--device", "bogus"], "--device"),
+    (["--device", "cuda:99"], "--device"),  # no CUDA here, or no 100th GPU
+    (["--device", "meta"], "--device"),
+    (["--seed", str(2**64)], "--seed"),  # beyond torch.manual_seed's range
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "1.5"], "--seed"),
+    (["--methods", "rope", "yarn", "rope"], "--methods"),  # a method twice: its rows would outgrow the lengths
+])
+def test_every_argument_is_checked_before_the_run(argv, flag, tmp_path, monkeypatch, capsys):
+    """A bad argument stops the command line at once with a usage error naming it (exit status 2),
+    not after minutes of training, and not with a traceback."""
+    monkeypatch.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    argv = [arg.format(file=a_file, folder=tmp_path) for arg in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--preset", "tiny", "--methods", "rope", "--no-progress", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage:") and (f"error: argument {flag}:" in err or f"error: {flag}:" in err), err
+    assert a_file.read_text() == "not a folder" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_run_checks_its_output_and_device_before_training(tmp_path, monkeypatch):
+    """The Python API refuses the same arguments before anything is trained, naming them."""
+    monkeypatch.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for arguments, error, named in [
+        (dict(output=a_file / "results.json"), ValueError, "output"),
+        (dict(output=a_file / "deeper" / "results.json"), ValueError, "output"),
+        (dict(output=tmp_path), ValueError, "output"),  # a folder is no results file
+        (dict(device="bogus"), ValueError, "device"),
+        (dict(device="cuda:99"), ValueError, "device"),
+        (dict(device="meta"), ValueError, "device"),
+        (dict(device=0), TypeError, "device"),
+    ]:
+        with pytest.raises(error, match=f"^{named}"):
+            run("tiny", progress=False, **arguments)
+    with pytest.raises(ValueError, match="^seed must be <= 18446744073709551615"):
+        dataclasses.replace(PRESETS["tiny"], seed=2**64)
+
+
+def test_an_unwritable_folder_is_refused_before_the_run(tmp_path, monkeypatch):
+    """os.access decides (the tests may run as root, who may write anywhere)."""
+    monkeypatch.setattr(runner.os, "access", lambda path, mode: Path(path) != tmp_path)
+    with pytest.raises(ValueError, match="not writable"):
+        runner.check_output(tmp_path / "new" / "results.json")
+
+
+def test_the_largest_seed_torch_takes_trains():
+    """2^64 - 1, the largest seed of torch.manual_seed, seeds the initialization and the batches."""
+    from rope.experiment.presets import MAX_SEED
+
+    config = dataclasses.replace(PRESETS["tiny"], seed=MAX_SEED, steps=1, warmup_steps=0)
+    spec = ModelSpec(config.task.vocab_size, config.d_model, config.num_heads, config.num_layers, config.mlp_ratio)
+    _, summary = runner._pretrain(config, spec, RecallTask(config.task), "nope", torch.device("cpu"), False)
+    assert summary["steps"] == 1 and math.isfinite(summary["first_loss"])
+    with pytest.raises((ValueError, RuntimeError), match="Overflow"):  # torch's limit: one more is refused there
+        torch.manual_seed(MAX_SEED + 1)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from rope.kernels import attention_operators, triton_attention, triton_attention
 from rope.kernels.attention_operators import fused_attention, fused_rotary_attention
 from rope.kernels.triton_attention import launch
 from rope.kernels.triton_attention_backward import launch_backward
-from rope.kernels.triton_attention_decode import DECODE_ROWS, launch_decode
+from rope.kernels.triton_attention_decode import DECODE_ROWS, launch_decode, split_count
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
@@ -282,6 +282,40 @@ def test_empty_queries_and_empty_batch():
     assert out.shape == (2, 0, 4, 32) and lse.shape == (2, 4, 0)
     out, lse = launch(q[:0], k[:0], v[:0], q_positions, k_positions, theta)
     assert out.shape == (0, 20, 4, 32) and lse.shape == (0, 4, 20)
+
+
+@pytest.mark.parametrize("empty", ["batch", "q_len", "heads_q", "q_len and k_len"])
+def test_decoding_shapes_with_a_dimension_of_size_zero_give_empty_outputs(empty, monkeypatch):
+    """One query per sequence (the decoding kernel's shapes) with a dimension of size 0: the
+    decoding kernel, the operators (which take it) and the prefill kernel all return the float64
+    reference's empty out, in q's dtype, and its lse, float32; the gradients are zeros of the
+    inputs' shapes."""
+    calls = []
+    original = attention_operators.launch_decode
+    monkeypatch.setattr(attention_operators, "launch_decode", lambda *a, **o: calls.append(1) or original(*a, **o))
+    q, k, v, q_positions, k_positions, theta = case(60, q_len=1, k_len=37, batch=2, dtype=torch.bfloat16)
+    if empty == "batch":
+        q, k, v = q[:0], k[:0], v[:0]
+    elif empty == "heads_q":
+        q = q[:, :, :0]
+    else:
+        q, q_positions = q[:, :0], q_positions[:0]
+        if empty == "q_len and k_len":
+            k, v, k_positions = k[:, :0], v[:, :0], k_positions[:0]
+    inputs = (q, k, v, q_positions, k_positions, theta)
+    expected, expected_lse = blockwise_attention(*[t.cpu() for t in inputs], window=5)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    results = [launch(*inputs, window=5), launch_decode(*inputs, window=5), launch_decode(*inputs, splits=1),
+               fused_attention(*leaves, q_positions, k_positions, theta, "half", True, 5)]
+    assert calls == [1]
+    assert split_count(0, k.shape[1], 16, q.device) == split_count(1, k.shape[1], 16, q.device)  # no row: as one
+    for out, lse in results:
+        assert out.shape == expected.shape and out.dtype == q.dtype
+        assert lse.shape == expected_lse.shape and lse.dtype == torch.float32
+    out, lse = results[-1]
+    grads = torch.autograd.grad((out.float().sum(), lse.sum()), leaves)
+    for g, leaf in zip(grads, leaves):
+        assert g.shape == leaf.shape and g.dtype == leaf.dtype and not g.any()
 
 
 @pytest.mark.slow

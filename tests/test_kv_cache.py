@@ -109,6 +109,45 @@ def test_bad_arguments_are_named():
         cache.step(q[:, :1, :1], k[:, :1, :1], torch.tensor([4]))
 
 
+def test_negative_positions_are_refused_naming_them():
+    """Dynamic NTK's length l = max(position) + 1 counts tokens from position 0: a negative position
+    is refused naming its argument (it surfaced as inv_freq's "seq_len must be >= 1"), and a
+    refused step appends nothing."""
+    q, k = random_sequence(1, 3)
+    cache = DynamicNTKKeyCache(config(8), 8)
+    with pytest.raises(ValueError, match=r"^positions must hold positions >= 0 .*got -3"):
+        cache.step(q, k, torch.tensor([-3, -2, -1]))
+    assert cache.keys is None and cache.positions.numel() == 0
+    with pytest.raises(ValueError, match="^q_positions must hold positions >= 0"):
+        dynamic_ntk_scores(q, k, torch.tensor([-1, 0, 1]), torch.arange(3), config(8), 8)
+    with pytest.raises(ValueError, match="^k_positions must hold positions >= 0"):
+        dynamic_ntk_scores(q, k, torch.arange(3), torch.tensor([0, -5, 1]), config(8), 8)
+    with pytest.raises(TypeError, match="^q_positions"):
+        dynamic_ntk_scores(q, k, [0, 1, 2], torch.arange(3), config(8), 8)
+
+
+@pytest.mark.parametrize("q_len, k_len", [(0, 0), (0, 3), (3, 0)])
+def test_no_query_or_no_key_gives_the_empty_logits(q_len, k_len):
+    """As rope.attention.rerope.rotary_scores: the logits of q_len queries and k_len keys, empty."""
+    q, k = random_sequence(2, 3)
+    scores = dynamic_ntk_scores(q[:, :q_len], k[:, :k_len], torch.arange(q_len), torch.arange(k_len), config(8), 8)
+    assert scores.shape == (1, 4, q_len, k_len) and scores.dtype == torch.float64
+
+
+def test_head_dim_must_be_the_heads():
+    """A head_dim other than q's and k's is refused naming it: larger, the frequencies' rotary_dim
+    would be refused naming inv_freq; smaller, q would be rotated with another head size's
+    frequencies, silently."""
+    q, k = random_sequence(3, 4)  # head_dim 8
+    with pytest.raises(ValueError, match="head_dim 16"):
+        DynamicNTKKeyCache(config(8), 16).step(q, k, torch.arange(4))
+    for head_dim in (4, 16):
+        with pytest.raises(ValueError, match=f"head_dim {head_dim}"):
+            dynamic_ntk_scores(q, k, torch.arange(4), torch.arange(4), config(8), head_dim)
+    with pytest.raises(ValueError, match="head_dim 8, got k"):
+        dynamic_ntk_scores(q, k[..., :4], torch.arange(4), torch.arange(4), config(8), 8)
+
+
 def test_the_cache_stays_on_the_device_of_q():
     """Positions (given as int32 here) are kept as int64 on q's device with the keys, and no step
     moves anything to the CPU: on CUDA positions, frequencies and cache stay with q."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._checks import choice, integer, integer_tensor
+from .._checks import choice, head_tensors, integer, integer_tensor
 from ..apply import apply_rotary
 from ..config import RopeConfig, parse_config
 from ..frequencies import inv_freq
@@ -44,15 +44,46 @@ def _dynamic_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     return cfg
 
 
+def _check_head_dim(q, k, head_dim: int) -> None:
+    """q and k are ``[batch, seq, heads, head_dim]`` float tensors of the ``head_dim`` the frequencies
+    are computed for: a smaller one would be refused as a rotary_dim beyond it, naming inv_freq, which
+    the caller never passed; a larger one rotated with another head size's frequencies, silently."""
+    head_tensors(q=q, k=k)
+    for name, t in dict(q=q, k=k).items():
+        if t.shape[3] != head_dim:
+            raise ValueError(f"q and k must have head_dim {head_dim}, got {name} {tuple(t.shape)}")
+
+
+def check_positions(**positions: torch.Tensor) -> None:
+    """Refuse token positions dynamic NTK cannot count: each keyword must be a 1-D integer tensor
+    (``TypeError``/``ValueError`` naming it) of positions >= 0 (``ValueError``): the length
+    l = max(position) + 1 counts the tokens from position 0, as transformers' ``seq_len``, so a
+    negative position has no length to scale for."""
+    for name, p in positions.items():
+        integer_tensor(name, p, dim=1)
+        if p.numel() and (lowest := int(p.min())) < 0:
+            raise ValueError(f"{name} must hold positions >= 0 (dynamic NTK's length max(position) + 1 counts "
+                             f"tokens from position 0), got {lowest}")
+
+
 def current_length(*positions: torch.Tensor) -> int:
-    """l = max(position) + 1 over all tokens seen, the length dynamic NTK scales for (as transformers)."""
-    return max(int(p.max()) for p in positions if p.numel()) + 1
+    """l = max(position) + 1 over all tokens seen, the length dynamic NTK scales for (as transformers);
+    1 when no token has been seen (every l <= max_position_embeddings gives the unscaled frequencies)."""
+    return max((int(p.max()) for p in positions if p.numel()), default=0) + 1
 
 
 def dynamic_ntk_scores(q, k, q_positions, k_positions, config, head_dim: int, *, layout: str = "half") -> torch.Tensor:
     """No-cache reference: rotate every query and key with theta(l), l = max position + 1,
-    and return the logits, float64 ``[batch, heads_q, q_len, k_len]``."""
+    and return the logits, float64 ``[batch, heads_q, q_len, k_len]``.
+
+    ``head_dim`` is q's and k's (the frequencies are those of :func:`rope.inv_freq` for it;
+    ``ValueError`` otherwise); positions are 1-D integer tensors of positions >= 0
+    (:func:`check_positions`). No query or no key gives the empty logits, as
+    :func:`.rerope.rotary_scores` does; with no token at all, l is 1 (:func:`current_length`)."""
     cfg = _dynamic_config(config)
+    head_dim = integer("head_dim", head_dim, minimum=1)
+    _check_head_dim(q, k, head_dim)
+    check_positions(q_positions=q_positions, k_positions=k_positions)
     theta, _ = inv_freq(cfg, head_dim, seq_len=current_length(q_positions, k_positions))
     return rotary_scores(q, k, q_positions, k_positions, theta, layout=layout)
 
@@ -93,11 +124,12 @@ class DynamicNTKKeyCache:
         ``[seq]`` and return the logits of the new queries ``q`` (same tokens) against every
         cached key, float64 ``[batch, heads_q, seq, cached]``. Everything stays on q's device:
         the positions (moved there), the frequencies and the cache, which then holds that
-        device's keys."""
-        integer_tensor("positions", positions, dim=1)
+        device's keys. Positions are >= 0 (:func:`check_positions`), at least one."""
+        _check_head_dim(q, k, self.head_dim)
+        check_positions(positions=positions)
         if positions.numel() == 0:
             raise ValueError("positions must hold at least one token")
-        device = q.device if isinstance(q, torch.Tensor) else positions.device  # check_qk names a bad q
+        device = q.device
         positions = positions.to(device, torch.int64)
         cached = self.positions.to(device)
         theta = self.frequencies(current_length(cached, positions)).to(device)
@@ -105,8 +137,6 @@ class DynamicNTKKeyCache:
         if self.keys is not None and self.keys.device != device:
             raise ValueError(f"q is on {device}, but the cached keys are on {self.keys.device}: a cache serves "
                              "one device")
-        if q.shape[3] != self.head_dim:
-            raise ValueError(f"q and k must have head_dim {self.head_dim}, got {q.shape[3]}")
         if self.keys is not None and (k.shape[0], k.shape[2]) != (self.keys.shape[0], self.keys.shape[2]):
             raise ValueError(f"k {tuple(k.shape)} does not match the cached keys {tuple(self.keys.shape)} "
                              "in batch or heads")

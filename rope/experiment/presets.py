@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field
 from .._checks import integer, number, optional_integer
 from .data import TaskSpec
 
+MAX_SEED = 2**64 - 1
+"""The largest run seed: :func:`torch.manual_seed` takes the seeds of a uint64 (and negative ones, which
+it maps to these; a run seed is >= 0)."""
+
 
 @dataclass(frozen=True)
 class ExperimentConfig:
@@ -48,8 +52,10 @@ class ExperimentConfig:
         for key, minimum in (("d_model", 1), ("num_heads", 1), ("num_layers", 1), ("mlp_ratio", 1),
                              ("training_length", 4),  # ReRoPE's window is half of it
                              ("steps", 1), ("batch_size", 1), ("warmup_steps", 0), ("finetune_factor", 1),
-                             ("finetune_steps", 1), ("eval_tokens", 1), ("eval_batch_tokens", 1), ("seed", 0)):
+                             ("finetune_steps", 1), ("eval_tokens", 1), ("eval_batch_tokens", 1)):
             self._store(key, integer(key, getattr(self, key), minimum=minimum))
+        # the initialization's torch.manual_seed(seed) takes [0, 2^64 - 1]: refused here, not when training starts
+        self._store("seed", integer("seed", self.seed, minimum=0, maximum=MAX_SEED))
         self._store("threads", optional_integer("threads", self.threads, minimum=1))
         for key, bounds in (("learning_rate", {"positive": True}), ("finetune_learning_rate", {"positive": True}),
                             ("weight_decay", {"minimum": 0.0})):
@@ -62,6 +68,8 @@ class ExperimentConfig:
             if not isinstance(multiples, tuple):
                 raise TypeError(f"{key} must be a tuple of positive ints, got {multiples!r}")
             self._store(key, tuple(integer(f"{key}[{i}]", m, minimum=1) for i, m in enumerate(multiples)))
+            if len(set(multiples)) != len(multiples):  # one evaluation per length: a repeat has no column of its own
+                raise ValueError(f"{key} must not repeat a multiple, got {multiples}")
         if not self.eval_multiples:
             raise ValueError("eval_multiples must hold at least one multiple of training_length")
 

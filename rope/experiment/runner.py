@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
@@ -77,13 +78,21 @@ def _checked_config(config: ExperimentConfig | str) -> ExperimentConfig:
 
 
 def _checked_methods(methods: list[str] | None) -> list[str]:
-    """The method names to evaluate: every method of :data:`METHODS` for None, else ``methods``, checked."""
-    if isinstance(methods, str):
-        raise TypeError(f"methods must be a list of method names, got str {methods!r}")
+    """The method names to evaluate: every method of :data:`METHODS` for None, else ``methods``,
+    checked (known names, at least one, none twice)."""
+    if isinstance(methods, str) or not isinstance(methods, (Iterable, type(None))):
+        raise TypeError(f"methods must be a list of method names, got {type(methods).__name__} {methods!r}")
     names = list(METHODS) if methods is None else list(methods)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"methods must be a list of method names (str), got {names!r}")
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; expected names from {', '.join(METHODS)}")
+    if not names:
+        raise ValueError("methods must name at least one method (None: every method)")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # each would be evaluated twice into one row, whose lists would outgrow the lengths
+        raise ValueError(f"methods must name each method once, got {', '.join(map(repr, repeated))} more than once")
     return names
 
 
@@ -99,16 +108,18 @@ def run(
     """Train, fine-tune and evaluate; return the results, and with ``output`` write them there as
     JSON with the markdown table of :func:`results_table` beside it (.md).
 
-    An existing results file (the JSON or its table) is refused with ``FileExistsError`` before
-    anything is trained, unless ``overwrite=True``: the committed results under ``rope/experiment/results/``
-    are replaced only on request."""
+    Every argument is checked before anything is trained (a run takes minutes): an existing
+    results file (the JSON or its table) is refused with ``FileExistsError`` unless
+    ``overwrite=True`` (the committed results under ``rope/experiment/results/`` are replaced only
+    on request), an ``output`` that could not be written (:func:`check_output`) or a ``device``
+    that cannot hold tensors (:func:`check_device`) with ``ValueError`` naming it."""
     config = _checked_config(config)
     flag("progress", progress)
     flag("overwrite", overwrite)
     names = _checked_methods(methods)
     if output is not None:
         output = check_output(output, overwrite=overwrite)
-    device = torch.device(device)
+    device = check_device(device)
     with _deterministic(config, device):
         results = _run(config, names, device, progress)
     if output is not None:
@@ -122,16 +133,33 @@ def results_files(output: str | Path) -> tuple[Path, Path]:
     return output, output.with_suffix(".md")
 
 
-def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "overwrite=True") -> Path:
-    """``output`` as a :class:`~pathlib.Path` after checking that a run may write there:
-    ``TypeError`` unless it is a str or path, ``ValueError`` for a name ending in ``.md`` (the
-    table beside it would be the file itself), ``FileExistsError`` naming the file and ``hint``
-    (how to ask for the replacement) when either results file exists and not ``overwrite``."""
+def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "overwrite=True",
+                 name: str = "output") -> Path:
+    """``output`` as a :class:`~pathlib.Path` after checking that a run may write there, so that a
+    run never trains for minutes and then fails to write: ``TypeError`` unless it is a str or
+    path; ``ValueError`` naming the argument (``name``: the command line passes its flag) for a
+    name ending in ``.md`` (the table beside it would be the file itself), for a results file
+    that is a folder, and for a folder that cannot be created or written (the nearest existing
+    folder above the results must be a writable folder, not a file); ``FileExistsError`` naming
+    the file and ``hint`` (how to ask for the replacement) when either results file exists and
+    not ``overwrite``."""
     if not isinstance(output, (str, os.PathLike)):
-        raise TypeError(f"output must be a str or path, got {type(output).__name__} {output!r}")
+        raise TypeError(f"{name} must be a str or path, got {type(output).__name__} {output!r}")
     output = Path(output)
     if output.suffix == ".md":
-        raise ValueError(f"output must not end in .md (the markdown table is written beside it as .md), got {output}")
+        raise ValueError(f"{name} must not end in .md (the markdown table is written beside it as .md), "
+                         f"got {output}")
+    for path in results_files(output):
+        if path.is_dir():
+            raise ValueError(f"{name}: the results file {path} is a folder; name a file")
+    # the nearest existing folder above the results: the run creates the rest (Path('x').parent is '.')
+    nearest = next(folder for folder in output.absolute().parents if folder.exists())
+    if not nearest.is_dir():
+        raise ValueError(f"{name}: {nearest} is a file, so no results folder can be created at {output.parent}; "
+                         "name a folder")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: the folder {nearest} is not writable, so the results {output} cannot be "
+                         "written there")
     if not overwrite:
         existing = [str(path) for path in results_files(output) if path.exists()]
         if existing:
@@ -139,6 +167,32 @@ def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "ov
                      else f"files {' and '.join(existing)} exist; pass {hint} to replace them")
             raise FileExistsError(f"results {named}, or write the results elsewhere")
     return output
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a :class:`torch.device` after checking that the run can use it, before any
+    training: ``TypeError`` unless it is a str or device; ``ValueError`` naming ``device`` for a
+    name torch does not know, for ``meta`` (no values to train on), for CUDA without an available
+    GPU or beyond the GPUs present, and for any other device that cannot allocate a tensor."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__} {device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"device {device!r} is not a torch device (e.g. cpu, cuda, cuda:1): {error}") from None
+    if device.type == "meta":
+        raise ValueError("device meta holds no values to train on; expected e.g. cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device} needs CUDA, which is not available here (expected e.g. cpu)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device}: there are {torch.cuda.device_count()} CUDA devices "
+                             f"(indices 0 to {torch.cuda.device_count() - 1})")
+    try:
+        torch.empty(1, device=device)  # any other backend (mps, xpu, ...) must be built in and present
+    except (RuntimeError, AssertionError) as error:  # AssertionError: torch built without CUDA
+        raise ValueError(f"device {device} cannot hold tensors here: {error}") from None
+    return device
 
 
 @contextlib.contextmanager

@@ -138,12 +138,13 @@ def prefers_decode(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def split_count(batch_heads: int, k_len: int, block_n: int, device: torch.device) -> int:
     """Chunks of the keys: enough programs for two per multiprocessor (four in Triton's interpreter,
-    whose programs run one after another), each chunk at least one key block."""
+    whose programs run one after another), each chunk at least one key block; at least 1, also
+    for no key (``k_len`` 0) or no program row (``batch_heads`` 0, counted as one)."""
     if _interpreted() or device.type != "cuda":
         target = 4
     else:
         target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(k_len, block_n), triton.cdiv(target, batch_heads)))
+    return max(1, min(triton.cdiv(k_len, block_n), triton.cdiv(target, max(batch_heads, 1))))
 
 
 def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
@@ -158,7 +159,8 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
     Shapes, options and checks are :func:`.triton_attention.launch`'s, except that q_len x group
     may not exceed :data:`DECODE_ROWS` (``ValueError`` otherwise: the prefill kernel serves more
     rows) and ``block_n`` sets the key block (16 in Triton's interpreter, :data:`DECODE_LAUNCH` on
-    a GPU).
+    a GPU). As there, no query row (batch, q_len or heads_q of size 0) gives an empty out and lse
+    of their shapes and dtypes, and ``v_dim = 0`` an empty out and every row's lse.
     """
     if not _interpreted():  # the decoding defaults; the interpreter's are the prefill kernel's
         block_n = DECODE_LAUNCH[0] if block_n is None else block_n
@@ -173,14 +175,14 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
         raise ValueError(f"q_len x group must be at most {DECODE_ROWS} rows for the decoding kernel, got "
                          f"{q_len} x {heads_q // heads_k}: use triton_attention.launch")
     block_n = run.sizes["BLOCK_N"]
-    if splits is None:
-        splits = split_count(batch * heads_k, k_len, block_n, q.device)
-    else:
+    if splits is not None:  # checked whatever the shapes, as the prefill kernel checks its launch sizes
         splits = _checks.integer("splits", splits, minimum=1, maximum=max(1, triton.cdiv(k_len, block_n)))
     out = q.new_empty(batch, q_len, heads_q, v.shape[3])
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float32, device=q.device)
-    if lse.numel() == 0:  # no query row (v_dim = 0 still has every row's lse)
+    if lse.numel() == 0:  # no query row, as launch (batch, q_len or heads_q 0; v_dim = 0 still has every row's lse)
         return out, lse
+    if splits is None:
+        splits = split_count(batch * heads_k, k_len, block_n, q.device)
     chunk = triton.cdiv(triton.cdiv(k_len, splits), block_n) * block_n
     splits = triton.cdiv(k_len, chunk)  # no empty chunk
     out_part = torch.empty(batch, heads_q, q_len, splits, v.shape[3], dtype=torch.float32, device=q.device)
