@@ -212,10 +212,10 @@ def turns_per_position(inv_freq: torch.Tensor) -> torch.Tensor:
     any other dtype, NaN, infinities or float64 magnitudes outside that range are refused, as
     their bits would be read as a wrong angle."""
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
-    return _turns_per_position(inv_freq)
+    return turns_of_checked_frequencies(inv_freq)
 
 
-def _turns_per_position(inv_freq: torch.Tensor) -> torch.Tensor:
+def turns_of_checked_frequencies(inv_freq: torch.Tensor) -> torch.Tensor:
     """:func:`turns_per_position` of frequencies already checked."""
     if inv_freq.dtype == torch.float64:
         first = inv_freq.to(torch.float32)
@@ -331,7 +331,7 @@ def exact_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tenso
     integer_tensor("positions", positions)
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
     _checks.same_device("positions", positions, inv_freq=inv_freq)
-    limbs = turns(positions[..., None], _turns_per_position(inv_freq))
+    limbs = turns(positions[..., None], turns_of_checked_frequencies(inv_freq))
     top = limbs[..., -1] - ((limbs[..., -1] >> (LIMB_BITS - 1)) << LIMB_BITS)  # signed: turns in [-1/2, 1/2)
     head = (top * (1 << LIMB_BITS) + limbs[..., -2]).to(torch.float64) * 2.0**-42
     fraction = head + (limbs[..., -3].to(torch.float64) * 2.0**-63 + limbs[..., -4].to(torch.float64) * 2.0**-84)
@@ -355,5 +355,5 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool =
         raise ValueError(f"positions must be [..., pairs] = [..., {inv_freq.shape[0]}] with per_pair=True "
                          f"(one position per pair), got {tuple(positions.shape)}")
     _checks.flag("float64", float64)
-    limbs = turns(positions if per_pair else positions[..., None], _turns_per_position(inv_freq))
+    limbs = turns(positions if per_pair else positions[..., None], turns_of_checked_frequencies(inv_freq))
     return cos_sin_of_turns(limbs) if float64 else cos_sin_of_turns_float32(limbs)

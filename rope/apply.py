@@ -43,16 +43,11 @@ import torch
 from . import _checks
 from .angles import cos_sin
 from .layouts import LAYOUTS
+from .limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MIN_ATTENTION_FACTOR, MROPE_AXES
 
-KERNEL_MAX_HEAD_DIM = 1024
-KERNEL_SCALE_RANGE = (2.0**-64, 2.0**64)  # the attention factors the kernel takes (rope.kernels.triton_rotary)
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 DEVICES_WITHOUT_FLOAT64 = ("mps",)
-MROPE_AXES = ("t", "h", "w")
-"""The rows of M-RoPE position ids (:mod:`rope.mrope`): time, height, width; ``axes[i]`` is pair i's row."""
-MIN_ATTENTION_FACTOR = 2.0**-1022
-"""The smallest attention factor taken: float64's smallest normal number."""
 _SAFE_FACTOR = 2.0**512  # below it, float64 products of float32-range inputs cannot overflow
 
 
@@ -130,26 +125,27 @@ def _check_options(layout, attention_factor, conjugate, backend) -> float:
     return _checks.number("attention_factor", attention_factor, positive=True, minimum=MIN_ATTENTION_FACTOR)
 
 
-def _use_kernel(q: torch.Tensor, backend: str, inv_freq: torch.Tensor, attention_factor: float) -> bool:
-    """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel on q's device;
-    raises if "triton" was asked for and cannot run. The kernel takes float32 frequencies only
-    (:func:`rope._checks.finite_frequencies`) and attention factors in :data:`KERNEL_SCALE_RANGE`:
-    "auto" leaves the others to the torch path."""
-    float64_frequencies = inv_freq.dtype == torch.float64
+def _use_kernel(q, backend: str, inv_freq, attention_factor: float) -> bool:
+    """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel. "auto" takes it for
+    CUDA tensors the kernel can rotate: head_dim up to :data:`rope.limits.KERNEL_MAX_HEAD_DIM`, no
+    float64 frequencies (:func:`rope._checks.finite_frequencies`: the kernel takes float32 theta_i)
+    and attention factors in :data:`rope.limits.KERNEL_SCALE_RANGE`; it leaves the others, and
+    arguments that are not tensors of four dimensions, to the torch path, which checks them. "triton"
+    raises where Triton is missing or the frequencies are float64; its other limits are the
+    operator's checks (:mod:`rope.kernels.operators`)."""
     if backend == "torch":
         return False
     if backend == "auto":
         low, high = KERNEL_SCALE_RANGE
-        return (q.is_cuda and q.shape[-1] <= KERNEL_MAX_HEAD_DIM and HAS_TRITON and not float64_frequencies
+        return (HAS_TRITON and isinstance(q, torch.Tensor) and isinstance(inv_freq, torch.Tensor) and q.is_cuda
+                and q.dim() == 4 and q.shape[-1] <= KERNEL_MAX_HEAD_DIM and inv_freq.dtype != torch.float64
                 and low <= attention_factor <= high)
-    if float64_frequencies:
+    if _checks.tensor("inv_freq", inv_freq).dtype == torch.float64:
         raise TypeError("backend='triton' takes float32 inv_freq (theta_i as float32 numbers); float64 "
                         "frequencies are honoured exactly by backend='torch' (or pass inv_freq.float() if their "
                         "float32 rounding is meant)")
     if not HAS_TRITON:
         raise ValueError("backend='triton' needs the triton package (pip install triton)")
-    if q.shape[-1] > KERNEL_MAX_HEAD_DIM:
-        raise ValueError(f"backend='triton' takes head_dim up to {KERNEL_MAX_HEAD_DIM}, got {q.shape[-1]}")
     return True
 
 
@@ -312,11 +308,19 @@ def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.
 
 def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, attention_factor, conjugate):
     """``torch.ops.rope.rotary`` (:mod:`rope.kernels.operators`, imported here: it imports Triton),
-    which checks the values of the frequencies and axes itself."""
+    which checks its arguments itself: shapes, dtypes, devices and the kernel's limits, then the
+    values of the frequencies and axes. Checked here only what the operator's schema would convert
+    or refuse with a ``RuntimeError`` before its checks run (a tensor given as another type, a
+    ``rotary_dim`` that is not an int), and the axes, which are converted here."""
     from .kernels import operators  # noqa: F401  (registers torch.ops.rope.rotary)
 
-    if axes is not None:  # no copy where the axes are int64 on q's device already (a model's buffer)
-        axes = axes.to(device=q.device, dtype=torch.int64, non_blocking=True)
+    for name, x in (("q", q), ("k", k), ("positions" if axes is None else "position_ids", positions)):
+        _checks.tensor(name, x)
+    if rotary_dim is None:
+        rotary_dim = 2 * inv_freq.numel()  # 2 len(inv_freq); an inv_freq that is not 1-D is the operator's to refuse
+    rotary_dim = _checks.integer("rotary_dim", rotary_dim)
+    if axes is not None:  # any integer dtype on any device; no copy where int64 on q's device already (a buffer)
+        axes = _checks.integer_tensor("axes", axes).to(device=q.device, dtype=torch.int64, non_blocking=True)
     return torch.ops.rope.rotary(
         q=q, k=k, positions=positions, inv_freq=inv_freq, interleaved=layout == "interleaved",
         rotary_dim=rotary_dim, scale=attention_factor, conjugate=conjugate, axes=axes,
@@ -325,21 +329,22 @@ def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, att
 
 def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim=None, attention_factor=1.0,
               conjugate=False, backend="auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """The one path of :func:`apply_rotary` and :func:`rope.mrope.apply_mrope`: check every argument,
-    then rotate with the fused kernel or on the torch path.
+    """The one path of :func:`apply_rotary` and :func:`rope.mrope.apply_mrope`: check the options,
+    then rotate with the fused kernel or on the torch path, each checking the tensors once.
 
     Pair i of a token turns by the angle p_i theta_i: p_i = m, the token's position
     (``positions`` ``[seq]`` or ``[batch, seq]``), or with M-RoPE ``axes`` p_i = row ``axes[i]``
     of the position ids ``[3, seq]`` or ``[3, batch, seq]`` (Qwen2-VL, section 2.1). The options
-    are :func:`apply_rotary`'s. Shapes, dtypes and devices are checked here; the values of the
-    frequencies and axes by the path that runs (on the kernel path by the operator), eagerly off
-    CUDA and as asynchronous device assertions on CUDA.
+    are :func:`apply_rotary`'s. On the torch path shapes, dtypes and devices are checked here
+    (:func:`check_inputs`), on the kernel path by the operator (:func:`_kernel_rotation`); the values
+    of the frequencies and axes by the path that runs, eagerly off CUDA and as asynchronous device
+    assertions on CUDA.
     """
-    rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
     attention_factor = _check_options(layout, attention_factor, conjugate, backend)
     if _use_kernel(q, backend, inv_freq, attention_factor):
         return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
                                 attention_factor=attention_factor, conjugate=conjugate)
+    rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
     if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin
         cos, sin = exact_cos_sin(positions, inv_freq)
     else:

@@ -29,7 +29,7 @@ import torch
 
 from . import _checks
 from ._checks import integer_tensor
-from .angles import _turns_per_position, add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns
+from .angles import add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns, turns_of_checked_frequencies
 from .apply import check_inputs, has_float64, rotate_by_cos_sin
 from .frequencies import inv_freq
 from .layouts import LAYOUTS
@@ -115,8 +115,8 @@ def pair_cos_sin(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *,
 
 def _pair_cos_sin(positions_xy, inv_freq_x, inv_freq_y, mixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pair_cos_sin` of checked arguments."""
-    x_turns = turns(positions_xy[..., 0, None], _turns_per_position(inv_freq_x))
-    y_turns = turns(positions_xy[..., 1, None], _turns_per_position(inv_freq_y))
+    x_turns = turns(positions_xy[..., 0, None], turns_of_checked_frequencies(inv_freq_x))
+    y_turns = turns(positions_xy[..., 1, None], turns_of_checked_frequencies(inv_freq_y))
     limbs = add_turns(x_turns, y_turns) if mixed else torch.cat((x_turns, y_turns), dim=-2)
     return (cos_sin_of_turns if has_float64(positions_xy.device) else cos_sin_of_turns_float32)(limbs)
 

@@ -7,7 +7,8 @@ Hugging Face keeps RoPE settings in a plain dict (``config.rope_parameters``, fo
 
 **The keys.** The registry (:mod:`rope.registry`) says for each ``rope_type`` which keys it needs
 and which it may read, in the shape of transformers' key sets (``_validate_<type>_rope_parameters``
-in ``modeling_rope_utils.py``); every type also reads the :data:`COMMON_KEYS`. The built-in types:
+in ``modeling_rope_utils.py``); every type also reads the :data:`rope.registry.COMMON_KEYS`. The
+built-in types:
 
 ======================================  ====================================================
 ``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
@@ -95,7 +96,7 @@ import os
 import sys
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -103,6 +104,7 @@ import torch
 
 from . import _checks, registry
 from .mrope import MROPE_STYLES, check_section, section_axes
+from .registry import COMMON_KEYS, FIELD_KEYS
 
 DEFAULT_THETA = 10000.0
 MAX_LENGTH = 2**63
@@ -116,14 +118,6 @@ class RopeConfigWarning(UserWarning):
     whose numbers rope computes as transformers does although they are likely a mistake (a factor
     below 1 derived from the two context lengths)."""
 
-
-COMMON_KEYS = frozenset({
-    "rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings",
-    "original_max_position_embeddings", "mrope_section", "mrope_interleaved", "interleaved", "mrope_style",
-})
-"""Keys every ``rope_type`` accepts. The two context lengths are among them because model configs
-carry them at the top level whatever the type (:func:`rope.hf.rope_parameters_from_config` folds
-them in); types that do not read them ignore them without a warning."""
 
 MODEL_KEYS = frozenset({"llama_4_scaling_beta"})
 """Keys that models keep in ``rope_parameters`` and read outside the rotary embedding (Ministral 3
@@ -363,9 +357,6 @@ _FIELD_CHECKS = {
     "mrope_style": _style,
 }
 """Per field, its check: the value as stored, or TypeError/ValueError naming the key."""
-
-FIELD_KEYS = frozenset(f.name for f in fields(RopeConfig)) - {"extra"}
-"""The keys :class:`RopeConfig` stores as fields; a registered type's other keys go to ``extra``."""
 
 _DEFAULTS = {"rope_theta": DEFAULT_THETA, "truncate": True}
 """The fields whose ``None`` ("not given") becomes a value once the required keys are checked."""

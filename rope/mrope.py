@@ -40,7 +40,8 @@ import torch
 
 from . import _checks
 from ._checks import integer_tensor
-from .apply import MROPE_AXES, check_axes, exact_cos_sin, per_pair_positions, rotate_qk
+from .apply import check_axes, exact_cos_sin, per_pair_positions, rotate_qk
+from .limits import MROPE_AXES
 
 MROPE_STYLES = ("chunked", "interleaved", "alternating")
 

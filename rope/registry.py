@@ -12,7 +12,7 @@ type cannot exist for the frequencies and not for the config parser, or the othe
   registered with ``zero_frequencies=True``, as ``proportional`` is), so a registered function
   cannot hand a silently wrong table onwards: anything else is a ``TypeError`` or ``ValueError``
   naming the type;
-* ``required`` and ``optional`` keys besides the common ones (:data:`rope.config.COMMON_KEYS`):
+* ``required`` and ``optional`` keys besides the common ones (:data:`COMMON_KEYS`):
   :func:`rope.parse_config` refuses a config that lacks a required key (unless all its
   ``stand_ins``, keys the type reads or common keys, are given) and warns about keys the type does
   not read; a common key (``rope_theta``) may be required, as ``llama3`` and ``proportional`` do;
@@ -55,6 +55,26 @@ FrequencyFunction = Callable[[Any, int, "int | None"], Frequencies]
 RESERVED_NAMES = frozenset({"mrope"})
 """Names a type may not take: ``mrope`` means ``default`` with an ``mrope_section`` (old Qwen2-VL
 configs), as transformers reads it."""
+
+COMMON_KEYS = frozenset({
+    "rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings",
+    "original_max_position_embeddings", "mrope_section", "mrope_interleaved", "interleaved", "mrope_style",
+})
+"""Keys every ``rope_type`` accepts. The two context lengths are among them because model configs
+carry them at the top level whatever the type (:func:`rope.hf.rope_parameters_from_config` folds
+them in); types that do not read them ignore them without a warning."""
+
+FIELD_KEYS = frozenset({
+    "rope_type", "rope_theta", "factor", "max_position_embeddings", "original_max_position_embeddings",
+    "partial_rotary_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "attention_factor",
+    "short_factor", "long_factor", "low_freq_factor", "high_freq_factor", "mrope_section", "mrope_style",
+})
+"""The keys :class:`rope.RopeConfig` stores as typed fields (its fields but ``extra``), which it checks
+itself: a registered type's ``key_checks`` may not name them, and its other keys go to
+``RopeConfig.extra``. Here, not in :mod:`rope.config`, because the registry checks registrations
+against them and :mod:`rope.config` reads the registry (tests/test_registry.py checks that the two
+agree)."""
+
 
 
 @dataclass(frozen=True)
@@ -105,7 +125,7 @@ def register_rope_type(
     """Register ``frequencies`` as the ``rope_type`` ``name`` and return its :class:`RopeType`.
 
     ``required_keys`` and ``optional_keys`` are the config keys the type reads besides
-    :data:`rope.config.COMMON_KEYS` (a common key may be required); ``stand_ins`` maps a required
+    :data:`COMMON_KEYS` (a common key may be required); ``stand_ins`` maps a required
     key to keys, read by the type or common, that can replace it; ``key_checks`` validates keys
     that :class:`rope.RopeConfig` has no field for (their values land in ``RopeConfig.extra``);
     ``zero_frequencies=True`` lets ``frequencies`` give 0 to pairs that do not rotate (otherwise
@@ -126,8 +146,6 @@ def register_rope_type(
     optional = _key_names("optional_keys", optional_keys)
     if set(required) & set(optional):
         raise ValueError(f"required_keys and optional_keys share {sorted(set(required) & set(optional))}")
-    from .config import COMMON_KEYS, FIELD_KEYS  # imported here: rope.config reads this registry
-
     stand_ins = dict(stand_ins or {})
     for key, keys in stand_ins.items():
         if key not in required:

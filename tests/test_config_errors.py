@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import rope
-from rope.config import COMMON_KEYS, FOREIGN_KEYS, RopeConfig, RopeConfigWarning
+from rope.config import FOREIGN_KEYS, RopeConfig, RopeConfigWarning
 from rope.hf.embedding import layer_type_parameters, rope_parameters_from_config
+from rope.registry import COMMON_KEYS
 from rope.registry import rope_type as registered_type
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}

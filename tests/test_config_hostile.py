@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 import rope
 from helpers import names, ulp
-from rope.config import FIELD_KEYS, RopeConfig, RopeConfigWarning
+from rope.config import RopeConfig, RopeConfigWarning
+from rope.registry import FIELD_KEYS
 
 COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_position_embeddings",
           "original_max_position_embeddings", "mrope_section", "mrope_interleaved", "interleaved", "mrope_style"}

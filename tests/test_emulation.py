@@ -178,13 +178,13 @@ def test_switches_follow_the_interpreter(monkeypatch):
     """Off when compiled for a GPU; in the interpreter FMA_BY_PARTS follows the probe, which is True
     exactly where the interpreter's own fma misses the rounding error of a square."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not triton_rotary._fma_by_parts() and not triton_rotary._interpreted()
+    assert not triton_rotary.needs_fma_by_parts() and not triton_rotary.interpreting()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if DEVICE == "cpu":
         a = torch.tensor([1 + 2**-12], dtype=torch.float32)
         out = torch.empty_like(a)
         _fma_kernel[(1,)](a, a, -(a * a), out, N=1, FMA_BY_PARTS=False)
-        assert triton_rotary._fma_by_parts() == (out.item() != 2**-24)
+        assert triton_rotary.needs_fma_by_parts() == (out.item() != 2**-24)
 
 
 @pytest.mark.parametrize("version", ["3.6.0", "3.9.0", "3.10.1+git1a2b3c", "4.0.0"])

@@ -24,7 +24,7 @@ import rope
 from helpers import assert_device_assertion, random_qk, value_checks_assert_on
 from rope.attention.blockwise import blockwise_attention, rotary_attention
 from rope.attention.logn import logn_scale
-from rope.attention.rerope import _rotated, bent_frame
+from rope.attention.rerope import bent_frame, rotate_exactly
 from rope.kernels import attention_operators, triton_attention, triton_attention_backward
 from rope.kernels.attention_operators import fused_attention, fused_rotary_attention
 from rope.kernels.triton_attention import launch
@@ -59,7 +59,7 @@ def same_roundings(q, k, v, q_positions, k_positions, theta, *, layout="half", c
     rotary = torch.arange(q.shape[3]) < 2 * theta.numel()
 
     def turned(x, positions, inv_freq):  # a R x on the rotated coordinates, rounded to x's dtype
-        return torch.where(rotary, attention_factor * _rotated(x, positions, inv_freq, layout), x.double())
+        return torch.where(rotary, attention_factor * rotate_exactly(x, positions, inv_freq, layout), x.double())
 
     def logits(frame):
         q_rot = turned(q, *frame(q_positions, True)).to(q.dtype).double()
@@ -219,7 +219,7 @@ def test_every_tile_kind_occurs_and_matches():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not triton_attention._interpreted(), reason="counts the calls the interpreter makes")
+@pytest.mark.skipif(not triton_attention.interpreting(), reason="counts the calls the interpreter makes")
 @pytest.mark.parametrize("leaky_scale", [None, 16.0])
 def test_each_tile_forms_its_logits_once_per_frame_it_takes(leaky_scale, monkeypatch):
     """Forward and backward form a tile's logits once on plain and bent tiles and twice only on
@@ -231,11 +231,11 @@ def test_each_tile_forms_its_logits_once_per_frame_it_takes(leaky_scale, monkeyp
     assert min(stats.tiles_plain, stats.tiles_bent, stats.tiles_both) > 0, stats
     calls = {triton_attention: 0, triton_attention_backward: 0}
     for module in calls:
-        def counted(*args, module=module, original=module._logits):
+        def counted(*args, module=module, original=module.tile_logits):
             calls[module] += 1
             return original(*args)
 
-        monkeypatch.setattr(module, "_logits", counted)
+        monkeypatch.setattr(module, "tile_logits", counted)
     assert_gradients_match(inputs, window=20, leaky_scale=leaky_scale)  # 16 x 16 tiles in the interpreter
     products = inputs[0].shape[2] * (stats.tiles_plain + stats.tiles_bent + 2 * stats.tiles_both)
     assert calls == {triton_attention: products, triton_attention_backward: 2 * products}
@@ -1000,13 +1000,13 @@ def test_each_backward_kernel_takes_its_own_gpu_sizes_unless_given(monkeypatch):
 
     run = SimpleNamespace(sizes=dict(BLOCK_M=64, BLOCK_N=32), launch_options=dict(num_warps=2))
     names = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-    monkeypatch.setattr(triton_attention_backward, "_interpreted", lambda: False)
+    monkeypatch.setattr(triton_attention_backward, "interpreting", lambda: False)
     for default in (triton_attention_backward.DKDV_LAUNCH, triton_attention_backward.DQ_LAUNCH):
         chosen = triton_attention_backward._kernel_launch(run, default, None, None, None, None)
         assert chosen == dict(zip(names, default))
         chosen = triton_attention_backward._kernel_launch(run, default, 64, None, 2, None)  # run holds the given
         assert chosen == dict(zip(names, (64, default[1], 2, default[3])))
-    monkeypatch.setattr(triton_attention_backward, "_interpreted", lambda: True)
+    monkeypatch.setattr(triton_attention_backward, "interpreting", lambda: True)
     default = triton_attention_backward.DKDV_LAUNCH
     assert triton_attention_backward._kernel_launch(run, default, None, None, None, None) == dict(
         BLOCK_M=64, BLOCK_N=32, num_warps=2)

@@ -391,7 +391,7 @@ def test_exact_cos_sin_in_the_kernel_is_within_2_to_the_minus_52():
     theta = theta * torch.where(torch.arange(32) % 3 == 0, -1.0, 1.0)
     cos, sin = (torch.empty(64, 32, dtype=torch.float64, device=DEVICE) for _ in range(2))
     _exact_cos_sin_probe[(1,)](positions.to(DEVICE), theta.to(DEVICE), inverse_two_pi_windows(torch.device(DEVICE)),
-                               cos, sin, N=64, P=32, FMA_BY_PARTS=triton_rotary._fma_by_parts())
+                               cos, sin, N=64, P=32, FMA_BY_PARTS=triton_rotary.needs_fma_by_parts())
     angles = [mpmath.mpf(m) * mpmath.mpf(float(t)) for m in positions.tolist() for t in theta.tolist()]
     assert_within(cos, [mpmath.cos(a) for a in angles], Fraction(1, 2**52), "cos")
     assert_within(sin, [mpmath.sin(a) for a in angles], Fraction(1, 2**52), "sin")
@@ -404,7 +404,7 @@ def test_kernel_cos_sin_polynomials_near_zero():
     x = torch.cat([torch.linspace(-edge, edge, 1000, dtype=torch.float64),
                    torch.tensor([edge, -edge, 2.0**-1074, 0.0, 1e-8, math.pi / 4] * 4, dtype=torch.float64)])
     cos, sin = torch.empty_like(x), torch.empty_like(x)
-    _near_zero_probe[(1,)](x.to(DEVICE), cos, sin, N=1024, FMA_BY_PARTS=triton_rotary._fma_by_parts())
+    _near_zero_probe[(1,)](x.to(DEVICE), cos, sin, N=1024, FMA_BY_PARTS=triton_rotary.needs_fma_by_parts())
     assert_within(cos, [mpmath.cos(v) for v in x.tolist()], Fraction(1, 2**52), "cos")
     assert_within(sin, [mpmath.sin(v) for v in x.tolist()], Fraction(1, 2**52), "sin")
 

@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 
 import rope.kernels.operators  # registers torch.ops.rope.rotary and torch.ops.rope.rotary_
 from helpers import FLOAT_DTYPES, assert_device_assertion, exact_rotation, ulp, value_checks_assert_on
-from rope.kernels.triton_rotary import SCALE_RANGE
+from rope.limits import KERNEL_SCALE_RANGE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BATCH, SEQ, HEADS_Q, HEADS_K, HEAD_DIM, ROTARY_DIM = 2, 3, 2, 1, 8, 6
@@ -166,9 +166,9 @@ BAD_CALLS = {
     "scale -inf": (replace(scale=float("-inf")), ValueError, "^scale must be finite", "metadata"),
     "scale 0": (replace(scale=0.0), ValueError, "^scale must be > 0", "metadata"),
     "scale negative": (replace(scale=-1.0), ValueError, "^scale must be > 0", "metadata"),
-    "scale above the kernel's range": (replace(scale=2 * SCALE_RANGE[1]), ValueError, "^scale must be <=",
+    "scale above the kernel's range": (replace(scale=2 * KERNEL_SCALE_RANGE[1]), ValueError, "^scale must be <=",
                                        "metadata"),
-    "scale below the kernel's range": (replace(scale=SCALE_RANGE[0] / 2), ValueError, "^scale must be >=",
+    "scale below the kernel's range": (replace(scale=KERNEL_SCALE_RANGE[0] / 2), ValueError, "^scale must be >=",
                                        "metadata"),
     "scale str": (replace(scale="1"), RuntimeError, "for argument 'scale'", "schema"),
     "interleaved 'no'": (replace(interleaved="no"), RuntimeError, "for argument 'interleaved'", "schema"),

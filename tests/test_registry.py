@@ -6,6 +6,7 @@ about) and computed by :func:`rope.inv_freq`, which checks what the function ret
 are the formulas written here in float64, rounded once to float32.
 """
 
+import dataclasses
 import math
 import warnings
 
@@ -252,3 +253,9 @@ def test_the_registry_docstring_example_runs():
         assert torch.allclose(theta, ntk, rtol=1e-6, atol=0)
     finally:
         unregister_rope_type("alpha_ntk")
+
+
+def test_field_keys_are_the_fields_of_rope_config():
+    """The registry lists RopeConfig's typed keys itself (rope.config imports the registry, not the
+    other way round): the list must be the dataclass's fields, ``extra`` aside."""
+    assert rope.registry.FIELD_KEYS == {f.name for f in dataclasses.fields(rope.RopeConfig)} - {"extra"}

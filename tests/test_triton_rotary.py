@@ -25,7 +25,7 @@ from helpers import (
     ulp,
     value_checks_assert_on,
 )
-from rope.kernels.triton_rotary import _fma_by_parts, cos_sin_of_int32_turns
+from rope.kernels.triton_rotary import cos_sin_of_int32_turns, needs_fma_by_parts
 from strategies import layouts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,7 +65,7 @@ def cos_sin_errors(turns: torch.Tensor) -> torch.Tensor:
     """max(|cos error|, |sin error|) of the kernel's cos/sin of 2 pi t / 2^32 against float64, in 2^-24."""
     turns = turns.to(DEVICE)
     cos, sin = torch.empty(turns.shape, device=DEVICE), torch.empty(turns.shape, device=DEVICE)
-    _cos_sin_probe[(turns.numel() // 1024,)](turns, cos, sin, N=1024, FMA_BY_PARTS=_fma_by_parts())
+    _cos_sin_probe[(turns.numel() // 1024,)](turns, cos, sin, N=1024, FMA_BY_PARTS=needs_fma_by_parts())
     angle = turns.cpu().double() * (2 * torch.pi / 2**32)
     err = torch.maximum((cos.cpu().double() - angle.cos()).abs(), (sin.cpu().double() - angle.sin()).abs())
     return err / 2.0**-24
@@ -198,6 +198,31 @@ def test_no_gradient_is_silently_missing():
         with pytest.raises(ValueError, match=f"{name} requires grad"):
             torch.ops.rope.rotary_(*tensors, positions, theta, False, 8, 1.0, False)
         assert all(torch.equal(t.detach(), b) for t, b in zip(tensors, before))  # nothing was rotated
+
+
+def test_the_kernel_path_checks_the_tensors_once(monkeypatch):
+    """apply_rotary on the kernel path leaves shapes, dtypes and devices to torch.ops.rope.rotary,
+    which is public and checks them itself: rope.apply.check_inputs does not run there, the
+    operator's checks run once per call, and a malformed call gets the operator's message."""
+    q, k, positions, theta = _small(seed=8)
+    expected = rope.apply_rotary(q, k, positions, theta, layout="interleaved", backend="triton")
+    calls = []
+    operator_checks = rope.kernels.operators._check_arguments
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return operator_checks(*args, **kwargs)
+
+    def not_on_the_kernel_path(*args, **kwargs):
+        raise AssertionError("rope.apply.check_inputs ran on the kernel path")
+
+    monkeypatch.setattr(rope.kernels.operators, "_check_arguments", counted)
+    monkeypatch.setattr(rope.apply, "check_inputs", not_on_the_kernel_path)
+    got = rope.apply_rotary(q, k, positions, theta, layout="interleaved", backend="triton")
+    assert len(calls) == 1
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    with pytest.raises(ValueError, match=r"^k must agree with q in batch, seq and head_dim"):
+        rope.apply_rotary(q, k[:, :3], positions, theta, backend="triton")
 
 
 _EDGE = [2**31 - 1, -(2**31) + 1, 0, 7, 2**30]  # float32 math's largest positions on either side

@@ -87,7 +87,7 @@ from torch.types import Number
 
 from .. import _checks
 from ..layouts import check_layout
-from .rerope import _check_window, _logits, _rotated, bent_frame, check_qk
+from .rerope import bent_frame, check_qk, check_window, head_logits, rotate_exactly
 
 
 @dataclass
@@ -115,17 +115,17 @@ def _tile_kind(m_lo: int, m_hi: int, n_lo: int, n_hi: int, causal: bool, window:
     return "both"
 
 
-def _turn(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: _Options,
+def _turn(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: AttentionOptions,
           conjugate: bool = False) -> torch.Tensor:
-    """a R_p x (a R_p^T x with ``conjugate``), float64: the rotation of :func:`.rerope._rotated` with
+    """a R_p x (a R_p^T x with ``conjugate``), float64: the rotation of :func:`.rerope.rotate_exactly` with
     the attention factor a on the rotated coordinates (the first rotary_dim; the tail is not scaled)."""
-    turned = _rotated(x, positions, inv_freq, options.layout, conjugate=conjugate)
+    turned = rotate_exactly(x, positions, inv_freq, options.layout, conjugate=conjugate)
     if options.attention_factor != 1.0:
         turned[..., : 2 * inv_freq.numel()] *= options.attention_factor
     return turned
 
 
-def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: _Options,
+def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: AttentionOptions,
           query: bool) -> torch.Tensor:
     """The pass-2 rotation of a query or key block, float64."""
     return _turn(x, *bent_frame(positions, inv_freq, options.window, options.leaky_scale, query), options)
@@ -168,14 +168,14 @@ def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
 
 
 def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size,
-                   logn_length=None, attention_factor=1.0) -> _Options:
+                   logn_length=None, attention_factor=1.0) -> AttentionOptions:
     """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim))."""
     check_layout(layout)
     _checks.flag("causal", causal)
     if window is not None:
         # an int64 at most: the operators' Scalar arguments (a larger int is a bare OverflowError in the dispatcher)
         _checks.integer("window", window, minimum=1, maximum=_checks.INT64_MAX)
-        window, leaky_scale = _check_window(window, leaky_scale)
+        window, leaky_scale = check_window(window, leaky_scale)
     elif leaky_scale is not None:
         raise ValueError(f"leaky_scale = {leaky_scale!r} needs a window (it bends the positions beyond it)")
     if softmax_scale is None:
@@ -186,11 +186,11 @@ def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale,
     # ln L > 0; the integer options are at most INT64_MAX: the operators take int64 scalars
     logn_length = _checks.optional_integer("logn_length", logn_length, minimum=2, maximum=_checks.INT64_MAX)
     attention_factor = _checks.number("attention_factor", attention_factor, positive=True)
-    return _Options(layout, causal, window, leaky_scale, scale, block_size, logn_length, attention_factor)
+    return AttentionOptions(layout, causal, window, leaky_scale, scale, block_size, logn_length, attention_factor)
 
 
-def _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, logn_length=None, attention_factor=1.0) -> _Options:
+def check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                    softmax_scale, block_size, logn_length=None, attention_factor=1.0) -> AttentionOptions:
     """Everything but tensor values (the real and the fake implementations alike); return the options."""
     _check_tensors(q, k, v, q_positions, k_positions, inv_freq)
     return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size, logn_length,
@@ -225,7 +225,7 @@ def logn_factors(q_positions: torch.Tensor, logn_length: int) -> torch.Tensor:
     return (torch.log(q_positions.to(torch.float64) + 1) / math.log(logn_length)).clamp(min=1.0)
 
 
-def _row_scale(m: torch.Tensor, options: _Options):
+def _row_scale(m: torch.Tensor, options: AttentionOptions):
     """The factor of each query row's logits: s, or with log-n scaling s max(1, ln(m + 1) / ln L), [i, 1]."""
     if options.logn_length is None:
         return options.scale
@@ -261,7 +261,7 @@ def rotary_attention(
 
     L is the plain RoPE logit (``window=None``), ReRoPE's (``window=w``) or Leaky ReRoPE's
     (``window=w, leaky_scale=k``) exactly as :func:`.rerope.rerope_scores_two_pass` defines it,
-    with the exactly reduced angles of :func:`.rerope._rotated`. ``s`` is ``softmax_scale``, by
+    with the exactly reduced angles of :func:`.rerope.rotate_exactly`. ``s`` is ``softmax_scale``, by
     default ``1 / sqrt(d)``; with ``logn_length`` L (log-n scaling, :mod:`.logn`) the logits of the
     query at position m are also multiplied by ``max(1, ln(m + 1) / ln L)`` (positions from 0).
     ``attention_factor`` a (YaRN's, :func:`rope.inv_freq`'s second value) scales the rotated
@@ -288,8 +288,8 @@ def rotary_attention(
     below every key position) raises ``ValueError``, where ``torch.nn.functional.
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
     """
-    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size, logn_length, attention_factor)
+    options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                              softmax_scale, block_size, logn_length, attention_factor)
     _checks.flag("return_stats", return_stats)
     out, _ = blockwise_attention(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal,
                                  window=options.window, leaky_scale=options.leaky_scale,
@@ -311,7 +311,7 @@ def _batch_rows(q, q_positions, k_positions):
 
 
 @dataclass(frozen=True)
-class _Options:
+class AttentionOptions:
     """The checked options of one call, shared by the forward and the backward."""
 
     layout: str
@@ -324,7 +324,7 @@ class _Options:
     attention_factor: float = 1.0
 
 
-def _tiles(q_positions, k_positions, options: _Options, stats: TileStats | None = None):
+def _tiles(q_positions, k_positions, options: AttentionOptions, stats: TileStats | None = None):
     """Yield (i0, i1, tiles) per query block, tiles a list of (j0, j1, kind, r) with r the [i, j] int64 m - n."""
     m_host, n_host = q_positions.tolist(), k_positions.tolist()
     q_len, k_len, size = len(m_host), len(n_host), options.block_size
@@ -343,15 +343,15 @@ def _tiles(q_positions, k_positions, options: _Options, stats: TileStats | None 
         yield i0, i1, tiles
 
 
-def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: _Options):
+def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: AttentionOptions):
     """Scaled, masked logits x of one tile ([batch, heads_q, i, j], -inf where masked) and the bent mask
     (True where the pair takes pass 2; None for a plain or bent tile)."""
     (q_plain, q_bent), (k_plain, k_bent) = q_rot, k_rot
     bent_mask = None
     if kind in ("plain", "both"):
-        logits = _logits(q_plain, k_plain)
+        logits = head_logits(q_plain, k_plain)
     if kind in ("bent", "both"):
-        bent = _logits(q_bent, k_bent)
+        bent = head_logits(q_bent, k_bent)
         if kind == "bent":
             logits = bent
         else:
@@ -363,14 +363,14 @@ def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: _Options):
     return x, bent_mask
 
 
-def _block_rotations(x, positions, inv_freq, kind, options: _Options, query: bool):
+def _block_rotations(x, positions, inv_freq, kind, options: AttentionOptions, query: bool):
     """(plain, bent) rotated copies of a block, float64, each None where the tile kind needs none."""
     plain = _turn(x, positions, inv_freq, options) if kind in ("plain", "both") else None
     bent = _bent(x, positions, inv_freq, options, query) if kind in ("bent", "both") else None
     return plain, bent
 
 
-def _forward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, stats: TileStats):
+def _forward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, stats: TileStats):
     """The blockwise loop: the float64 output [batch, q_len, heads_q, v_dim] and the row logsumexp
     LSE = run_max + log(run_sum), [batch, heads_q, q_len]."""
     batch, q_len, heads_q, _ = q.shape
@@ -402,7 +402,7 @@ def _forward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, sta
     return out, lse
 
 
-def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: _Options):
+def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: AttentionOptions):
     """The query block's (plain, bent) rotations, each computed on first need and kept for its key blocks."""
     plain, bent = q_rot
     if kind in ("plain", "both") and plain is None:
@@ -412,7 +412,7 @@ def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: _Options):
     return [plain, bent]
 
 
-def _unrotate(g, positions, inv_freq, options: _Options, bent: bool, query: bool):
+def _unrotate(g, positions, inv_freq, options: AttentionOptions, bent: bool, query: bool):
     """a R^T g for the rotation a R a (plain or bent) pass applied to these tokens: the same angles, sin
     negated, and the attention factor a."""
     if bent:
@@ -425,7 +425,7 @@ def _group_sum(g, group):
     return g.unflatten(2, (g.shape[2] // group, group)).sum(dim=3)
 
 
-def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, out, lse, grad_out, grad_lse):
+def _backward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, out, lse, grad_out, grad_lse):
     """FlashAttention-2 backward (module docstring): float64 dq, dk, dv, the tiles recomputed one at a time.
     ``grad_lse`` (the gradient of LSE, d LSE_i / d x_ij = P_ij) enters as ``D_i - grad_lse_i``."""
     group = q.shape[2] // k.shape[2]
@@ -464,7 +464,7 @@ def _backward(q, k, v, q_positions, k_positions, inv_freq, options: _Options, ou
         _unrotated(dk_rot, k_positions, inv_freq, options, query=False), dv
 
 
-def _unrotated(frames, positions, inv_freq, options: _Options, query: bool):
+def _unrotated(frames, positions, inv_freq, options: AttentionOptions, query: bool):
     """The sum over the (plain, bent) frames of R^T g, block by block (the angles' workspace stays per block)."""
     grad = torch.empty_like(frames[0])
     for t0 in range(0, grad.shape[1], options.block_size):
@@ -506,8 +506,8 @@ def blockwise_attention(
     Raises:
         TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
     """
-    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size, logn_length, attention_factor)
+    options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                              softmax_scale, block_size, logn_length, attention_factor)
     _check_values(q_positions, k_positions, inv_freq, causal, options.logn_length)
     with torch.no_grad():
         if q_positions.dim() == k_positions.dim() == 1:
@@ -521,8 +521,8 @@ def blockwise_attention(
 @blockwise_attention.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
       softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0):
-    _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, logn_length, attention_factor)
+    check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                    softmax_scale, block_size, logn_length, attention_factor)
     batch, q_len, heads_q, _ = q.shape
     return (q.new_empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64),
             q.new_empty(batch, heads_q, q_len, dtype=torch.float64))
@@ -563,8 +563,8 @@ def blockwise_attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
     (module docstring) for its saved ``out``, ``lse`` and the incoming ``grad_out``, ``grad_lse``."""
-    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, block_size, logn_length, attention_factor)
+    options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                              softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     with torch.no_grad():
         if q_positions.dim() == k_positions.dim() == 1:
@@ -586,8 +586,8 @@ def _stacked(rows: list[tuple], *empty: torch.Tensor) -> tuple:
 @blockwise_attention_backward.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
       window=None, leaky_scale=None, softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0):
-    _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                     softmax_scale, block_size, logn_length, attention_factor)
+    check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                    softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 

@@ -42,7 +42,9 @@ from ..apply import exact_cos_sin, rotate_pairs
 from ..layouts import check_layout, pair_indices
 
 
-def _check_window(window, leaky_scale) -> tuple[int, float | None]:
+def check_window(window, leaky_scale) -> tuple[int, float | None]:
+    """The ReRoPE window w (an integer >= 1) and Leaky ReRoPE's scale k (a number > 0, or None for
+    ReRoPE), checked."""
     window = _checks.integer("window", window, minimum=1)
     if leaky_scale is not None:
         leaky_scale = _checks.number("leaky_scale", leaky_scale, positive=True)
@@ -71,8 +73,8 @@ def check_qk(q, k, q_positions, k_positions, inv_freq, *, values: bool = True) -
     return q.shape[2] // k.shape[2]
 
 
-def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str,
-             conjugate: bool = False) -> torch.Tensor:
+def rotate_exactly(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str,
+                   conjugate: bool = False) -> torch.Tensor:
     """R_p x for each token (R_p^T x with ``conjugate``), float64. Integer ``positions`` turn by
     exactly reduced angles (:func:`rope.apply.exact_cos_sin`, with float32 ``inv_freq``);
     fractional (float64) ones, as Leaky ReRoPE's second pass needs, by the float64 product p theta_i."""
@@ -85,7 +87,7 @@ def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, l
     return rotate_pairs(x.to(torch.float64), cos[None, :, None, :], sin[None, :, None, :], layout, 2 * inv_freq.numel())
 
 
-def _logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
+def head_logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
     """``q_rot . k_rot`` per head pair, ``[batch, heads_q, q_len, k_len]``, key heads shared (GQA)."""
     k_rot = k_rot.repeat_interleave(q_rot.shape[2] // k_rot.shape[2], dim=2)
     return torch.einsum("bihd,bjhd->bhij", q_rot, k_rot)
@@ -99,7 +101,8 @@ def rotary_scores(q, k, q_positions, k_positions, inv_freq, *, layout: str = "ha
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)
-    return _logits(_rotated(q, q_positions, inv_freq, layout), _rotated(k, k_positions, inv_freq, layout))
+    q_rot, k_rot = rotate_exactly(q, q_positions, inv_freq, layout), rotate_exactly(k, k_positions, inv_freq, layout)
+    return head_logits(q_rot, k_rot)
 
 
 def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: float | None = None) -> torch.Tensor:
@@ -111,7 +114,7 @@ def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: floa
     """
     _checks.integer_tensor("q_positions", q_positions, dim=1)
     _checks.integer_tensor("k_positions", k_positions, dim=1)
-    window, leaky_scale = _check_window(window, leaky_scale)
+    window, leaky_scale = check_window(window, leaky_scale)
     r = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
     beyond = window + (r - window) / leaky_scale if leaky_scale is not None else torch.full_like(r, float(window))
     return torch.where(r < window, r, beyond)
@@ -168,10 +171,10 @@ def rerope_scores_two_pass(
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)
-    window, leaky_scale = _check_window(window, leaky_scale)
+    window, leaky_scale = check_window(window, leaky_scale)
     m, n = q_positions.to(q.device), k_positions.to(q.device)
-    pass1 = _logits(_rotated(q, m, inv_freq, layout), _rotated(k, n, inv_freq, layout))
-    q2 = _rotated(q, *bent_frame(m, inv_freq, window, leaky_scale, query=True), layout)
-    k2 = _rotated(k, *bent_frame(n, inv_freq, window, leaky_scale, query=False), layout)
-    pass2 = _logits(q2, k2)
+    pass1 = head_logits(rotate_exactly(q, m, inv_freq, layout), rotate_exactly(k, n, inv_freq, layout))
+    q2 = rotate_exactly(q, *bent_frame(m, inv_freq, window, leaky_scale, query=True), layout)
+    k2 = rotate_exactly(k, *bent_frame(n, inv_freq, window, leaky_scale, query=False), layout)
+    pass2 = head_logits(q2, k2)
     return torch.where((m[:, None] - n[None, :]) < window, pass1, pass2)

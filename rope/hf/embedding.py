@@ -229,7 +229,7 @@ class RotaryEmbedding(nn.Module):
             if self.tables == "complex":
                 tables = (torch.complex(cos * attention, sin * attention).to(torch.complex64),)
             else:
-                tables = _tables(cos, sin, attention, x.dtype, self.tables)
+                tables = laid_out_tables(cos, sin, attention, x.dtype, self.tables)
             provenance.attach(tables, position_ids=position_ids, inv_freq=theta, attention_factor=attention,
                               mrope_axes=self.mrope_axes, form=self.tables)
         return tables[0] if self.tables == "complex" else tables
@@ -284,8 +284,8 @@ def rotary_embedding(config: Any, *, tables: str = "rotate_half") -> RotaryEmbed
     return (LayerTypeRotaryEmbedding if nested else RotaryEmbedding)(config, tables=tables)
 
 
-def _tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,
-            form: str = "rotate_half") -> tuple[torch.Tensor, torch.Tensor]:
+def laid_out_tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,
+                    form: str = "rotate_half") -> tuple[torch.Tensor, torch.Tensor]:
     """Tables from the float64 cos and sin of each pair's angle, laid out as ``form``
     (:data:`TABLE_FORMS`): times the attention factor in float64, rounded once to ``dtype``."""
     def laid_out(values):
@@ -307,4 +307,4 @@ def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attentio
     _checks.same_device("positions", positions, inv_freq=inv_freq)
     attention_factor = _checks.number("attention_factor", attention_factor, positive=True)
     _checks.dtype_choice("dtype", dtype, _checks.FLOAT_DTYPES)
-    return _tables(*exact_cos_sin(positions, inv_freq), attention_factor, dtype)
+    return laid_out_tables(*exact_cos_sin(positions, inv_freq), attention_factor, dtype)

@@ -17,8 +17,8 @@ from .embedding import (
     TABLE_FORMS,
     LayerTypeRotaryEmbedding,
     RotaryEmbedding,
-    _tables,
     head_dim_of,
+    laid_out_tables,
     layer_type_parameters,
     rope_parameters_from_config,
     rotary_embedding,
@@ -91,7 +91,7 @@ def _float32_allowance(embedding: RotaryEmbedding, positions: torch.Tensor) -> t
     largest = positions.amax(dim=0) if positions.dim() == 3 else positions
     angles = largest.to(torch.float64)[..., None].abs() * theta.to(largest.device, torch.float64)
     form = "pairs" if embedding.tables == "complex" else embedding.tables
-    return _tables(angles, angles, attention * _PROBE_FLOAT32, torch.float64, form)[0]
+    return laid_out_tables(angles, angles, attention * _PROBE_FLOAT32, torch.float64, form)[0]
 
 
 def _call(name: str, module: nn.Module, positions, layer_type, device):

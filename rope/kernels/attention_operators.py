@@ -22,7 +22,7 @@ from torch.types import Number
 
 from ..attention.blockwise import backward_formula, setup_context
 from .triton_attention import check_metadata, launch
-from .triton_attention_backward import _check_saved, launch_backward
+from .triton_attention_backward import check_saved, launch_backward
 from .triton_attention_decode import launch_decode, prefers_decode
 
 
@@ -115,7 +115,7 @@ def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse,
       window=None, leaky_scale=None, softmax_scale=None, logn_length=None, attention_factor=1.0):
     check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
                     logn_length, attention_factor)
-    _check_saved(q, v, out, lse, grad_out, grad_lse)
+    check_saved(q, v, out, lse, grad_out, grad_lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

@@ -31,7 +31,7 @@ first, with the errors of the package's policy (:mod:`rope._checks`, README "Err
   layout, :func:`_check_in_place`) is checked by :func:`_check_arguments` in the real *and* the
   fake implementation, so that ``torch.compile`` and ``opcheck`` refuse a bad call while
   tracing, with the same message;
-* values (finite ``inv_freq``, below :data:`MAX_FREQUENCY` for float32 q and k; axes in
+* values (finite ``inv_freq``, below :data:`rope.limits.MAX_FREQUENCY` for float32 q and k; axes in
   {0, 1, 2}) only exist in the real implementation: an eager ``ValueError``, or on CUDA an
   asynchronous device assertion (:func:`rope._checks.assert_values`), also when the operator runs
   inside a compiled graph;
@@ -55,16 +55,11 @@ except ImportError:  # older torch (2.4, the oldest supported) calls it hint_int
     from torch.fx.experimental.symbolic_shapes import hint_int as _example_value
 
 from .. import _checks
-from ..apply import KERNEL_MAX_HEAD_DIM, MROPE_AXES
+from ..limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MAX_FREQUENCY, MROPE_AXES
 from . import triton_rotary
 
 POSITION_AXES = len(MROPE_AXES)
 """M-RoPE position rows: t, h, w."""
-
-MAX_FREQUENCY = 2.0**16
-"""With float32 math (float32 q and k) the kernel reduces the angles exactly only for ``|theta_i|``
-below 2^16 (:func:`rope.kernels.triton_rotary.launch`); larger frequencies give wrong angles. The
-float64 math of the other dtypes takes any finite float32 theta_i."""
 
 
 def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -125,15 +120,14 @@ def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags
     _check_positions(positions, q, axes)
     _check_width(inv_freq, rotary_dim, q.shape[3])
     _check_axes(axes, rotary_dim)
-    _checks.number("scale", scale, positive=True, minimum=triton_rotary.SCALE_RANGE[0],
-                  maximum=triton_rotary.SCALE_RANGE[1])
+    _checks.number("scale", scale, positive=True, minimum=KERNEL_SCALE_RANGE[0], maximum=KERNEL_SCALE_RANGE[1])
 
 
 def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                   axes: torch.Tensor | None) -> None:
     """Finite frequencies, axes in {0, 1, 2}, and for float32 q and k (float32 math) frequencies
-    below :data:`MAX_FREQUENCY` and positions below
-    :data:`rope.kernels.triton_rotary.MAX_POSITION` in magnitude (float64 math takes every int64
+    below :data:`rope.limits.MAX_FREQUENCY` and positions below
+    :data:`rope.limits.MAX_POSITION` in magnitude (float64 math takes every int64
     position): eager off CUDA, device assertions on it."""
     _checks.finite_frequencies("inv_freq", inv_freq)
     if q.dtype == torch.float32 and inv_freq.numel():

@@ -9,7 +9,7 @@ that of :mod:`rope.attention.blockwise` (its module docstring derives the online
 tile rule), in float32 with the dot products on the inputs' dtype:
 
 * angles: turns per position T_i = frac(theta_i / 2 pi) 2^64 in int64 fixed point
-  (:func:`.triton_rotary._fixed_point_phase`, exact reduction for ``|theta_i|`` < 2^16), the
+  (:func:`.triton_rotary.fixed_point_phase`, exact reduction for ``|theta_i|`` < 2^16), the
   wrapping product m T_i, float32 cos and sin of its top 32 bits
   (:func:`.triton_rotary.cos_sin_of_int32_turns`, within 1.35 2^-24 for ``|m|`` < 2^31);
 * the rotated pairs y_a = x_a cos - x_b sin, y_b = x_b cos + x_a sin in float32 (fused
@@ -64,24 +64,21 @@ import triton
 import triton.language as tl
 
 from .. import _checks
-from ..attention.blockwise import _check_arguments, _Options, check_logn_positions, logn_factors
+from ..attention.blockwise import AttentionOptions, check_arguments, check_logn_positions, logn_factors
+from ..limits import MAX_FREQUENCY, MAX_POSITION
 from .emulation import fma, loop_bound
 from .triton_rotary import (
-    MAX_POSITION,
-    _fixed_point_phase,
-    _fma_by_parts,
-    _interpreted,
-    _pair_offsets,
-    _widened,
     check_launch_device,
     check_positions_in_range,
     cos_sin_of_int32_turns,
+    fixed_point_phase,
+    interpreting,
     launch_device,
+    needs_fma_by_parts,
+    pair_offsets,
     round_to_dtype,
+    widened,
 )
-
-MAX_FREQUENCY = 2.0**16
-"""The frequencies (and, for Leaky ReRoPE, frequencies / leaky_scale) the kernel reduces exactly."""
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 """The dtypes of q, k and v the kernel takes (one for all three)."""
@@ -104,11 +101,11 @@ PLAIN, RE_ROPE, LEAKY = 0, 1, 2
 
 
 @triton.jit
-def _load_head(row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
-               TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+def load_head(row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
+              TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
     """(x_a, x_b, x_tail): the pairs' two halves [R, HALF_PAD] and the unrotated tail [R, TAIL_PAD]
     of the heads at ``row`` (pointers to coordinate 0, [R]), zero where masked or padded."""
-    a, b, pair_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    a, b, pair_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     mask = row_mask[:, None] & pair_mask[None, :]
     xa = tl.load(row[:, None] + a[None, :], mask=mask, other=0.0)
     xb = tl.load(row[:, None] + b[None, :], mask=mask, other=0.0)
@@ -118,7 +115,8 @@ def _load_head(row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: 
 
 
 @triton.jit
-def _rotated(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
+def rotated_tile(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr,
+                 FMA_BY_PARTS: tl.constexpr):
     """a R x for the angles 2 pi turns / 2^64 (int64, wrapping) and the attention factor a =
     ``factor``, in float32, rounded to x's dtype; x itself without ``ROTATE`` (the benchmark's
     baseline: the same kernel without RoPE, where launch() requires a = 1)."""
@@ -126,8 +124,8 @@ def _rotated(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.const
         cos, sin = cos_sin_of_int32_turns(turns >> 32, FMA_BY_PARTS)
         cos = cos * factor
         sin = sin * factor
-        a = _widened(xa, tl.float32, BF16_BY_BITS)
-        b = _widened(xb, tl.float32, BF16_BY_BITS)
+        a = widened(xa, tl.float32, BF16_BY_BITS)
+        b = widened(xb, tl.float32, BF16_BY_BITS)
         ya = round_to_dtype(fma(a, cos, -(b * sin), FMA_BY_PARTS), xa.dtype, BF16_BY_BITS)
         yb = round_to_dtype(fma(b, cos, a * sin, FMA_BY_PARTS), xb.dtype, BF16_BY_BITS)
     else:
@@ -136,24 +134,24 @@ def _rotated(xa, xb, turns, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.const
 
 
 @triton.jit
-def _scaled(x, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
+def scaled_tile(x, factor, BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr):
     """a x rounded to x's dtype (ReRoPE's unrotated keys with the attention factor a = ``factor``);
     x itself when a = 1 or without ``ROTATE``."""
     if ROTATE:
-        y = round_to_dtype(_widened(x, tl.float32, BF16_BY_BITS) * factor, x.dtype, BF16_BY_BITS)
+        y = round_to_dtype(widened(x, tl.float32, BF16_BY_BITS) * factor, x.dtype, BF16_BY_BITS)
     else:
         y = x
     return y
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+def tile_dot(a, b, acc, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
     """acc + a b with float32 accumulation. Triton's interpreter multiplies bfloat16 matrices
     wrongly: there (``BF16_BY_BITS``) they are widened to float32 first (exactly), and the float32
     products of bfloat16 numbers are exact, which is what the GPU's bfloat16 dot computes."""
     if BF16_BY_BITS and a.dtype == tl.bfloat16:
-        a = _widened(a, tl.float32, BF16_BY_BITS)
-        b = _widened(b, tl.float32, BF16_BY_BITS)
+        a = widened(a, tl.float32, BF16_BY_BITS)
+        b = widened(b, tl.float32, BF16_BY_BITS)
         result = tl.dot(a, b, acc, input_precision="ieee")
     else:
         result = tl.dot(a, b, acc, input_precision=PRECISION)
@@ -161,24 +159,25 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
 
 
 @triton.jit
-def _logits(qa, qb, qt, ka, kb, kt, HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+def tile_logits(qa, qb, qt, ka, kb, kt, HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr,
+                BF16_BY_BITS: tl.constexpr):
     """q . k for every (query, key) of the tile, float32 [BLOCK_M, BLOCK_N]: the pairs' halves and the tail."""
-    x = _dot(qa, tl.trans(ka), tl.zeros((qa.shape[0], ka.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
-    x = _dot(qb, tl.trans(kb), x, PRECISION, BF16_BY_BITS)
+    x = tile_dot(qa, tl.trans(ka), tl.zeros((qa.shape[0], ka.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
+    x = tile_dot(qb, tl.trans(kb), x, PRECISION, BF16_BY_BITS)
     if HAS_TAIL:
-        x = _dot(qt, tl.trans(kt), x, PRECISION, BF16_BY_BITS)
+        x = tile_dot(qt, tl.trans(kt), x, PRECISION, BF16_BY_BITS)
     return x
 
 
 @triton.jit
-def _query_head(bh, heads_q, group):
+def query_head(bh, heads_q, group):
     """(batch row, query head, key head), int64, of program axis value ``bh`` = batch heads_q + head."""
     head = bh % heads_q
     return (bh // heads_q).to(tl.int64), head.to(tl.int64), (head // group).to(tl.int64)
 
 
 @triton.jit
-def _row_factors(ROW_SCALE, rows, row_mask, LOGN: tl.constexpr):
+def row_factors(ROW_SCALE, rows, row_mask, LOGN: tl.constexpr):
     """The log-n factors of the query rows, float32 [BLOCK_M]: loaded with LOGN, else 1."""
     if LOGN:
         factors = tl.load(ROW_SCALE + rows, mask=row_mask, other=1.0)
@@ -188,19 +187,19 @@ def _row_factors(ROW_SCALE, rows, row_mask, LOGN: tl.constexpr):
 
 
 @triton.jit
-def _token_block(POS, start, length, BLOCK: tl.constexpr):
+def token_block(POS, start, length, BLOCK: tl.constexpr):
     """(index, mask, positions, lowest, highest) of the tokens [start, start + BLOCK) of a sequence
     of ``length``: int64 indices and positions [BLOCK], and the extreme positions of the real ones
     (the tile rule's m_lo, m_hi or n_lo, n_hi)."""
     index = start + tl.arange(0, BLOCK)
     mask = index < length
     index = index.to(tl.int64)
-    positions, lowest, highest = _positions(POS, index, mask)
+    positions, lowest, highest = load_positions(POS, index, mask)
     return index, mask, positions, lowest, highest
 
 
 @triton.jit
-def _positions(POS, index, mask):
+def load_positions(POS, index, mask):
     """(positions, lowest, highest): the int64 positions at ``index`` where ``mask`` (0 elsewhere)
     and the extreme positions of those (the tile rule's m_lo, m_hi or n_lo, n_hi)."""
     positions = tl.load(POS + index, mask=mask, other=0).to(tl.int64)
@@ -210,24 +209,24 @@ def _positions(POS, index, mask):
 
 
 @triton.jit
-def _frame_turns(FREQ, LEAKY_FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, MODE: tl.constexpr):
+def frame_turns(FREQ, LEAKY_FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, MODE: tl.constexpr):
     """(T, T') [1, HALF_PAD]: the turns per position of theta_i and, for Leaky ReRoPE, of theta_i / k
     (T(hi_i) + T(lo_i)); T' is T for the other modes (unused)."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float64)
-    per = _fixed_point_phase(theta)[None, :]
+    per = fixed_point_phase(theta)[None, :]
     if MODE == 2:
         hi = tl.load(LEAKY_FREQ + j, mask=j < HALF, other=0.0).to(tl.float64)
         lo = tl.load(LEAKY_FREQ + HALF + j, mask=j < HALF, other=0.0).to(tl.float64)
-        leaky_per = (_fixed_point_phase(hi) + _fixed_point_phase(lo))[None, :]
+        leaky_per = (fixed_point_phase(hi) + fixed_point_phase(lo))[None, :]
     else:
         leaky_per = per
     return per, leaky_per
 
 
 @triton.jit
-def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: tl.constexpr,
-                  BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
+def query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: tl.constexpr,
+                 BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """(qa1, qb1, qa2, qb2, bent_turns): a query block rotated for pass 1 (m theta) where ``plain``
     and for pass 2 (ReRoPE: w theta for every query; Leaky ReRoPE: (m - w) theta / k + w theta)
     where ``bent``, and the turns of pass 2; a frame not asked for is the unrotated block (unused).
@@ -235,7 +234,7 @@ def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: 
     turns = m[:, None] * per
     qa1, qb1 = qa, qb
     if plain:
-        qa1, qb1 = _rotated(qa, qb, turns, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+        qa1, qb1 = rotated_tile(qa, qb, turns, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     if MODE == 0:
         qa2, qb2, bent_turns = qa1, qb1, turns
     else:
@@ -245,43 +244,44 @@ def _query_frames(qa, qb, m, window, per, leaky_per, factor, plain, bent, MODE: 
             bent_turns = (m - window)[:, None] * leaky_per + window * per
         qa2, qb2 = qa, qb
         if bent:
-            qa2, qb2 = _rotated(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+            qa2, qb2 = rotated_tile(qa, qb, bent_turns, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     return qa1, qb1, qa2, qb2, bent_turns
 
 
 @triton.jit
-def _attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head, K_POS,
-                      start, end, sk_s, sv_s, per, leaky_per, factor, window,
-                      HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-                      V_DIM: tl.constexpr, V_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr,
-                      MODE: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                      ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr, BLOCK_N: tl.constexpr):
+def attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head, K_POS,
+                     start, end, sk_s, sv_s, per, leaky_per, factor, window,
+                     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
+                     V_DIM: tl.constexpr, V_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr,
+                     MODE: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+                     ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr, BLOCK_N: tl.constexpr):
     """(m_run, l_run, acc) after folding the keys [start, start + BLOCK_N) before ``end`` into the
     online softmax of the query rows (their frames, positions m in [m_lo, m_hi], log2(e) s times
     their log-n factors ``row_scale``): the tile rule, each key frame rotated only where the tile
     takes that pass, one product per frame, the causal mask, then the running max, sum and P V."""
     HAS_TAIL: tl.constexpr = TAIL > 0
     d = tl.arange(0, V_PAD)
-    cols, col_mask, n, n_lo, n_hi = _token_block(K_POS, start, end, BLOCK_N)
+    cols, col_mask, n, n_lo, n_hi = token_block(K_POS, start, end, BLOCK_N)
     if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
-        ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+        ka, kb, kt = load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
         # Each frame's keys are rotated only where the tile takes that pass
         if MODE == 0:
-            ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-            x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
         else:
             if m_hi - n_lo < window:  # plain: every pair has r < w
-                ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-                x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+                x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
             else:
                 if MODE == 1:  # ReRoPE: keys unrotated (times the attention factor)
-                    ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
+                    ka2 = scaled_tile(ka, factor, BF16_BY_BITS, ROTATE)
+                    kb2 = scaled_tile(kb, factor, BF16_BY_BITS, ROTATE)
                 else:
-                    ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-                x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    ka2, kb2 = rotated_tile(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+                x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
-                    ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-                    plain = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+                    plain = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                     x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
         valid = col_mask[None, :]
         if CAUSAL:
@@ -295,7 +295,7 @@ def _attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, 
         v_mask = col_mask[:, None] & (d < V_DIM)[None, :]
         v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=v_mask, other=0.0)
         p_v = round_to_dtype(p, v.dtype, BF16_BY_BITS)
-        acc = _dot(p_v, v, acc * rescale[:, None], PRECISION, BF16_BY_BITS)
+        acc = tile_dot(p_v, v, acc * rescale[:, None], PRECISION, BF16_BY_BITS)
         m_run = m_new
     return m_run, l_run, acc
 
@@ -331,17 +331,17 @@ def attention_forward_kernel(
     """Program (i, b h): queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b,
     against every key block of key head h // group. Launched by :func:`launch`."""
     bh = tl.program_id(1)
-    batch, head, head_k = _query_head(bh, heads_q, group)
+    batch, head, head_k = query_head(bh, heads_q, group)
 
-    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
-    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+    rows, row_mask, m, m_lo, m_hi = token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
+    per, leaky_per = frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
     # The query block, rotated once per frame (pass 1; pass 2 for ReRoPE / Leaky ReRoPE)
-    qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
-                            INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
-                                                   BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+    qa, qb, qt = load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                           INTERLEAVED)
+    qa1, qb1, qa2, qb2, bent_turns = query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
+                                                  BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     # log2(e) s, times the log-n factors
-    row_scale = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN) * qk_scale
+    row_scale = row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN) * qk_scale
 
     m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_run = tl.zeros((BLOCK_M,), tl.float32)
@@ -350,7 +350,7 @@ def attention_forward_kernel(
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
     for start in range(0, loop_bound(k_len, PYTHON_LOOPS), BLOCK_N):
-        m_run, l_run, acc = _attend_key_block(
+        m_run, l_run, acc = attend_key_block(
             m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head,
             K_POS + batch * spk_b, start, k_len, sk_s, sv_s, per, leaky_per, factor, window,
             HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
@@ -404,7 +404,7 @@ def check_kernel_dtypes(q, k, v, inv_freq) -> None:
 
 def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bool,
                          leaky: torch.Tensor | None) -> None:
-    """What the kernel adds to :func:`rope.attention.blockwise._check_arguments`: its dtypes,
+    """What the kernel adds to :func:`rope.attention.blockwise.check_arguments`: its dtypes,
     float32 frequencies (and the pieces of theta / k, ``leaky``) below 2^16, positions below 2^31,
     a key for every query."""
     check_kernel_dtypes(q, k, v, inv_freq)
@@ -426,18 +426,18 @@ def _check_kernel_domain(q, k, v, q_positions, k_positions, inv_freq, causal: bo
 
 
 def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale, softmax_scale,
-                   logn_length, attention_factor) -> _Options:
+                   logn_length, attention_factor) -> AttentionOptions:
     """Every check that reads no tensor value (a fake implementation runs it too); the options:
-    :func:`rope.attention.blockwise._check_arguments` (positions of one row or one per batch row)
+    :func:`rope.attention.blockwise.check_arguments` (positions of one row or one per batch row)
     and the kernel's dtypes."""
-    options = _check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                               softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
+    options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                              softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
     check_kernel_dtypes(q, k, v, inv_freq)
     check_logit_scale(options, softmax_scale is None)
     return options
 
 
-def check_logit_scale(options: _Options, softmax_scale_is_default: bool = False) -> None:
+def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool = False) -> None:
     """Refuse a softmax_scale s and attention_factor a whose largest logit factor, log2(e) s a^2
     times the largest log-n factor (positions below 2^31), exceeds float32's range: the kernels
     hold log2(e) s (times the log-n factors) and a in float32 and scale float32 logits by them, so
@@ -460,7 +460,7 @@ def check_logit_scale(options: _Options, softmax_scale_is_default: bool = False)
 class Launch:
     """The checked arguments of one call, as the forward and the backward kernels take them."""
 
-    options: _Options
+    options: AttentionOptions
     mode: int
     q_positions: torch.Tensor  # int64, contiguous, [q_len] or [batch, q_len]
     k_positions: torch.Tensor
@@ -503,11 +503,11 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
         if t.numel() and t.stride(3) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
     mode = PLAIN if options.window is None else RE_ROPE if options.leaky_scale is None else LEAKY
-    interpreted = _interpreted()
+    interpreted = interpreting()
     default = (16, 16, 4) if interpreted else GPU_LAUNCH  # the interpreter runs programs at a fixed cost each
     constants = kernel_constants(q.shape[3], 2 * inv_freq.numel(), v.shape[3],
                                  interleaved=options.layout == "interleaved", causal=options.causal, mode=mode,
-                                 dtype=q.dtype, bf16_by_bits=interpreted, fma_by_parts=_fma_by_parts(),
+                                 dtype=q.dtype, bf16_by_bits=interpreted, fma_by_parts=needs_fma_by_parts(),
                                  python_loops=interpreted,
                                  rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
     if not constants["ROTATE"] and options.attention_factor != 1.0:

@@ -37,20 +37,19 @@ import triton.language as tl
 from .. import _checks
 from .emulation import fma, loop_bound
 from .triton_attention import (
-    _dot,
-    _frame_turns,
-    _load_head,
-    _logits,
-    _pair_offsets,
-    _query_frames,
-    _query_head,
-    _rotated,
-    _row_factors,
-    _scaled,
-    _token_block,
+    frame_turns,
+    load_head,
     prepare_launch,
+    query_frames,
+    query_head,
+    rotated_tile,
+    row_factors,
+    scaled_tile,
+    tile_dot,
+    tile_logits,
+    token_block,
 )
-from .triton_rotary import _interpreted, cos_sin_of_int32_turns, launch_device, round_to_dtype
+from .triton_rotary import cos_sin_of_int32_turns, interpreting, launch_device, pair_offsets, round_to_dtype
 
 LOG2E_C = tl.constexpr(1.4426950408889634)
 
@@ -92,16 +91,16 @@ def _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE: tl.constex
     unrotated block (unused). Without a window pass 2 is pass 1."""
     ka1, kb1 = ka, kb
     if plain:
-        ka1, kb1 = _rotated(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+        ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     if MODE == 0:
         ka2, kb2 = ka1, kb1
     else:
         ka2, kb2 = ka, kb
         if bent:
             if MODE == 1:
-                ka2, kb2 = _scaled(ka, factor, BF16_BY_BITS, ROTATE), _scaled(kb, factor, BF16_BY_BITS, ROTATE)
+                ka2, kb2 = scaled_tile(ka, factor, BF16_BY_BITS, ROTATE), scaled_tile(kb, factor, BF16_BY_BITS, ROTATE)
             else:
-                ka2, kb2 = _rotated(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+                ka2, kb2 = rotated_tile(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     return ka1, kb1, ka2, kb2
 
 
@@ -116,17 +115,17 @@ def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v
     bent_pairs = (m[:, None] - n[None, :]) >= window
     if MODE != 0:
         if plain:
-            x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
             if bent:  # the boundary r = w crosses the tile
-                bent_x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                bent_x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
                 x = tl.where(bent_pairs, bent_x, x)
         else:
-            x = _logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
     else:
-        x = _logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+        x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
         bent_pairs = bent_pairs & (window < 0)  # no pair is bent (window is 0)
     p = tl.where(valid, tl.exp2(x * (qk_scale * factors)[:, None] - lse[:, None] * LOG2E_C), 0.0)
-    dp = _dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
+    dp = tile_dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
     d_logits = p * (dp - delta[:, None]) * (softmax_scale * factors)[:, None]
     return p, d_logits, bent_pairs
 
@@ -141,15 +140,15 @@ def _frame_gradients(dl, bent_pairs, xa1, xb1, xa2, xb2, xt, ga1, gb1, ga2, gb2,
     in x's dtype: dL for dq (x the keys), dL^T for dk (x the queries)."""
     if plain:
         dl1 = tl.where(bent_pairs, 0.0, dl).to(xa1.dtype)
-        ga1 = _dot(dl1, xa1, ga1, PRECISION, BF16_BY_BITS)
-        gb1 = _dot(dl1, xb1, gb1, PRECISION, BF16_BY_BITS)
+        ga1 = tile_dot(dl1, xa1, ga1, PRECISION, BF16_BY_BITS)
+        gb1 = tile_dot(dl1, xb1, gb1, PRECISION, BF16_BY_BITS)
     if MODE != 0:
         if bent:
             dl2 = tl.where(bent_pairs, dl, 0.0).to(xa1.dtype)
-            ga2 = _dot(dl2, xa2, ga2, PRECISION, BF16_BY_BITS)
-            gb2 = _dot(dl2, xb2, gb2, PRECISION, BF16_BY_BITS)
+            ga2 = tile_dot(dl2, xa2, ga2, PRECISION, BF16_BY_BITS)
+            gb2 = tile_dot(dl2, xb2, gb2, PRECISION, BF16_BY_BITS)
     if HAS_TAIL:
-        gt = _dot(dl, xt, gt, PRECISION, BF16_BY_BITS)
+        gt = tile_dot(dl, xt, gt, PRECISION, BF16_BY_BITS)
     return ga1, gb1, ga2, gb2, gt
 
 
@@ -157,7 +156,7 @@ def _frame_gradients(dl, bent_pairs, xa1, xb1, xa2, xb2, xt, ga1, gb1, ga2, gb2,
 def _store_head(row, row_mask, ga, gb, gt, HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr,
                 TAIL_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, BF16_BY_BITS: tl.constexpr):
     """Write a float32 gradient (pairs' halves and tail) into the heads at ``row``, rounded to their dtype."""
-    a, b, pair_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    a, b, pair_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     mask = row_mask[:, None] & pair_mask[None, :]
     dtype = row.dtype.element_ty
     tl.store(row[:, None] + a[None, :], round_to_dtype(ga, dtype, BF16_BY_BITS), mask=mask)
@@ -204,11 +203,11 @@ def attention_dkdv_kernel(
     batch = (bh // heads_k).to(tl.int64)
     head_k = (bh % heads_k).to(tl.int64)
     HAS_TAIL: tl.constexpr = TAIL > 0
-    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+    per, leaky_per = frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
 
-    cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
-    ka, kb, kt = _load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
-                            INTERLEAVED)
+    cols, col_mask, n, n_lo, n_hi = token_block(K_POS + batch * spk_b, tl.program_id(0) * BLOCK_N, k_len, BLOCK_N)
+    ka, kb, kt = load_head(K + batch * sk_b + cols * sk_s + head_k * sk_h, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                           INTERLEAVED)
     # Both frames of the keys, once for all the query blocks
     ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, True, True, MODE, BF16_BY_BITS, ROTATE,
                                      FMA_BY_PARTS)
@@ -228,24 +227,24 @@ def attention_dkdv_kernel(
         do_head = DO + batch * sdo_b + head * sdo_h
         row_head = (batch * heads_q + head) * q_len
         for start in range(0, loop_bound(q_len, PYTHON_LOOPS), BLOCK_M):
-            rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, start, q_len, BLOCK_M)
+            rows, row_mask, m, m_lo, m_hi = token_block(Q_POS + batch * spq_b, start, q_len, BLOCK_M)
             if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
-                qa, qb, qt = _load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+                qa, qb, qt = load_head(q_head + rows * sq_s, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
                 plain, bent = _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE)
-                qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, plain,
-                                                               bent, MODE, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+                qa1, qb1, qa2, qb2, bent_turns = query_frames(qa, qb, m, window, per, leaky_per, factor, plain,
+                                                              bent, MODE, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
                 valid = row_mask[:, None] & col_mask[None, :]
                 if CAUSAL:
                     valid = valid & (n[None, :] <= m[:, None])
                 lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
                 delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
-                factors = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
+                factors = row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
                 do_mask = row_mask[:, None] & (d < V_DIM)[None, :]
                 do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
                 p, d_logits, bent_pairs = _probabilities_and_dlogits(
                     qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
                     qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
-                dv = _dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
+                dv = tile_dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
                 dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
                 dka1, dkb1, dka2, dkb2, dkt = _frame_gradients(
                     tl.trans(dl), tl.trans(bent_pairs), qa1, qb1, qa2, qb2, qt, dka1, dkb1, dka2, dkb2, dkt, plain,
@@ -295,22 +294,22 @@ def attention_dq_kernel(
 ):
     """Program (i, b h): dq of queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b."""
     bh = tl.program_id(1)
-    batch, head, head_k = _query_head(bh, heads_q, group)
+    batch, head, head_k = query_head(bh, heads_q, group)
     HAS_TAIL: tl.constexpr = TAIL > 0
-    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+    per, leaky_per = frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
 
-    rows, row_mask, m, m_lo, m_hi = _token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
-    qa, qb, qt = _load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
-                            INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
-                                                   BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+    rows, row_mask, m, m_lo, m_hi = token_block(Q_POS + batch * spq_b, tl.program_id(0) * BLOCK_M, q_len, BLOCK_M)
+    qa, qb, qt = load_head(Q + batch * sq_b + rows * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL, TAIL_PAD,
+                           INTERLEAVED)
+    qa1, qb1, qa2, qb2, bent_turns = query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
+                                                  BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
     d = tl.arange(0, V_PAD)
     do = tl.load(DO + batch * sdo_b + head * sdo_h + rows[:, None] * sdo_s + d[None, :],
                  mask=row_mask[:, None] & (d < V_DIM)[None, :], other=0.0)
     row_head = bh.to(tl.int64) * q_len
     lse = tl.load(LSE + row_head + rows, mask=row_mask, other=0.0)
     delta = tl.load(DELTA + row_head + rows, mask=row_mask, other=0.0)
-    factors = _row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
+    factors = row_factors(ROW_SCALE + batch * srs_b, rows, row_mask, LOGN)
 
     dqa1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
     dqb1 = tl.zeros((BLOCK_M, HALF_PAD), tl.float32)
@@ -320,9 +319,9 @@ def attention_dq_kernel(
     k_head = K + batch * sk_b + head_k * sk_h
     v_head = V + batch * sv_b + head_k * sv_h
     for start in range(0, loop_bound(k_len, PYTHON_LOOPS), BLOCK_N):
-        cols, col_mask, n, n_lo, n_hi = _token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
+        cols, col_mask, n, n_lo, n_hi = token_block(K_POS + batch * spk_b, start, k_len, BLOCK_N)
         if (not CAUSAL) or n_lo <= m_hi:  # else every key follows every query: skipped
-            ka, kb, kt = _load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
+            ka, kb, kt = load_head(k_head + cols * sk_s, col_mask, HALF, HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED)
             # The keys rotated only into the frames the tile takes
             plain, bent = _tile_passes(m_lo, m_hi, n_lo, n_hi, window, MODE)
             ka1, kb1, ka2, kb2 = _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE, BF16_BY_BITS,
@@ -368,7 +367,7 @@ def _kernel_launch(run, default, block_m, block_n, num_warps, num_stages) -> dic
     """The sizes and launch options of one backward kernel: the caller's where given, else
     ``default`` on a GPU (the interpreter's are :func:`.triton_attention.prepare_launch`'s)."""
     chosen = dict(**run.sizes, **run.launch_options)
-    if _interpreted():
+    if interpreting():
         return chosen
     given = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     return chosen | {name: value for name, value in zip(given, default) if given[name] is None}
@@ -389,7 +388,7 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
                          attention_factor=attention_factor)
-    _check_saved(q, v, out, lse, grad_out, grad_lse)
+    check_saved(q, v, out, lse, grad_out, grad_lse)
     # contiguous, as the fake implementation's (the kernels take the strides; empty_like would keep
     # a permuted q's layout, which torch.compile's traced graph would not expect)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -417,7 +416,7 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     return dq, dk, dv
 
 
-def _check_saved(q, v, out, lse, grad_out, grad_lse) -> None:
+def check_saved(q, v, out, lse, grad_out, grad_lse) -> None:
     """The forward's outputs and their gradients: out and grad_out of q's dtype and out's shape with a
     contiguous last dimension, lse and grad_lse float32 [batch, heads_q, q_len], all on q's device."""
     batch, q_len, heads_q, _ = q.shape

@@ -12,7 +12,7 @@ Massa and Sizov, "Flash-Decoding for long-context inference", 2023), changes bot
 * the keys are cut into ``splits`` chunks of whole key blocks, one program per (chunk, key head,
   sequence), each folding its chunk into a partial output O_s (normalised by its own sum) and
   partial log-sum-exp LSE_s with the same online softmax, tile rule and rotations as the prefill
-  kernel (:func:`.triton_attention._attend_key_block`);
+  kernel (:func:`.triton_attention.attend_key_block`);
 * the partials combine exactly: LSE = log sum_s exp(LSE_s) and O = sum_s exp(LSE_s - LSE) O_s
   (a chunk with no key a row may see has LSE_s = -inf and weight 0).
 
@@ -32,15 +32,15 @@ from .. import _checks
 from .emulation import loop_bound
 from .triton_attention import (
     LN2_C,
-    _attend_key_block,
-    _frame_turns,
-    _load_head,
-    _positions,
-    _query_frames,
-    _row_factors,
+    attend_key_block,
+    frame_turns,
+    load_head,
+    load_positions,
     prepare_launch,
+    query_frames,
+    row_factors,
 )
-from .triton_rotary import _interpreted, launch_device
+from .triton_rotary import interpreting, launch_device
 
 DECODE_ROWS = 16
 """The most query rows (q_len x the GQA group) :func:`prefers_decode` sends to this kernel: one
@@ -60,7 +60,7 @@ def _group_rows(Q_POS, q_len, group, BLOCK_M: tl.constexpr):
     r = tl.arange(0, BLOCK_M)
     token = (r // group).to(tl.int64)
     mask = token < q_len
-    positions, lowest, highest = _positions(Q_POS, token, mask)
+    positions, lowest, highest = load_positions(Q_POS, token, mask)
     return token, (r % group).to(tl.int64), mask, positions, lowest, highest
 
 
@@ -99,12 +99,12 @@ def attention_decode_kernel(
 
     token, g, row_mask, m, m_lo, m_hi = _group_rows(Q_POS + batch * spq_b, q_len, group, BLOCK_M)
     head = head_k * group + g
-    per, leaky_per = _frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
-    qa, qb, qt = _load_head(Q + batch * sq_b + token * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL,
-                            TAIL_PAD, INTERLEAVED)
-    qa1, qb1, qa2, qb2, bent_turns = _query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
-                                                   BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-    row_scale = _row_factors(ROW_SCALE + batch * srs_b, token, row_mask, LOGN) * qk_scale
+    per, leaky_per = frame_turns(FREQ, LEAKY_FREQ, HALF, HALF_PAD, MODE)
+    qa, qb, qt = load_head(Q + batch * sq_b + token * sq_s + head * sq_h, row_mask, HALF, HALF_PAD, TAIL,
+                           TAIL_PAD, INTERLEAVED)
+    qa1, qb1, qa2, qb2, bent_turns = query_frames(qa, qb, m, window, per, leaky_per, factor, True, True, MODE,
+                                                  BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
+    row_scale = row_factors(ROW_SCALE + batch * srs_b, token, row_mask, LOGN) * qk_scale
 
     m_run = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_run = tl.zeros((BLOCK_M,), tl.float32)
@@ -112,7 +112,7 @@ def attention_decode_kernel(
     first = split * chunk
     end = tl.minimum(first + chunk, k_len)
     for start in range(loop_bound(first, PYTHON_LOOPS), loop_bound(end, PYTHON_LOOPS), BLOCK_N):
-        m_run, l_run, acc = _attend_key_block(
+        m_run, l_run, acc = attend_key_block(
             m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale,
             K + batch * sk_b + head_k * sk_h, V + batch * sv_b + head_k * sv_h,
             K_POS + batch * spk_b, start, end, sk_s, sv_s, per, leaky_per, factor, window,
@@ -140,7 +140,7 @@ def split_count(batch_heads: int, k_len: int, block_n: int, device: torch.device
     """Chunks of the keys: enough programs for two per multiprocessor (four in Triton's interpreter,
     whose programs run one after another), each chunk at least one key block; at least 1, also
     for no key (``k_len`` 0) or no program row (``batch_heads`` 0, counted as one)."""
-    if _interpreted() or device.type != "cuda":
+    if interpreting() or device.type != "cuda":
         target = 4
     else:
         target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
@@ -162,7 +162,7 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
     a GPU). As there, no query row (batch, q_len or heads_q of size 0) gives an empty out and lse
     of their shapes and dtypes, and ``v_dim = 0`` an empty out and every row's lse.
     """
-    if not _interpreted():  # the decoding defaults; the interpreter's are the prefill kernel's
+    if not interpreting():  # the decoding defaults; the interpreter's are the prefill kernel's
         block_n = DECODE_LAUNCH[0] if block_n is None else block_n
         num_warps = DECODE_LAUNCH[1] if num_warps is None else num_warps
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,

@@ -32,8 +32,8 @@ interpreter whose fma rounds twice (Triton 3.6's) gets a correctly rounded one c
 
 Accuracy. Let y be the exact value of an output (exact angle m theta_i for the float32 value
 theta_i, exact cos/sin, exact products), |pair| = s sqrt(x_a^2 + x_b^2), and u = 2^-24. For
-|m| < 2^31 and attention factors s in :data:`SCALE_RANGE`, every output is RN(v), the output
-dtype's rounding to nearest even of a number v with |v - y| <= Delta:
+|m| < 2^31 and attention factors s in :data:`rope.limits.KERNEL_SCALE_RANGE`, every output is
+RN(v), the output dtype's rounding to nearest even of a number v with |v - y| <= Delta:
 
     float32 math:  Delta = c u |pair| + 2^-148 max(1, s),  c = 5 (float32), 6 (float16, bfloat16);
     float64 math:  Delta = 2^-51 |pair| + 2^-1070 s.
@@ -93,17 +93,9 @@ import triton.language as tl
 
 from .. import _checks
 from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
-from ..apply import KERNEL_SCALE_RANGE
+from ..limits import KERNEL_SCALE_RANGE, MAX_POSITION
 from .emulation import fma, interpreter_rounds_fma_twice
 from .exact_turns import by_quadrant, exact_cos_sin
-
-MAX_POSITION = 2**31
-"""float32 math (this kernel's, and the attention kernels') holds its accuracy bound for positions
-``|m|`` below 2^31 (module docstring): the error of the fixed-point turns grows with ``|m|``."""
-
-SCALE_RANGE = KERNEL_SCALE_RANGE
-"""The attention factors the kernel takes: float32 math represents s, or s 2^-k, as a normal
-float32 number with room to spare (smaller or larger factors belong to the torch path)."""
 
 
 def _float32(value) -> float:
@@ -132,7 +124,7 @@ def _phase_part(theta, piece):
 
 
 @triton.jit
-def _fixed_point_phase(theta):
+def fixed_point_phase(theta):
     """T = frac(theta / 2 pi) * 2^64 mod 2^64 as int64, within 8 units (two per truncated piece);
     theta float64 holding a float32 value below 2^16."""
     return (_phase_part(theta, _PIECE_0) + _phase_part(theta, _PIECE_1) + _phase_part(theta, _PIECE_2)
@@ -176,7 +168,7 @@ def _computed_cos_sin(pos, FREQ, HALF: tl.constexpr, HALF_PAD: tl.constexpr, FMA
     angles; ``pos`` is the int64 [BLOCK_S, HALF_PAD] position of each pair (:func:`_positions`)."""
     j = tl.arange(0, HALF_PAD)
     theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32).to(tl.float64)
-    turns = pos * _fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
+    turns = pos * fixed_point_phase(theta)[None, :]  # (m T) mod 2^64, signed: [-pi, pi)
     return cos_sin_of_int32_turns(turns >> 32, FMA_BY_PARTS)  # the top 32 bits suffice for float32
 
 
@@ -233,7 +225,7 @@ def _bfloat16_by_bits(y):
 
 
 @triton.jit
-def _widened(x, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+def widened(x, dtype: tl.constexpr, BF16_BY_BITS: tl.constexpr):
     """``x`` converted (exactly) to float32 or float64; bfloat16 with ``BF16_BY_BITS`` as the upper
     half of a float32 bit pattern (Triton's interpreter loses bfloat16 subnormals)."""
     if x.dtype == tl.bfloat16 and BF16_BY_BITS:
@@ -278,7 +270,7 @@ def _head_block(Q, K, QO, KO, block, blocks_q, batch, s, s_mask, heads_q, heads_
 
 
 @triton.jit
-def _pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+def pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
     """Offsets (a_i, b_i) of the two coordinates of pair i, and the mask of real pairs, [HALF_PAD]
     (the attention kernels use it too)."""
     j = tl.arange(0, HALF_PAD)
@@ -301,20 +293,20 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
     float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
     SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
     c_hi + c_lo, s_hi + s_lo, times 2^k."""
-    a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    a, b, j_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
     mask = row_mask & j_mask
     if FLOAT64_MATH:
         ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
-        xa64 = _widened(xa, tl.float64, BF16_BY_BITS)
-        xb64 = _widened(xb, tl.float64, BF16_BY_BITS)
+        xa64 = widened(xa, tl.float64, BF16_BY_BITS)
+        xb64 = widened(xb, tl.float64, BF16_BY_BITS)
         ya = _difference_of_products(xa64, ca, cb, xb64, sa, sb, FMA_BY_PARTS) * power64
         yb = _difference_of_products(xb64, ca, cb, -xa64, sa, sb, FMA_BY_PARTS) * power64
     else:
         c = c_hi[:, None, :]
         s = s_hi[:, None, :]
-        xa32 = _widened(xa, tl.float32, BF16_BY_BITS)
-        xb32 = _widened(xb, tl.float32, BF16_BY_BITS)
+        xa32 = widened(xa, tl.float32, BF16_BY_BITS)
+        xb32 = widened(xb, tl.float32, BF16_BY_BITS)
         ya = fma(xa32, c, -(xb32 * s), FMA_BY_PARTS)
         yb = fma(xb32, c, xa32 * s, FMA_BY_PARTS)
         if SCALE_AFTER:
@@ -331,7 +323,7 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
 
 @triton.jit
 def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
-    a, b, j_mask = _pair_offsets(HALF, HALF_PAD, INTERLEAVED)
+    a, b, j_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
     mask = row_mask & j_mask
     return tl.load(x_row + a, mask=mask, other=0.0), tl.load(x_row + b, mask=mask, other=0.0)
@@ -488,21 +480,21 @@ def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, inter
     return (2 if batch * seq_len >= 2048 else 1), block_h, 1
 
 
-def _interpreted() -> bool:
+def interpreting() -> bool:
     """Whether Triton's CPU interpreter runs the kernel (its bfloat16 conversions are not the GPU's)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _fma_by_parts() -> bool:
+def needs_fma_by_parts() -> bool:
     """Whether the kernels compute fma by parts (``FMA_BY_PARTS``, :mod:`.emulation`): in an
     interpreter whose own ``tl.fma`` rounds twice."""
-    return _interpreted() and interpreter_rounds_fma_twice()
+    return interpreting() and interpreter_rounds_fma_twice()
 
 
 def check_positions_in_range(name: str, positions: torch.Tensor, expected: str = "values in (-2^31, 2^31)") -> None:
-    """Refuse positions outside (-:data:`MAX_POSITION`, :data:`MAX_POSITION`), compared in int64 on
-    both sides (``abs()`` of int64's minimum overflows, and 2^31 wraps in an int32 comparison):
-    through :func:`rope._checks.assert_values`, eager off CUDA."""
+    """Refuse positions outside (-:data:`rope.limits.MAX_POSITION`, :data:`rope.limits.MAX_POSITION`),
+    compared in int64 on both sides (``abs()`` of int64's minimum overflows, and 2^31 wraps in an int32
+    comparison): through :func:`rope._checks.assert_values`, eager off CUDA."""
     wide = positions.to(torch.int64)
     _checks.assert_values(name, ((wide > -MAX_POSITION) & (wide < MAX_POSITION)).all(), expected)
 
@@ -511,7 +503,7 @@ def check_launch_device(name: str, x: torch.Tensor) -> None:
     """Raise ``ValueError`` unless the kernels can run on ``x``'s device: CUDA, or the CPU under
     Triton's interpreter (``TRITON_INTERPRET=1``; Triton's own error is "0 active drivers"). The
     one device check of every launcher, rotary and attention, before anything is launched."""
-    if not (x.is_cuda or (x.device.type == "cpu" and _interpreted())):
+    if not (x.is_cuda or (x.device.type == "cpu" and interpreting())):
         raise ValueError(f"{name} is on {x.device}: the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
                          "for Triton's CPU interpreter (with CPU tensors)")
 
@@ -545,7 +537,8 @@ def scale_arguments(scale: float, *, float64_math: bool) -> tuple[float, float, 
     no intermediate overflows. float64 math: s = ``scale64`` * ``power64`` exactly, with
     ``scale64`` in [1/4, 1/2) (the exact products then stay finite too).
     """
-    scale = _checks.number("scale (the attention factor)", scale, minimum=SCALE_RANGE[0], maximum=SCALE_RANGE[1])
+    low, high = KERNEL_SCALE_RANGE
+    scale = _checks.number("scale (the attention factor)", scale, minimum=low, maximum=high)
     fraction, exponent = math.frexp(scale)  # scale = fraction 2^exponent, fraction in [1/2, 1)
     if float64_math:
         return 1.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
@@ -604,7 +597,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
     contiguous; positions integer ``[seq]`` or ``[batch, seq]``; inv_freq float32
     ``[rotary_dim/2]``, every theta_i below 2^16 (float32 math); ``scale`` the attention factor,
-    in :data:`SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
+    in :data:`rope.limits.KERNEL_SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
     each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
     ``float64_math``: the arithmetic (see the module docstring). None (the default) chooses by
     dtype: float64 math for float16, bfloat16 and float64 (correctly rounded outputs), float32 math
@@ -633,14 +626,14 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     options = kernel_constants(
         head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, float64_math=float64_math,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
-        scale_after=scale_after, bf16_by_bits=_interpreted(), fma_by_parts=_fma_by_parts(),
+        scale_after=scale_after, bf16_by_bits=interpreting(), fma_by_parts=needs_fma_by_parts(),
     )
     fixed = block_s or block_h or group
-    if q.is_cuda and not fixed and not _interpreted():
+    if q.is_cuda and not fixed and not interpreting():
         with launch_device(q):
             tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
         return
-    default = _launch_sizes(batch, seq_len, heads_q, heads_k, interpreted=_interpreted())
+    default = _launch_sizes(batch, seq_len, heads_q, heads_k, interpreted=interpreting())
     sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
     with launch_device(q):
         rotary_kernel[grid](*args, **options, **sizes, num_warps=num_warps, enable_fp_fusion=False)
