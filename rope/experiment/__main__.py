@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .methods import METHODS
 from .presets import MAX_SEED, PRESETS
-from .runner import _checked_methods, check_device, check_output, results_files, run
+from .runner import check_device, check_output, checked_methods, results_files, run
 
 DEFAULT_OUT = "rope-experiment-results"
 """The results folder when neither ``--out`` nor ``--output`` is given, relative to the working directory."""
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="hide the progress display (tqdm bars; plain lines on stderr without tqdm)")
     args = parser.parse_args(argv)
     try:
-        _checked_methods(args.methods)
+        checked_methods(args.methods)
     except ValueError as error:
         parser.error(f"argument --methods: {error}")
     config = PRESETS[args.preset]

@@ -77,7 +77,7 @@ def _checked_config(config: ExperimentConfig | str) -> ExperimentConfig:
     return config
 
 
-def _checked_methods(methods: list[str] | None) -> list[str]:
+def checked_methods(methods: list[str] | None) -> list[str]:
     """The method names to evaluate: every method of :data:`METHODS` for None, else ``methods``,
     checked (known names, at least one, none twice)."""
     if isinstance(methods, str) or not isinstance(methods, (Iterable, type(None))):
@@ -116,7 +116,7 @@ def run(
     config = _checked_config(config)
     flag("progress", progress)
     flag("overwrite", overwrite)
-    names = _checked_methods(methods)
+    names = checked_methods(methods)
     if output is not None:
         output = check_output(output, overwrite=overwrite)
     device = check_device(device)
