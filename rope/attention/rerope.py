@@ -192,7 +192,8 @@ def bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, lea
     (phi, -phi, theta) and (phi). The logit's angle is then (r - w) phi_i + w theta_i, a function of
     r = m - n alone; the one rounding, of phi_i, moves it by at most ``|r - w|`` theta_i 2^-53 / k.
     phi_i must stay below 2^127 (``ValueError`` naming ``leaky_scale`` otherwise); a nonzero phi_i
-    below 2^-100 is taken to within 2^-150 (an angle error below 2^-85 rad at any int64 position)."""
+    below 2^-100 is taken to within 2^-150 (its float32 pieces underflow): at most 2^-86 rad at any int64
+    position, far below the resolution of the 126-bit turns themselves (:func:`rope.angles.turns_per_position`)."""
     if leaky_scale is None:
         return torch.full_like(positions, window if query else 0, dtype=torch.int64), inv_freq
     theta = inv_freq.to(torch.float64)
