@@ -323,6 +323,24 @@ def cos_sin_of_turns_float32(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return _rotate_quadrant(quadrant, torch.cos(angle), torch.sin(angle))
 
 
+def cos_sin_of_sum(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 cos and sin of the angles sum_j m_j theta_ij reduced modulo 2 pi exactly, ``[..., pairs]``.
+
+    ``positions``: int64 ``[..., terms]`` (term j's position m_j); ``inv_freq``: ``[pairs, terms]``
+    (term j's frequencies theta_ij, each column as :func:`turns_per_position` takes it: float32, or
+    float64 of magnitude 0 or in [2^-100, 2^127), the caller's check). Each m_j T_ij is exact in
+    126-bit turns and turns add modulo 1 (:func:`add_turns`), so the sum is reduced as exactly as
+    one product, whatever the size of each term: for an angle p theta whose position p is no
+    integer but an integer combination of frequencies, such as Leaky ReRoPE's bent frame
+    (m - w) theta_i / k + w theta_i (:func:`rope.attention.rerope.bent_frame`), where a float64
+    p theta would lose ``|p theta|`` 2^-53. Within 2^-52 of the exact values, as :func:`cos_sin`."""
+    total = None
+    for j in range(positions.shape[-1]):
+        limbs = turns(positions[..., j, None], turns_of_checked_frequencies(inv_freq[:, j]))
+        total = limbs if total is None else add_turns(total, limbs)
+    return cos_sin_of_turns(total)
+
+
 def exact_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """m theta_i reduced exactly to [-pi, pi), as float64 (one rounding of the reduced angle,
     within 2^-51 rad), shape ``positions.shape + inv_freq.shape``: what the float64 reference

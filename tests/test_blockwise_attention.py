@@ -96,8 +96,7 @@ def test_query_head_h_reads_key_head_h_over_group():
 def test_positions_with_offsets_gaps_and_other_lengths(positions, method, causal):
     window, leaky_scale = METHODS[method]
     gen = torch.Generator().manual_seed(3)
-    # Leaky ReRoPE's second pass rounds float64 angles ~ position * theta: keep its positions moderate
-    offset = 10**3 if leaky_scale is not None else 10**6
+    offset = 2**50  # far from 0: every angle is reduced exactly, so only m - n matters
     k_positions = {
         "offset": torch.arange(13) + offset,
         "ragged": torch.cumsum(torch.randint(1, 5, (13,), generator=gen), 0) + offset,
@@ -126,6 +125,49 @@ def test_window_one_and_a_window_beyond_every_distance(leaky_scale):
         wide = rotary_attention(*inputs, window=30, leaky_scale=leaky_scale, causal=causal, block_size=4)
         assert_matches(wide, reference(*inputs, causal=causal))
     assert_matches(rotary_attention(*inputs, window=30, leaky_scale=leaky_scale, block_size=4), plain)
+
+
+@pytest.mark.parametrize("shift", [2**40, 2**60, -(2**62)])
+@pytest.mark.parametrize("method", METHODS)
+def test_shifting_every_position_leaves_the_output_and_gradients_unchanged(method, shift):
+    # Leaky ReRoPE's bent frame used to turn queries by a float64 product (m + w (k - 1)) theta / k:
+    # off by 7e-6 at 2^40 and by 0.25 rad at 2^60, where the logits depend on m - n only.
+    window, leaky_scale = METHODS[method]
+    inputs = case(8, q_len=9, k_len=12)
+    q, k, v, q_positions, k_positions, theta = inputs
+    shifted = (q, k, v, q_positions + shift, k_positions + shift, theta)
+    options = dict(window=window, leaky_scale=leaky_scale)
+    assert_matches(rotary_attention(*shifted, block_size=4, **options), reference(*inputs, **options))
+    grad_out = torch.randn(2, 9, 4, 10, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    got = gradients(rotary_attention, shifted, grad_out, block_size=4, **options)
+    for g, e in zip(got, gradients(reference, inputs, grad_out, **options)):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * e.abs().max().item())
+
+
+@pytest.mark.parametrize("leaky_scale", [None, 2.0])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_window_test_is_exact_at_extreme_positions(causal, leaky_scale):
+    # int64 m - n wraps around at 2^63: the key at -2^62 of the query at 2^62 (r = 2^63 >= w) read as
+    # r = -2^63 < w and took pass 1, in a tile whose extreme positions (Python ints) said "both".
+    k_positions = torch.tensor([-(2**63), -(2**62), -5, 0, 2**62 - 4, 2**62, 2**63 - 1])
+    q_positions = torch.tensor([2**62, 2**62 + 1, 2**63 - 1])
+    inputs = case(10, q_len=3, k_len=7, q_positions=q_positions, k_positions=k_positions)
+    q, k, v, _, _, theta = inputs
+    m, n = q_positions.tolist(), k_positions.tolist()
+    for window in (3, 2**62, 2**63 - 1):
+        logits = rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta, window=window,
+                                               leaky_scale=leaky_scale)  # exact: tests/test_rerope.py
+        x = logits / math.sqrt(q.shape[3])
+        if causal:
+            x = x.masked_fill(torch.tensor([[b > a for b in n] for a in m]), -math.inf)
+        values = v.double().repeat_interleave(2, dim=2)
+        expected = torch.einsum("bhij,bjhd->bihd", torch.softmax(x, dim=-1), values)
+        for block_size in (1, 2, 7):
+            out = rotary_attention(*inputs, causal=causal, window=window, leaky_scale=leaky_scale,
+                                   block_size=block_size)
+            assert_matches(out, expected)
+    wrapped = (q_positions[:, None] - k_positions[None, :]) >= 3  # int64 differences wrap around
+    assert (wrapped != torch.tensor([[a - b >= 3 for b in n] for a in m])).any()  # so the case crosses 2^63
 
 
 def test_window_bends_distant_pairs_only():

@@ -182,7 +182,7 @@ POSITION_CASES = [(positions, method) for positions in POSITIONS for method in (
 def test_positions_with_offsets_gaps_and_other_lengths(positions, method):
     window, leaky_scale = METHODS[method]
     gen = torch.Generator().manual_seed(6)
-    offset = 10**3 if leaky_scale is not None else 10**6  # the reference's Leaky angles are float64 products
+    offset = 10**6
     k_len = 25
     k_positions = {
         "offset": torch.arange(k_len) + offset,
@@ -190,7 +190,7 @@ def test_positions_with_offsets_gaps_and_other_lengths(positions, method):
         "unsorted": torch.randperm(90, generator=gen)[:k_len] + offset,
         "negative": torch.arange(k_len) - 60,
         "reversed": torch.arange(k_len).flip(0) + offset,  # causal: early queries see nothing of the first block
-        "near_2^31": torch.arange(k_len) + (2**31 - k_len if leaky_scale is None else offset),
+        "near_2^31": torch.arange(k_len) + 2**31 - k_len,
     }.get(positions, torch.arange(k_len) + offset)
     q_len = 1 if positions.startswith("decode") else 23
     q_positions = {
@@ -199,7 +199,7 @@ def test_positions_with_offsets_gaps_and_other_lengths(positions, method):
         "decode": k_positions[-1:],
         "decode_ahead": k_positions[-1:] + 7,
     }.get(positions, k_positions[-q_len:])
-    if positions == "near_2^31" and leaky_scale is None:
+    if positions == "near_2^31":
         q_positions = q_positions.clamp(max=2**31 - 1)
     inputs = case(7, q_len=q_len, k_len=k_len, q_positions=q_positions, k_positions=k_positions,
                   dtype=torch.float16)

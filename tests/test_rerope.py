@@ -163,6 +163,8 @@ def test_bad_arguments_are_named():
         call(q, k, q_positions, k_positions, theta, window=0)
     with pytest.raises(TypeError, match="window"):
         call(q, k, q_positions, k_positions, theta, window=2.0)
+    with pytest.raises(ValueError, match="window"):  # beyond int64: below_window compares in int64
+        call(q, k, q_positions, k_positions, theta, window=2**63)
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="leaky_scale"):
             call(q, k, q_positions, k_positions, theta, window=2, leaky_scale=bad)
@@ -182,3 +184,113 @@ def test_bad_arguments_are_named():
         rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta, window=2, layout="gptj")
     with pytest.raises(TypeError, match="k_positions"):
         rerope.rerope_positions(q_positions, [1, 2], window=2)
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+EXTREMES = [INT64_MIN, INT64_MIN + 1, -(2**62) - 1, -(2**62), -1, 0, 1, 2**62 - 1, 2**62, INT64_MAX - 1, INT64_MAX]
+
+
+def mpmath_scores(q, k, q_positions, k_positions, theta, angle, layout):
+    """sum over pairs (a, b) of (q_a k_a + q_b k_b) cos(alpha) + (q_a k_b - q_b k_a) sin(alpha), plus q . k past
+    the rotary width, at 200 bits and rounded once, with alpha = angle(m, n, theta_p) from Python-int positions
+    and the float32 theta_p as an mpmath number: the logit q^T R_{-r'} k of the bent position r'."""
+    import mpmath
+
+    rotary_dim, group = 2 * theta.numel(), q.shape[2] // k.shape[2]
+    a, b = (t.tolist() for t in rope.layouts.pair_indices(rotary_dim, layout))
+    out = torch.empty(q.shape[0], q.shape[2], q.shape[1], k.shape[1], dtype=torch.float64)
+    with mpmath.workprec(200):
+        thetas = [mpmath.mpf(float(t)) for t in theta]
+        for i, m in enumerate(q_positions.tolist()):
+            for j, n in enumerate(k_positions.tolist()):
+                alphas = [angle(m, n, t) for t in thetas]
+                cos, sin = [mpmath.cos(x) for x in alphas], [mpmath.sin(x) for x in alphas]
+                for batch in range(q.shape[0]):
+                    for h in range(q.shape[2]):
+                        qv = [mpmath.mpf(x) for x in q[batch, i, h].tolist()]
+                        kv = [mpmath.mpf(x) for x in k[batch, j, h // group].tolist()]
+                        total = mpmath.fsum(qv[d] * kv[d] for d in range(rotary_dim, len(qv)))
+                        for p, (ia, ib) in enumerate(zip(a, b)):
+                            total += (qv[ia] * kv[ia] + qv[ib] * kv[ib]) * cos[p]
+                            total += (qv[ia] * kv[ib] - qv[ib] * kv[ia]) * sin[p]
+                        out[batch, h, i, j] = float(total)
+    return out
+
+
+def bent_angle(window, leaky_scale):
+    """r' theta for r = m - n (Python ints): r theta inside the window, w theta (ReRoPE) or
+    (w + (r - w) / k) theta (Leaky ReRoPE) beyond it, exactly."""
+    import mpmath
+
+    def angle(m, n, theta):
+        r = m - n
+        if r < window:
+            return r * theta
+        return window * theta if leaky_scale is None else (window + mpmath.mpf(r - window) / leaky_scale) * theta
+
+    return angle
+
+
+@pytest.mark.parametrize("shift", [2**40, 2**60, -(2**62), INT64_MAX - 100, INT64_MIN])
+@pytest.mark.parametrize("leaky_scale", [None, 2.5, 0.5, 16.0])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_logits_depend_on_m_minus_n_only_far_from_position_zero(layout, leaky_scale, shift):
+    # The two-pass form turns queries and keys separately; Leaky ReRoPE's bent frame used to form
+    # (m + w (k - 1)) theta / k as a float64 product, off by 0.25 rad at 2^60.
+    q, k, q_positions, k_positions, theta = random_case(7, spread=40)
+    window = 9
+    options = dict(window=window, leaky_scale=leaky_scale, layout=layout)
+    near = rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta, **options)
+    far = rerope.rerope_scores_two_pass(q, k, q_positions + shift, k_positions + shift, theta, **options)
+    expected = mpmath_scores(q, k, q_positions, k_positions, theta, bent_angle(window, leaky_scale), layout)
+    tolerance = 1e-14 * expected.abs().max().item()
+    torch.testing.assert_close(far, near, rtol=0, atol=tolerance)
+    torch.testing.assert_close(far, expected, rtol=0, atol=tolerance)
+    # the training-time form takes r' from the exact difference m - n as well
+    trained = rerope.rerope_scores(q, k, q_positions + shift, k_positions + shift, theta, **options)
+    torch.testing.assert_close(trained, expected, rtol=0, atol=tolerance)
+
+
+def test_the_window_test_is_exact_for_every_pair_of_int64_positions():
+    # int64 m - n wraps around at 2^63: a query at 2^62 and a key at -2^62 read as r = -2^63 < w
+    positions = torch.tensor(EXTREMES)
+    for window in (1, 3, 2**62, INT64_MAX):
+        below = rerope.below_window(positions, positions, window)
+        expected = torch.tensor([[m - n < window for n in EXTREMES] for m in EXTREMES])
+        assert torch.equal(below, expected), window
+        for leaky_scale in (None, 3.0):
+            r_prime = rerope.rerope_positions(positions, positions, window=window, leaky_scale=leaky_scale)
+            torch.testing.assert_close(r_prime, positions_loop(positions, positions, window, leaky_scale),
+                                       rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("leaky_scale", [None, 2.0, 0.75])
+@pytest.mark.parametrize("window", [3, 2**62])
+def test_two_pass_form_at_extreme_positions_matches_its_definition(window, leaky_scale):
+    # Pass 2 where r = m - n >= w exactly (Python ints); its angle as bent_frame defines it:
+    # (r - w) phi + w theta with phi = theta / k rounded to float64, reduced exactly.
+    import mpmath
+
+    q, k, _, _, theta = random_case(11, q_len=4, k_len=len(EXTREMES), heads_k=1, group=2)
+    q_positions = torch.tensor([2**62, -(2**62), INT64_MAX, INT64_MIN])
+    k_positions = torch.tensor(EXTREMES)
+
+    def angle(m, n, theta_p):
+        r = m - n
+        if r < window:
+            return r * theta_p
+        if leaky_scale is None:
+            return window * theta_p
+        return (r - window) * mpmath.mpf(float(theta_p) / leaky_scale) + window * theta_p
+
+    logits = rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta, window=window,
+                                           leaky_scale=leaky_scale)
+    expected = mpmath_scores(q, k, q_positions, k_positions, theta, angle, "half")
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-14 * expected.abs().max().item())
+
+
+def test_a_bent_frequency_beyond_float32s_range_is_refused():
+    q, k, q_positions, k_positions, _ = random_case(0)
+    theta = torch.tensor([1e38, 1.0, 0.5], dtype=torch.float32)
+    with pytest.raises(ValueError, match="leaky_scale"):
+        rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta, window=2, leaky_scale=0.25)

@@ -33,7 +33,8 @@ The logits L (unscaled, as :mod:`.rerope` defines them; GQA: query head h reads 
 The tile rule. Positions are arbitrary integers (unsorted, gapped, offset), so a tile is described
 by the extreme positions of its blocks: queries in [m_lo, m_hi], keys in [n_lo, n_hi]. Over the
 tile's pairs r = m - n spans exactly [m_lo - n_hi, m_hi - n_lo] (both ends are reached: take the
-extreme query with the extreme key). Hence:
+extreme query with the extreme key; Python integers, so no difference wraps around at 2^63, and
+inside a tile :func:`.rerope.below_window` selects the pass exactly). Hence:
 
 * causal and n_lo > m_hi: every key follows every query, the tile is masked out: *skipped*;
 * no window, or m_hi - n_lo < w: every pair has r < w: pass 1 only (*plain*);
@@ -87,7 +88,7 @@ from torch.types import Number
 
 from .. import _checks
 from ..layouts import check_layout
-from .rerope import bent_frame, check_qk, check_window, head_logits, rotate_exactly
+from .rerope import below_window, bent_frame, check_qk, check_window, head_logits, rotate_exactly
 
 
 @dataclass
@@ -121,7 +122,7 @@ def _turn(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, opti
     the attention factor a on the rotated coordinates (the first rotary_dim; the tail is not scaled)."""
     turned = rotate_exactly(x, positions, inv_freq, options.layout, conjugate=conjugate)
     if options.attention_factor != 1.0:
-        turned[..., : 2 * inv_freq.numel()] *= options.attention_factor
+        turned[..., : 2 * inv_freq.shape[0]] *= options.attention_factor
     return turned
 
 
@@ -325,7 +326,8 @@ class AttentionOptions:
 
 
 def _tiles(q_positions, k_positions, options: AttentionOptions, stats: TileStats | None = None):
-    """Yield (i0, i1, tiles) per query block, tiles a list of (j0, j1, kind, r) with r the [i, j] int64 m - n."""
+    """Yield (i0, i1, tiles) per query block, tiles a list of (j0, j1, kind, may_mask), may_mask whether some
+    key of the tile follows some query (Python-int positions: the tile bounds' differences never wrap around)."""
     m_host, n_host = q_positions.tolist(), k_positions.tolist()
     q_len, k_len, size = len(m_host), len(n_host), options.block_size
     key_blocks = [(j, min(j + size, k_len)) for j in range(0, k_len, size)]
@@ -355,7 +357,7 @@ def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: AttentionOptions):
         if kind == "bent":
             logits = bent
         else:
-            bent_mask = m[:, None] - n[None, :] >= options.window
+            bent_mask = ~below_window(m, n, options.window)  # exact: int64 m - n would wrap around
             logits = torch.where(bent_mask, bent, logits)
     x = logits * _row_scale(m, options)
     if options.causal and may_mask:  # some key of the tile may follow some query

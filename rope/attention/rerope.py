@@ -29,6 +29,11 @@ Two forms of the same logits:
   ReRoPE pass 2 uses the interpolated frequencies theta_i / k with queries at m + w (k - 1) and
   keys at n, whose angle difference is ``(m + w(k-1) - n) theta_i / k = (w + (r - w)/k) theta_i``.
 
+Positions are any int64 values, used as given: the window test r < w is exact for every pair
+(:func:`below_window`; m - n itself would wrap around at 2^63), and both passes turn by exactly
+reduced angles (:func:`bent_frame`), so that the two-pass logits depend on m - n only: shifting
+every position by a constant leaves them unchanged to float64 rounding.
+
 Both return unscaled logits ``[batch, heads_q, q_len, k_len]``; apply the 1/sqrt(d), the mask
 and the softmax yourself. GQA/MQA: query head h reads key head ``h // (heads_q // heads_k)``.
 """
@@ -38,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from ..angles import cos_sin_of_sum
 from ..apply import exact_cos_sin, rotate_pairs
 from ..layouts import check_layout, pair_indices
 
@@ -45,7 +51,8 @@ from ..layouts import check_layout, pair_indices
 def check_window(window, leaky_scale) -> tuple[int, float | None]:
     """The ReRoPE window w (an integer >= 1) and Leaky ReRoPE's scale k (a number > 0, or None for
     ReRoPE), checked."""
-    window = _checks.integer("window", window, minimum=1)
+    # an int64 at most, as the positions: below_window compares m - n with it exactly
+    window = _checks.integer("window", window, minimum=1, maximum=_checks.INT64_MAX)
     if leaky_scale is not None:
         leaky_scale = _checks.number("leaky_scale", leaky_scale, positive=True)
     return window, leaky_scale
@@ -74,17 +81,18 @@ def check_qk(q, k, q_positions, k_positions, inv_freq, *, values: bool = True) -
 
 
 def rotate_exactly(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, layout: str,
-                   conjugate: bool = False) -> torch.Tensor:
-    """R_p x for each token (R_p^T x with ``conjugate``), float64. Integer ``positions`` turn by
-    exactly reduced angles (:func:`rope.apply.exact_cos_sin`, with float32 ``inv_freq``);
-    fractional (float64) ones, as Leaky ReRoPE's second pass needs, by the float64 product p theta_i."""
-    if positions.dtype.is_floating_point:
-        angles = positions.to(x.device, torch.float64)[:, None] * inv_freq.to(x.device, torch.float64)
-        cos, sin = torch.cos(angles), torch.sin(angles)
+             conjugate: bool = False) -> torch.Tensor:
+    """R_p x for each token (R_p^T x with ``conjugate``), float64, by exactly reduced angles: integer
+    ``positions [tokens]`` with ``inv_freq [pairs]`` turn by m theta_i (:func:`rope.apply.exact_cos_sin`);
+    ``positions [tokens, terms]`` with ``inv_freq [pairs, terms]`` by sum_j m_j theta_ij
+    (:func:`rope.angles.cos_sin_of_sum`), the form of Leaky ReRoPE's bent frame (:func:`bent_frame`)."""
+    if positions.dim() == 2:
+        cos, sin = cos_sin_of_sum(positions.to(x.device), inv_freq.to(x.device))
     else:
         cos, sin = exact_cos_sin(positions.to(x.device), inv_freq.to(x.device))
     sin = -sin if conjugate else sin
-    return rotate_pairs(x.to(torch.float64), cos[None, :, None, :], sin[None, :, None, :], layout, 2 * inv_freq.numel())
+    rotary_dim = 2 * inv_freq.shape[0]
+    return rotate_pairs(x.to(torch.float64), cos[None, :, None, :], sin[None, :, None, :], layout, rotary_dim)
 
 
 def head_logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
@@ -115,9 +123,32 @@ def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: floa
     _checks.integer_tensor("q_positions", q_positions, dim=1)
     _checks.integer_tensor("k_positions", k_positions, dim=1)
     window, leaky_scale = check_window(window, leaky_scale)
-    r = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
+    r = _differences(q_positions, k_positions)
     beyond = window + (r - window) / leaky_scale if leaky_scale is not None else torch.full_like(r, float(window))
-    return torch.where(r < window, r, beyond)
+    return torch.where(below_window(q_positions, k_positions, window), r, beyond)
+
+
+_LOW_BITS = (1 << 32) - 1
+
+
+def _differences(m: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """m_i - n_j rounded once to float64, ``[i, j]``, for any int64 positions: the difference of the
+    high halves (m >> 32) and of the low halves (m & (2^32 - 1)) are exact in int64 and in float64
+    (below 2^33), so their sum is the one rounding; int64 m - n wraps around at 2^63, and
+    m.double() - n.double() rounds m and n first (off by up to 2^10 at 2^62)."""
+    m, n = m.to(torch.int64)[:, None], n.to(torch.int64)[None, :]
+    return ((m >> 32) - (n >> 32)).to(torch.float64) * 2.0**32 + ((m & _LOW_BITS) - (n & _LOW_BITS)).to(torch.float64)
+
+
+def below_window(m: torch.Tensor, n: torch.Tensor, window: int) -> torch.Tensor:
+    """``[i, j]`` bool: whether r = m_i - n_j < w (pass 1; else pass 2), exact for every pair of int64
+    positions and every window 1 <= w <= 2^63 - 1. The int64 m - n wraps around when the difference
+    reaches 2^63 (a query at 2^62 and a key at -2^62 would read as r < 0, inside the window), so
+    compare m < n + w instead: n + w exceeds every int64 m exactly where n > 2^63 - 1 - w, and is
+    formed only where it does not overflow."""
+    m, n = m.to(torch.int64)[:, None], n.to(torch.int64)[None, :]
+    limit = _checks.INT64_MAX - window
+    return (n > limit) | (m < n.clamp(max=limit) + window)
 
 
 def rerope_scores(
@@ -149,13 +180,34 @@ def rerope_scores(
 
 def bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, leaky_scale: float | None,
                query: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions, frequencies) of the second pass's rotation of query or key tokens: ReRoPE
-    queries at w and keys at 0; Leaky ReRoPE the frequencies theta / k, queries at m + w (k - 1)
-    and keys at n, whose angle difference is (w + (r - w) / k) theta."""
+    """(positions, frequencies) of the second pass's rotation of query or key tokens, as :func:`rotate_exactly`
+    takes them: ReRoPE queries at w and keys at 0 (int64 ``[tokens]``, frequencies theta_i); Leaky
+    ReRoPE (k = leaky_scale) the frequencies theta_i / k, queries at m + w (k - 1) and keys at n,
+    whose angle difference is (w + (r - w) / k) theta_i.
+
+    Leaky ReRoPE's query position m + w (k - 1) is no integer, and a float64 product
+    (m + w (k - 1)) theta_i / k loses ``|m theta_i / k|`` 2^-53 (0.25 rad at m = 2^60), which a shift
+    of every position would change. So the frame is exact in this sense: with phi_i = theta_i / k
+    rounded once to float64, the key angle is n phi_i and the query angle (m - w) phi_i + w theta_i
+    (the same number as (m + w (k - 1)) phi_i when phi_i = theta_i / k), each a sum of integer
+    multiples reduced modulo 2 pi exactly (:func:`rope.angles.cos_sin_of_sum`) for every int64 m, n
+    and w: positions ``[tokens, terms]`` (m, w, w) and (n), frequencies ``[pairs, terms]``
+    (phi, -phi, theta) and (phi). The logit's angle is then (r - w) phi_i + w theta_i, a function of
+    r = m - n alone; the one rounding, of phi_i, moves it by at most ``|r - w|`` theta_i 2^-53 / k.
+    phi_i must stay below 2^127 (``ValueError`` naming ``leaky_scale`` otherwise); a nonzero phi_i
+    below 2^-100 is taken to within 2^-150 (its float32 pieces underflow): at most 2^-86 rad at any int64
+    position, far below the resolution of the 126-bit turns themselves (:func:`rope.angles.turns_per_position`)."""
     if leaky_scale is None:
-        return torch.full_like(positions, window if query else 0), inv_freq
-    shift = window * (leaky_scale - 1) if query else 0.0
-    return positions.to(torch.float64) + shift, inv_freq.to(torch.float64) / leaky_scale
+        return torch.full_like(positions, window if query else 0, dtype=torch.int64), inv_freq
+    theta = inv_freq.to(torch.float64)
+    phi = theta / leaky_scale
+    _checks.assert_values("leaky_scale", (phi.abs() < 2.0**127).all(),
+                          f"a value that keeps inv_freq / leaky_scale below 2^127 (got leaky_scale = {leaky_scale!r})")
+    positions = positions.to(torch.int64)
+    if not query:
+        return positions[:, None], phi[:, None]
+    w = torch.full_like(positions, window)
+    return torch.stack((positions, w, w), dim=-1), torch.stack((phi, -phi, theta), dim=-1)
 
 
 def rerope_scores_two_pass(
@@ -177,4 +229,4 @@ def rerope_scores_two_pass(
     q2 = rotate_exactly(q, *bent_frame(m, inv_freq, window, leaky_scale, query=True), layout)
     k2 = rotate_exactly(k, *bent_frame(n, inv_freq, window, leaky_scale, query=False), layout)
     pass2 = head_logits(q2, k2)
-    return torch.where((m[:, None] - n[None, :]) < window, pass1, pass2)
+    return torch.where(below_window(m, n, window), pass1, pass2)
