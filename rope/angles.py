@@ -328,15 +328,22 @@ def cos_sin_of_sum(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[tor
 
     ``positions``: int64 ``[..., terms]`` (term j's position m_j); ``inv_freq``: ``[pairs, terms]``
     (term j's frequencies theta_ij, each column as :func:`turns_per_position` takes it: float32, or
-    float64 of magnitude 0 or in [2^-100, 2^127), the caller's check). Each m_j T_ij is exact in
+    float64 of magnitude 0 or in [2^-100, 2^127); checked, as in :func:`cos_sin`). Each m_j T_ij is exact in
     126-bit turns and turns add modulo 1 (:func:`add_turns`), so the sum is reduced as exactly as
     one product, whatever the size of each term: for an angle p theta whose position p is no
     integer but an integer combination of frequencies, such as Leaky ReRoPE's bent frame
     (m - w) theta_i / k + w theta_i (:func:`rope.attention.rerope.bent_frame`), where a float64
     p theta would lose ``|p theta|`` 2^-53. Within 2^-52 of the exact values, as :func:`cos_sin`."""
+    integer_tensor("positions", positions)
+    if not isinstance(inv_freq, torch.Tensor):
+        raise TypeError(f"inv_freq must be a float32 or float64 tensor [pairs, terms], got {type(inv_freq).__name__}")
+    if inv_freq.dim() != 2 or positions.dim() == 0 or positions.shape[-1] != inv_freq.shape[1]:
+        raise ValueError(f"positions [..., terms] and inv_freq [pairs, terms] must name the same terms, got "
+                         f"positions {tuple(positions.shape)} and inv_freq {tuple(inv_freq.shape)}")
+    _checks.same_device("positions", positions, inv_freq=inv_freq)
     total = None
     for j in range(positions.shape[-1]):
-        limbs = turns(positions[..., j, None], turns_of_checked_frequencies(inv_freq[:, j]))
+        limbs = turns(positions[..., j, None], turns_per_position(inv_freq[:, j]))  # each column checked
         total = limbs if total is None else add_turns(total, limbs)
     return cos_sin_of_turns(total)
 

@@ -164,6 +164,23 @@ def test_positions_at_the_int64_extremes_are_exact():
     torch.testing.assert_close(cos * cos + sin * sin, torch.ones_like(cos), rtol=0, atol=4e-16)
 
 
+def test_the_cos_sin_of_a_sum_of_products_is_exact_at_any_position():
+    """cos_sin_of_sum turns by sum_j m_j theta_ij reduced exactly: within 2^-52 of mpmath's cos and
+    sin of the exact sum, for terms up to the int64 extremes whose float64 sum would lose whole turns."""
+    mpmath.mp.prec = 200
+    gen = torch.Generator().manual_seed(5)
+    positions = torch.cat([torch.randint(-(2**62), 2**62, (6, 3), generator=gen),
+                           torch.tensor([[2**63 - 1, -(2**63), 7], [0, 0, 0]])])
+    scales = torch.tensor([1.0, -1e-3, 2.0**-20], dtype=torch.float64)
+    theta = torch.rand(4, 3, generator=gen, dtype=torch.float64) * scales
+    cos, sin = rope.angles.cos_sin_of_sum(positions, theta)
+    for t, row in enumerate(positions.tolist()):
+        for i, frequencies in enumerate(theta.tolist()):
+            angle = mpmath.fsum(mpmath.mpf(m) * mpmath.mpf(f) for m, f in zip(row, frequencies))
+            assert abs(float(cos[t, i]) - mpmath.cos(angle)) <= 2.0**-52
+            assert abs(float(sin[t, i]) - mpmath.sin(angle)) <= 2.0**-52
+
+
 @pytest.mark.parametrize("call, error, name", [
     (lambda: rope.attention.rerope.rerope_scores(Q, K, POS, POS, THETA, window="3"), TypeError, "window"),
     (lambda: rope.attention.rerope.rerope_scores(Q, K, POS, POS, THETA, window=0), ValueError, "window"),
@@ -181,6 +198,12 @@ def test_positions_at_the_int64_extremes_are_exact():
     (lambda: rope.layouts.interleaved_to_half(8, 3), ValueError, "rotary_dim"),
     (lambda: rope.layouts.interleaved_to_half(8, 10), ValueError, "rotary_dim"),
     (lambda: rope.angles.cos_sin(POS.float(), THETA), TypeError, "positions"),
+    (lambda: rope.angles.cos_sin_of_sum(POS[:, None].float(), THETA[:, None]), TypeError, "positions"),
+    (lambda: rope.angles.cos_sin_of_sum(POS[:, None], THETA[:, None].half()), TypeError, "inv_freq"),
+    (lambda: rope.angles.cos_sin_of_sum(POS[:, None], THETA[:, None] * float("nan")), ValueError, "inv_freq"),
+    (lambda: rope.angles.cos_sin_of_sum(POS[:, None], THETA), ValueError, "terms"),
+    (lambda: rope.angles.cos_sin_of_sum(POS[:, None], [[0.5]]), TypeError, "inv_freq"),
+    (lambda: rope.angles.cos_sin_of_sum(POS[:, None], torch.stack((THETA, THETA), 1)), ValueError, "terms"),
 ])
 def test_other_rotation_functions_name_every_bad_argument(call, error, name):
     with pytest.raises(error, match=name):
