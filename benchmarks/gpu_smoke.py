@@ -43,10 +43,10 @@ from rope.attention.blockwise import rotary_attention
 from rope.kernels import triton_rotary
 from rope.kernels.attention_operators import fused_rotary_attention
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from helpers import ulp  # the suite's: the spacing of a dtype's numbers at |x|
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SIGNIFICAND_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
-SUBNORMAL_SPACING = {torch.float16: 2.0**-24, torch.bfloat16: 2.0**-133, torch.float32: 2.0**-149,
-                     torch.float64: 2.0**-1074}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp64": torch.float64}
 UNIT = {torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
 GRADIENT_SLACK = {torch.bfloat16: 4, torch.float32: 32}
@@ -57,13 +57,6 @@ def sizes(tiny: bool) -> dict:
     if tiny:
         return dict(batch=2, seq=5, heads_q=4, heads_k=2, head_dim=16, q_len=12, k_len=19, attn_dim=16)
     return dict(batch=2, seq=777, heads_q=8, heads_k=2, head_dim=128, q_len=200, k_len=333, attn_dim=64)
-
-
-def ulp(reference: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of ``dtype`` numbers at |reference| (float64)."""
-    _, exponent = torch.frexp(reference.to(torch.float64).abs())
-    spacing = torch.ldexp(torch.ones_like(reference, dtype=torch.float64), exponent - SIGNIFICAND_BITS[dtype])
-    return spacing.clamp(min=SUBNORMAL_SPACING[dtype])
 
 
 def rotary_ratio(out: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, float64_math: bool, factor: float = 1.0):
@@ -133,7 +126,7 @@ def rotary_cases(s):
     cases["rotary fp32, float64_math off"] = launcher(torch.float32, False, 31)
     cases["rotary bf16, float64_math off"] = launcher(torch.bfloat16, False, 32)
 
-    def partial(layout):
+    def partial_rotary(layout):
         def run():  # head_dim 40 rotated over 24: padded pair blocks and a pass-through tail
             q, k, positions = inputs(s, torch.bfloat16, 40, head_dim=40)
             theta = theta_for(24)
@@ -141,8 +134,8 @@ def rotary_cases(s):
             return rotary_ratio(q_out, exact(q, positions, theta, layout=layout, rotary_dim=24), q, True)
         return run
 
-    cases["rotary partial 24 of 40, half"] = partial("half")
-    cases["rotary partial 24 of 40, interleaved"] = partial("interleaved")
+    cases["rotary partial 24 of 40, half"] = partial_rotary("half")
+    cases["rotary partial 24 of 40, interleaved"] = partial_rotary("interleaved")
 
     def in_place(layout):
         def run():  # rotary_ writes exactly what the out-of-place kernel returns
