@@ -283,7 +283,8 @@ _PROBE = """
       return decode.then(function () { return true; }, function () { return false; })
         .then(function (decoded) {
           return {src: im.getAttribute("src"), decoded: decoded, complete: im.complete,
-                  naturalWidth: im.naturalWidth, naturalHeight: im.naturalHeight};
+                  naturalWidth: im.naturalWidth, naturalHeight: im.naturalHeight,
+                  shownWidth: im.getBoundingClientRect().width};
         });
     }));
   }
@@ -541,3 +542,72 @@ def test_chapter_images_load_in_browser(chapter, probe):
     assert images, f"{chapter} has no <img> at all"
     broken = [r for r in images if not (r["decoded"] and r["complete"] and r["naturalWidth"] > 0)]
     assert not broken, f"images that did not load on {chapter}: {broken}"
+
+
+# Figures as the reader sees them: rope.analysis.book draws each one as a pixel-doubled PNG whose text
+# chunks record the smallest font it draws (points) and the most panels it sets side by side.
+MIN_TEXT_PX = 9.0  # the smallest text height, as displayed at the window width above
+MIN_DENSITY = 2.0  # image pixels per displayed pixel: sharp on a high-density screen
+MAX_COLUMNS = 2
+
+
+def figure_legibility(png: Path, shown_width: float) -> dict:
+    """What a chapter figure shows at ``shown_width`` CSS pixels: image pixels per displayed pixel,
+    the height of its smallest text in displayed pixels, its panels side by side."""
+    from PIL import Image
+
+    from rope.analysis import book
+
+    with Image.open(png) as im:
+        info, width = dict(im.info), im.width
+    if book.MIN_FONT_KEY not in info:
+        return {"drawn by book.start()'s style": False}
+    inches = width / info["dpi"][0]  # the figure's width as saved (bbox tight)
+    return {"density": width / shown_width,
+            "smallest text px": float(info[book.MIN_FONT_KEY]) / 72 * shown_width / inches,
+            "columns": int(info[book.COLUMNS_KEY])}
+
+
+def legible(measured: dict) -> bool:
+    return (measured.get("density", 0) >= MIN_DENSITY - 0.01 and measured["smallest text px"] >= MIN_TEXT_PX - 0.01
+            and measured["columns"] <= MAX_COLUMNS)
+
+
+def test_figure_legibility_is_measured_from_the_png_and_its_displayed_width(tmp_path):
+    """A figure 7 in wide with 9 pt text, saved at 200 dpi (1400 px) and shown 700 px wide: 2 image
+    pixels per screen pixel, 9 pt = 12.5 px; shown 350 px wide its text is half as tall; a figure
+    drawn outside the book's style is reported as such."""
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    from rope.analysis import book
+
+    chunks = PngInfo()
+    chunks.add_text(book.MIN_FONT_KEY, "9")
+    chunks.add_text(book.COLUMNS_KEY, "2")
+    Image.new("RGB", (1400, 600)).save(tmp_path / "f.png", pnginfo=chunks, dpi=(200, 200))
+    Image.new("RGB", (1400, 600)).save(tmp_path / "plain.png", dpi=(200, 200))
+    shown = figure_legibility(tmp_path / "f.png", 700)
+    # (a PNG stores its resolution in whole pixels per metre: 200 dpi reads back as 199.9996)
+    assert shown == {"density": 2.0, "smallest text px": pytest.approx(12.5, rel=1e-5), "columns": 2}
+    assert legible(shown)
+    assert figure_legibility(tmp_path / "f.png", 350)["smallest text px"] == pytest.approx(6.25, rel=1e-5)
+    assert not legible(figure_legibility(tmp_path / "f.png", 1400))  # 1x density
+    assert not legible(figure_legibility(tmp_path / "plain.png", 700))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_figures_are_legible_at_the_column_width(chapter, probe):
+    """Every figure: at least 2 image pixels per displayed pixel, text at least 9 px high as shown,
+    at most two panels side by side."""
+    _, report = probe(chapter)
+    page = _page(chapter)
+    illegible = []
+    for image in report["images"]:
+        src = image["src"] or ""
+        if not src.endswith(".png") or _is_remote(src):
+            continue
+        measured = figure_legibility(_local_file(page, src), image["shownWidth"])
+        if not legible(measured):
+            illegible.append(f"{src.rsplit('/', 1)[-1][:16]}...: {measured}")
+    assert not illegible, _listing("figures not legible at the column width", chapter, illegible)

@@ -1,21 +1,21 @@
 """One chapter run the way a fresh Colab runtime runs it, its outputs checked by nbval.
 
-tests/test_notebook_bootstrap.py runs the hidden setup cell with git, pip and `rope` stubbed. Here
-nothing in the cell's path is stubbed but the network: a new virtual environment where `rope` does not
-import (its dependencies are .venv's, reused through a directory of links, without rope's own files);
-a `google.colab` module imported at start-up, as Colab's kernel does; a `git` on PATH that "clones"
-a copy of this checkout's files (tracked and untracked, not ignored); pip run offline (no index,
-no build isolation: the dependencies and setuptools are already there). The chapter runs with a
+tests/test_notebook_bootstrap.py runs the hidden setup cell with its magic recorded. Here nothing in
+the cell's path is stubbed but the network: a new virtual environment where `rope` does not import
+(its dependencies are .venv's, reused through a directory of links, without rope's own files); a
+`google.colab` module imported at start-up, as Colab's kernel does; a `git` on PATH that serves the
+book's repository address from a local repository holding this checkout's files (tracked and
+untracked, not ignored), and passes everything else to the real git; pip run offline (no index, no
+build isolation: the dependencies and setuptools are already there). The chapter runs with a
 kernel whose Python is that environment, under nbval: its outputs must match the stored ones, the
-setup cell must print that it cloned and installed, and the chapter must have used the package pip
-installed there, whose files are those of the project's built wheel.
+setup cell's `%pip install` must print only IPython's note, and the chapter must have used the
+package pip installed there, whose files are those of the project's built wheel.
 """
 
 import csv
 import io
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -28,7 +28,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "notebooks" / "01_why_positions.ipynb"  # the quickest chapter (about 6 s under nbval)
-CLONE = "/content/rope-derived"  # where the setup cell clones on Colab
 URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
 KERNEL = "fresh-colab-runtime"
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -64,7 +63,7 @@ def fresh_environment(venv: Path, deps: Path) -> Path:
         if not is_this_project(entry) and entry.suffix != ".pth" and entry.name != "__pycache__":
             (deps / entry.name).symlink_to(entry)
     (site / "dependencies.pth").write_text(f"{deps}\n")  # a plain path line: pip, torch, ipykernel, ...
-    # Colab: google.colab is imported when the kernel starts, which is what the setup cell looks for.
+    # Colab: google.colab is imported when the kernel starts (nothing in a chapter depends on it).
     (site / "google" / "colab").mkdir(parents=True)  # google: a namespace package, as on Colab
     (site / "google" / "colab" / "__init__.py").write_text('"""A stand-in for Colab\'s module."""\n')
     (site / "zz_colab_runtime.pth").write_text("import google.colab\n")
@@ -115,15 +114,22 @@ def test_a_chapter_runs_in_a_fresh_colab_runtime_as_nbval_runs_it_here(tmp_path)
                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert "ModuleNotFoundError: No module named 'rope'" in probe.stderr, probe.stderr  # only rope is missing
 
-    # The fake git: `git clone -q --depth 1 <the book's repository> <folder>` copies the checkout there.
+    # The book's repository, as a local one: a commit of the checkout's files. The fake git hands the
+    # real one that repository wherever an argument names the book's address (pip clones from it).
+    remote = tmp_path / "remote"
+    shutil.copytree(source, remote)
+    author = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+              "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path)}
+    for command in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "the book"]):
+        subprocess.run(["git", *command], cwd=remote, check=True, env={**os.environ, **author}, timeout=120)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    expected = f"clone -q --depth 1 {URL}"
     (bin_dir / "git").write_text(
-        "#!/bin/sh\n"
-        f'if [ $# -ne 6 ] || [ "$1 $2 $3 $4 $5" != {shlex.quote(expected)} ]; then\n'
-        '  echo "fake git: unexpected arguments: $*" >&2; exit 2\nfi\n'
-        f'exec cp -R {shlex.quote(str(source))} "$6"\n')
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        f"book, local, git = {URL!r}, {str(remote)!r}, {shutil.which('git')!r}\n"
+        "args = [local if a in (book, book + '.git') else a for a in sys.argv[1:]]\n"
+        "os.execv(git, [git, *args])\n")
     (bin_dir / "git").chmod(0o755)
 
     # The kernel: the fresh environment's Python, found by name through JUPYTER_PATH.
@@ -134,26 +140,21 @@ def test_a_chapter_runs_in_a_fresh_colab_runtime_as_nbval_runs_it_here(tmp_path)
         "display_name": "A fresh Colab runtime", "language": "python"}))
 
     # The chapter as Colab opens it: in /content (here tmp_path/content), no checkout around it. The
-    # cell's clone folder is moved under tmp_path (the one change to its source); its stored output,
-    # empty where rope imports, becomes what it prints on a fresh runtime; a last cell prints where
-    # rope came from and where the chapter ran.
+    # setup cell's stored output, empty where rope imports, becomes what it prints on a fresh runtime
+    # (IPython's note after a %pip install); a last cell prints where rope came from.
     content = tmp_path / "content"
     content.mkdir()
-    clone = content / "rope-derived"
     notebook = json.loads(CHAPTER.read_text())
     setup = next(cell for cell in notebook["cells"] if cell["cell_type"] == "code")
-    cell_source = "".join(setup["source"])
-    assert cell_source.count(f'"{CLONE}"') == 1, "the setup cell no longer names the clone folder once"
-    setup["source"] = cell_source.replace(f'"{CLONE}"', f'"{clone}"')
-    assert setup["outputs"] == []
+    assert f"git+{URL}" in "".join(setup["source"]) and setup["outputs"] == []
     setup["execution_count"] = 0  # a run reference cell: nbval compares the outputs of those only
     setup["outputs"] = [{"output_type": "stream", "name": "stdout",
-                         "text": f"Cloning {URL} into {clone}\nInstalling {clone} (a minute or two)\n"}]
+                         "text": "Note: you may need to restart the kernel to use updated packages.\n"}]
     notebook["cells"].append({
         "cell_type": "code", "execution_count": 99, "metadata": {}, "id": "fresh-runtime-check",
-        "source": "import os\nimport sys\n\nimport rope\n\nprint(rope.__file__, sys.prefix, os.getcwd(), sep='\\n')",
+        "source": "import sys\n\nimport rope\n\nprint(rope.__file__, sys.prefix, sep='\\n')",
         "outputs": [{"output_type": "stream", "name": "stdout",
-                     "text": f"{site / 'rope' / '__init__.py'}\n{venv}\n{clone / 'notebooks'}\n"}]})
+                     "text": f"{site / 'rope' / '__init__.py'}\n{venv}\n"}]})
     copy = content / CHAPTER.name
     copy.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
 

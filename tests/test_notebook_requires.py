@@ -1,7 +1,8 @@
 """Chapters whose cells need Triton or transformers run to their end without them.
 
 The book's extra installs neither. Such a cell names the package on a line ``# requires: <package>``
-and its chapter calls rope.analysis.notebook.skip_cells_without_their_packages(): where the package
+and its chapter calls rope.analysis.notebook.skip_cells_without_their_packages() (rope.analysis.book.start()
+does, in the chapter's first visible cell): where the package
 is missing, the cell prints that it was skipped instead of failing (and every other cell runs).
 Here each chapter runs in an IPython shell in a fresh process whose import of the package fails.
 """
@@ -58,7 +59,7 @@ def test_chapter_names_the_package_near_the_top(chapter, package):
     cells = json.loads((ROOT / "notebooks" / f"{chapter}.ipynb").read_text())["cells"]
     assert f"pip install {package}" in "".join(cells[0]["source"])
     sources = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
-    call = next(i for i, s in enumerate(sources) if "skip_cells_without_their_packages()" in s)
+    call = next(i for i, s in enumerate(sources) if "book.start()" in s or "skip_cells_without_their_packages()" in s)
     first_marked = next(i for i, s in enumerate(sources) if notebook.MARKER.search(s))
     assert call < first_marked
 
