@@ -3,8 +3,9 @@
 The book's extra (``pip install -e .[book]``) installs neither Triton nor transformers. A cell that
 needs one names it on a line of its own, ``# requires: triton`` (or ``# requires: transformers``,
 or both, comma separated), and the chapter calls :func:`skip_cells_without_their_packages` once,
-before such a cell (:func:`rope.analysis.book.start`, every chapter's first visible cell, does). Where every named package imports the line is a comment and the cell runs as
-written; where one does not, IPython runs instead a ``print`` saying that the cell was skipped and
+before such a cell (:func:`rope.analysis.book.start`, every chapter's first visible cell, does).
+Where every named package imports the line is a comment and the cell runs as written; where one
+does not, IPython runs instead a ``print`` saying that the cell was skipped and
 what to install, so that the chapter runs to its end.
 """
 
