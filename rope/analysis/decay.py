@@ -9,9 +9,9 @@ pairs of q and k, the score is Re sum_i h_i e^{i s theta_i}. The partial sums
     S_0 = 0,   S_j(s) = sum_{i=0}^{j-1} e^{i s theta_i}   (j = 1 .. d/2)
 
 turn it, by summation by parts with the convention h_{d/2} = 0, into -sum_i S_{i+1} (h_{i+1} - h_i),
-so |score| <= (max_i |h_{i+1} - h_i|) sum_{j=1}^{d/2} |S_j(s)|. RoFormer's Figure 2 plots the
-*relative upper bound* (1/(d/2)) sum_{j=1}^{d/2} |S_j(s)|; the Position Interpolation paper
-(Chen et al. 2023) calls sum_j |S_j(s)| = B(s) and plots B(s)/d, half of RoFormer's quantity.
+so ``|score|`` <= (max_i ``|h_{i+1} - h_i|``) sum_{j=1}^{d/2} ``|S_j(s)|``. RoFormer's Figure 2 plots the
+*relative upper bound* (1/(d/2)) sum_{j=1}^{d/2} ``|S_j(s)|``; the Position Interpolation paper
+(Chen et al. 2023) calls sum_j ``|S_j(s)|`` = B(s) and plots B(s)/d, half of RoFormer's quantity.
 
 **Base condition** (Men et al. 2024, "Base of RoPE Bounds Context Length"). For a random vector
 q with i.i.d. zero-mean coordinates of variance sigma^2, E[q^T R_s q] = sigma^2 tr R_s
@@ -95,9 +95,9 @@ def partial_sums(distance, inv_freq: torch.Tensor) -> torch.Tensor:
 
 
 def relative_upper_bound(distance, inv_freq: torch.Tensor) -> torch.Tensor:
-    """(1/(d/2)) sum_{j=1}^{d/2} |S_j(s)|, the curve of RoFormer's Figure 2, float64.
+    """(1/(d/2)) sum_{j=1}^{d/2} ``|S_j(s)|``, the curve of RoFormer's Figure 2, float64.
 
-    Multiplied by (d/2) * max_i |h_{i+1} - h_i| (with h_{d/2} = 0) it bounds |sum_i h_i e^{i s theta_i}|;
+    Multiplied by (d/2) * max_i ``|h_{i+1} - h_i|`` (with h_{d/2} = 0) it bounds ``|sum_i h_i e^{i s theta_i}|``;
     B(s)/d of the Position Interpolation paper is half of it.
     """
     return partial_sums(distance, inv_freq)[..., 1:].abs().mean(dim=-1)

@@ -19,13 +19,13 @@ e^{i s (theta_i - theta_{i+1})}, whose wavelength :func:`neighbour_beat_waveleng
 **Interpolation** (Theorem 2.1 of Chen et al. 2023). Between integers s_1 = floor(s) and
 s_2 = s_1 + 1, with a_lin(s) = (1 - lambda) a(s_1) + lambda a(s_2), lambda = s - s_1,
 
-    |a(s) - a_lin(s)| <= (s - s_1)(s_2 - s) / 2 * max |a''|,   |a''| <= sum_j |h_j| theta_j^2.
+    ``|a(s) - a_lin(s)|`` <= (s - s_1)(s_2 - s) / 2 * max ``|a''|``,   ``|a''|`` <= sum_j ``|h_j|`` theta_j^2.
 
 :func:`interpolation_bound` is this bound; :func:`geometric_interpolation_bound` replaces
-|h_j| by max_j |h_j| and sums the geometric series, sum_j theta_j^2 = (1 - b^-2) / (1 - b^(-4/d)).
+``|h_j|`` by max_j ``|h_j|`` and sums the geometric series, sum_j theta_j^2 = (1 - b^-2) / (1 - b^(-4/d)).
 The paper states the constant as d / (4 ln b) instead (:func:`stated_interpolation_bound`), from
 an inequality used in the wrong direction; it is smaller than the true sum, and
-:func:`worst_interpolation_error` (the exact supremum over |h_j| <= 1) exceeds it.
+:func:`worst_interpolation_error` (the exact supremum over ``|h_j|`` <= 1) exceeds it.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def largest_unseen_arc(inv_freq: torch.Tensor, training_length: int) -> torch.Te
 
 
 def neighbour_beat_wavelengths(inv_freq: torch.Tensor) -> torch.Tensor:
-    """2 pi / |theta_i - theta_{i+1}| for i = 0 .. d/2 - 2, float64: the distance over which pairs
+    """2 pi / ``|theta_i - theta_{i+1}|`` for i = 0 .. d/2 - 2, float64: the distance over which pairs
     i and i + 1 drift apart by one full turn. Over a shorter window their two terms of a(s) are
     hard to tell apart (a least-squares fit may give them large coefficients that cancel)."""
     theta = _frequencies(inv_freq)
@@ -138,7 +138,7 @@ def series_score(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Te
 
 
 def fit_series_coefficients(distances, targets, inv_freq: torch.Tensor, *, ridge: float) -> torch.Tensor:
-    """The h minimizing sum_k (a(s_k) - y_k)^2 + ridge * sum_j |h_j|^2, complex128 ``[d/2]``.
+    """The h minimizing sum_k (a(s_k) - y_k)^2 + ridge * sum_j ``|h_j|``^2, complex128 ``[d/2]``.
 
     The construction of Chen et al. 2023, Fig. 2: a score fitted on distances inside the
     training window. Without the ridge term the problem is numerically singular for long windows
@@ -182,18 +182,18 @@ def _interpolation_gaps(s: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 
 
 def worst_interpolation_error(distances, inv_freq: torch.Tensor) -> torch.Tensor:
-    """sup |a(s) - a_lin(s)| over all h with max_j |h_j| <= 1, float64.
+    """sup ``|a(s) - a_lin(s)|`` over all h with max_j ``|h_j|`` <= 1, float64.
 
     a(s) - a_lin(s) = Re sum_j h_j g_j(s) with the fixed numbers g_j(s) of the interpolation, so the
-    supremum is sum_j |g_j(s)|, attained by :func:`worst_interpolation_coefficients`. At the
-    midpoint of two integers, |g_j| = 1 - cos(theta_j / 2).
+    supremum is sum_j ``|g_j(s)|``, attained by :func:`worst_interpolation_coefficients`. At the
+    midpoint of two integers, ``|g_j|`` = 1 - cos(theta_j / 2).
     """
     theta = _frequencies(inv_freq)
     return _interpolation_gaps(_distances("distances", distances, theta), theta).abs().sum(dim=-1)
 
 
 def worst_interpolation_coefficients(distance: float, inv_freq: torch.Tensor) -> torch.Tensor:
-    """The h (|h_j| = 1) with a(s) - a_lin(s) = :func:`worst_interpolation_error` at s = ``distance``."""
+    """The h (``|h_j|`` = 1) with a(s) - a_lin(s) = :func:`worst_interpolation_error` at s = ``distance``."""
     distance = number("distance", distance)
     theta = _frequencies(inv_freq)
     gaps = _interpolation_gaps(torch.tensor(distance, dtype=torch.float64, device=theta.device), theta)
@@ -202,8 +202,8 @@ def worst_interpolation_coefficients(distance: float, inv_freq: torch.Tensor) ->
 
 
 def interpolation_bound(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Tensor:
-    """(s - s_1)(s_2 - s) / 2 * sum_j |h_j| theta_j^2, float64: a valid bound on |a(s) - a_lin(s)|
-    (Chen et al. 2023, appendix A, eqs. 11-12 and 16, before |h_j| is replaced by its maximum)."""
+    """(s - s_1)(s_2 - s) / 2 * sum_j ``|h_j|`` theta_j^2, float64: a valid bound on ``|a(s) - a_lin(s)|``
+    (Chen et al. 2023, appendix A, eqs. 11-12 and 16, before ``|h_j|`` is replaced by its maximum)."""
     theta = _frequencies(inv_freq)
     h = _coefficients(h, theta)
     curvature = (h.abs() * theta**2).sum(dim=-1)

@@ -101,12 +101,12 @@ def _reference_limbs(inv_freq: torch.Tensor) -> torch.Tensor:
 
 def reference_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """m * theta_i modulo 2 pi in [-pi, pi] (theta_i rounded to float32), float64, within
-    2^-53 pi + 4 * 2 pi / 2^64 < 4e-16 rad of the exact value for every |m| < 2^62: the
+    2^-53 pi + 4 * 2 pi / 2^64 < 4e-16 rad of the exact value for every ``|m|`` < 2^62: the
     reference of this module.
 
     The same fixed-point idea as :func:`rope.angles.reduced_angles`, with 96-bit turns computed
-    exactly, so that it can measure that function's 64-bit error too. |m| is split into 31-bit
-    chunks m_j (|m| = sum_j m_j 2^(31 j)); for each, the top 64 bits of (m_j U_j) mod 2^96 are
+    exactly, so that it can measure that function's 64-bit error too. ``|m|`` is split into 31-bit
+    chunks m_j (``|m|`` = sum_j m_j 2^(31 j)); for each, the top 64 bits of (m_j U_j) mod 2^96 are
     m_j * top + floor(m_j * low / 2^32), with no int64 overflow, and the chunks add up modulo 2^64.
     Each chunk drops less than two units of 2^-64 turns. Negative m gives the negated angle.
     Computed on the CPU, whatever the device of ``positions``.
@@ -157,8 +157,8 @@ def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tupl
 
 
 def position_digits(positions: torch.Tensor, *, beta: int = 256, digits: int = 4) -> torch.Tensor:
-    """Digits of |m| in base beta, least significant first: d_k = floor(|m| / beta^k) mod beta,
-    so that |m| = sum_k d_k beta^k. Shape ``positions.shape + (digits,)``, int64."""
+    """Digits of ``|m|`` in base beta, least significant first: d_k = floor(``|m|`` / beta^k) mod beta,
+    so that ``|m|`` = sum_k d_k beta^k. Shape ``positions.shape + (digits,)``, int64."""
     integer_tensor("positions", positions)
     beta, digits = _check_base(beta, digits)
     magnitude = positions.to(torch.int64).abs()
@@ -188,14 +188,14 @@ def digit_table_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin(m theta_i) from per-digit tables, combined by angle addition in ``dtype``.
 
-    With |m| = sum_k d_k beta^k (:func:`position_digits`), e^{i |m| theta} = prod_k e^{i d_k beta^k theta}.
+    With ``|m|`` = sum_k d_k beta^k (:func:`position_digits`), e^{i ``|m|`` theta} = prod_k e^{i d_k beta^k theta}.
     Starting from the table entry of digit 0, each further digit k applies
 
         (c, s) <- (c c_k - s s_k,  s c_k + c s_k),   c_k = cos(d_k beta^k theta), s_k = sin(...),
 
     the addition formulas for cos(a + b) and sin(a + b). Negative m flips the sine. Every table
     entry is correctly rounded, so in float32 the error is a few units in the last place,
-    whatever m; positions must satisfy |m| < beta**digits.
+    whatever m; positions must satisfy ``|m|`` < beta**digits.
     """
     digit = position_digits(positions, beta=beta, digits=digits)
     cos_table, sin_table = digit_tables(inv_freq, beta=beta, digits=digits, dtype=dtype)
@@ -209,7 +209,7 @@ def digit_table_cos_sin(
 def cos_sin_error(
     cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
 ) -> torch.Tensor:
-    """max_i max(|cos_i - cos(m theta_i)|, |sin_i - sin(m theta_i)|) per position, float64, against
+    """max_i max(``|cos_i - cos(m theta_i)|``, ``|sin_i - sin(m theta_i)|``) per position, float64, against
     :func:`reference_cos_sin`. ``cos`` and ``sin`` have shape ``positions.shape + inv_freq.shape``."""
     integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)

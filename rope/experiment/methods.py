@@ -148,7 +148,7 @@ def uses_kernel(device: torch.device) -> bool:
 
 
 class Alibi(PositionScheme):
-    """ALiBi: a_mn = q_m . k_n / sqrt(d) - slope_h |m - n| (Press et al. 2022)."""
+    """ALiBi: a_mn = q_m . k_n / sqrt(d) - slope_h ``|m - n|`` (Press et al. 2022)."""
 
     def __init__(self, num_heads: int):
         self.slopes = encodings.alibi_slopes(num_heads)
