@@ -1,13 +1,15 @@
-"""Committed benchmark tables of the kernel and the torch path, shipped with the package.
+"""Committed data the chapters read, shipped with the package: benchmark tables and a model's factors.
 
-The files are package data, so chapter 18 finds them in a wheel install as in a clone:
+The files are package data, so the chapters find them in a wheel install as in a clone:
 
 * ``bench_rotary.md``: the GPU table written by ``python benchmarks/bench_rotary.py --out
   rope/data/bench_rotary.md`` (the fused kernel, forward and backward, against a copy and peers);
 * ``bench_rotary.json``: where that table was measured: the date, the git commit of the
   measurement, the kernel file's path at that commit and the SHA-256 of its bytes, so that a
   reader can tell whether the kernel has changed since;
-* ``bench_torch_path.md``: the CPU table of ``python benchmarks/bench_torch_path.py``.
+* ``bench_torch_path.md``: the CPU table of ``python benchmarks/bench_torch_path.py``;
+* ``phi35_mini_longrope.json``: the rope keys of Phi-3.5-mini-instruct's ``config.json`` (the 48
+  short and 48 long LongRoPE factors as that file prints them), with its pinned source (chapter 15).
 
 :func:`read_text` returns a file's text, :func:`markdown_table` the rows of its markdown table and
 :func:`provenance` the measurement record of the GPU table.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md")
+FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "phi35_mini_longrope.json")
 """The data files of this package."""
 
 
