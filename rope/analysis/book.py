@@ -129,3 +129,149 @@ def rotation(angle):
     import sympy as sp
 
     return sp.Matrix([[sp.cos(angle), -sp.sin(angle)], [sp.sin(angle), sp.cos(angle)]])
+
+
+# --- A ---
+# Block-diagonal and Kronecker structure, shared by chapters 2, 4, 8 and 10. With k = d/2 pairs
+# and E_i the k x k matrix with a single 1 at (i, i), a block-diagonal matrix of 2 x 2 blocks B_i
+# (the interleaved layout, pair i = coordinates (2i, 2i + 1)) is sum_i E_i ⊗ B_i, and the same
+# blocks in the half layout (pair i = (i, i + k)) are sum_i B_i ⊗ E_i. The perfect shuffle P,
+# defined by P (x ⊗ y) = y ⊗ x for x in R^k and y in R^2, carries one onto the other. The
+# helpers let SymPy check these facts for a symbolic k, and build the concrete matrices for
+# checks against the package.
+
+
+def unit_matrix(i, k):
+    """E_i: the ``k`` x ``k`` SymPy matrix (``k`` may be a symbol) with a 1 at (``i``, ``i``)."""
+    import sympy as sp
+
+    r, c = sp.symbols("r c", integer=True, nonnegative=True)
+    return sp.FunctionMatrix(k, k, sp.Lambda((r, c), sp.KroneckerDelta(r, i) * sp.KroneckerDelta(c, i)))
+
+
+def unit_vector(i, k):
+    """e_i: the column of length ``k`` (``k`` may be a symbol) with a 1 at ``i``."""
+    import sympy as sp
+
+    r, c = sp.symbols("r c", integer=True, nonnegative=True)
+    return sp.FunctionMatrix(k, 1, sp.Lambda((r, c), sp.KroneckerDelta(r, i)))
+
+
+def in_range(expr, size, indices):
+    """``expr`` with each ``Piecewise`` condition that says an index of ``indices`` is below ``size``
+    taken as true: the indices lie in 0 .. size - 1 (a sum over a symbolic range leaves them)."""
+    import sympy as sp
+
+    slack = sp.Symbol("slack", integer=True, nonnegative=True)
+
+    def inside(condition):
+        return all(condition.subs(size, index + 1 + slack).simplify() is sp.true
+                   for index in indices if index in condition.free_symbols) and condition.has(size)
+
+    def first_true(piecewise):
+        branch, condition = piecewise.args[0]
+        return branch if inside(condition) else piecewise
+
+    return expr.replace(lambda e: isinstance(e, sp.Piecewise), first_true)
+
+
+def entries_vanish(matrix, size, indices) -> bool:
+    """Whether every entry of the SymPy matrix expression ``matrix`` (symbolic sizes allowed) is 0,
+    for every value of the index symbols ``indices``, each in 0 .. ``size`` - 1: the entry at
+    symbolic (row, column) is computed, range conditions are resolved, and each Kronecker delta
+    between two of ``indices`` is split into its two cases (equal, different)."""
+    import itertools
+
+    import sympy as sp
+
+    row, column = sp.symbols("row column", integer=True, nonnegative=True)
+    entry = in_range(matrix[row, column].doit(), size, indices)
+    cases = [{}]
+    for a, b in itertools.combinations(indices, 2):
+        cases = [case | extra for case in cases for extra in ({sp.KroneckerDelta(a, b): 0}, {b: a})]
+    for case in cases:
+        value = entry.subs(case).doit()
+        value = in_range(value, size, indices)
+        if sp.simplify(value) != 0:
+            return False
+    return True
+
+
+def mixed_product(expr):
+    """``expr`` with each product of Kronecker products multiplied factor by factor,
+    (A ⊗ B)(C ⊗ D) = AC ⊗ BD: SymPy's rule, valid for symbolic sizes where the shapes match."""
+    from sympy.matrices.expressions.kronecker import combine_kronecker
+
+    return combine_kronecker(expr)
+
+
+def swap(expr, P):
+    """``expr`` with each ``P * (x ⊗ y)`` replaced by ``y ⊗ x``: the defining property of the
+    perfect shuffle ``P`` (a SymPy matrix symbol)."""
+    import sympy as sp
+
+    def swapped(product):
+        factors = product.args
+        for at in range(len(factors) - 1):
+            if factors[at] == P and isinstance(factors[at + 1], sp.KroneckerProduct):
+                x, y = factors[at + 1].args
+                return sp.MatMul(*factors[:at], sp.KroneckerProduct(y, x), *factors[at + 2:]).doit()
+        return product
+
+    return expr.replace(lambda e: isinstance(e, sp.MatMul), swapped)
+
+
+def sums_agree(left, right) -> bool:
+    """Whether two nested finite SymPy ``Sum`` expressions are the same sum in another order: each
+    is flattened (factors moved into the inner sums, so that one multiple sum remains) and the two
+    must have the same expanded summand and the same ranges."""
+    import sympy as sp
+
+    def flatten(expr, limits=()):
+        if isinstance(expr, sp.Sum):
+            return flatten(expr.function, limits + expr.limits)
+        if isinstance(expr, sp.Mul):
+            inner = [flatten(factor) for factor in expr.args]
+            summand = sp.Mul(*(term for term, _ in inner))
+            return summand, limits + sum((ranges for _, ranges in inner), ())
+        return expr, limits
+
+    (f, f_limits), (g, g_limits) = flatten(left), flatten(right)
+    return sp.expand(f - g) == 0 and sorted(map(str, f_limits)) == sorted(map(str, g_limits))
+
+
+def shuffle(d):
+    """The perfect shuffle for an even ``d`` as a SymPy matrix: P[a k + i, 2 i + a] = 1 for
+    k = d/2, i < k and a in (0, 1), so that P x sends the interleaved layout to the half one."""
+    import sympy as sp
+
+    k = d // 2
+    P = sp.zeros(d, d)
+    for i in range(k):
+        for a in range(2):
+            P[a * k + i, 2 * i + a] = 1
+    return P
+
+
+def block_rotation(position, frequencies, layout="interleaved", block=rotation):
+    """R at ``position`` as an explicit SymPy matrix: sum_i E_i ⊗ block(position theta_i) in the
+    interleaved layout, sum_i block(position theta_i) ⊗ E_i in the half layout."""
+    import sympy as sp
+
+    k = len(frequencies)
+    total = sp.zeros(2 * k, 2 * k)
+    for i, theta in enumerate(frequencies):
+        E_i = sp.zeros(k, k)
+        E_i[i, i] = 1
+        pair = block(position * theta)
+        total += sp.kronecker_product(E_i, pair) if layout == "interleaved" else sp.kronecker_product(pair, E_i)
+    return total
+
+
+def vanishes(matrix) -> bool:
+    """Whether every entry of an explicit SymPy matrix (or one expression) is 0 after expanding,
+    the addition formulas and sin^2 + cos^2 = 1."""
+    import sympy as sp
+
+    entries = matrix if hasattr(matrix, "shape") else [matrix]
+    return all(sp.simplify(sp.expand_trig(sp.expand(entry))) == 0 for entry in entries)
