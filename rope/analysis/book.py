@@ -18,6 +18,7 @@ the text height as the reader sees it.
 from __future__ import annotations
 
 import html
+import re
 
 FIGURE_WIDTH = 7.0
 """The widest figure, in inches: at 100 dpi shown at 700 px, inside the text column."""
@@ -111,17 +112,33 @@ except ImportError:  # reading, not building, the book
     glue = _glue
 
 
+INLINE_MATH = re.compile(r"\$([^$]+)\$")
+"""``$...$`` in a table cell: written ``\\(...\\)``, the inline delimiters MathJax typesets in HTML
+output on the book's pages (the book's MathJax does not take ``$`` there) and in Jupyter.
+
+:meta hide-value:
+"""
+
+
 def table(header, rows):
     """``rows`` (sequences of cells) under ``header`` as an HTML table, shown as a table in Jupyter and
-    in the book. Cells are written with ``str`` and escaped; a cell may hold inline math ``$...$``,
-    which MathJax typesets on the page."""
+    in the book. Cells are written with ``str`` and escaped; inline math ``$...$`` in a cell is
+    typeset (:data:`INLINE_MATH`)."""
     from IPython.display import HTML
 
     def cells(tag, values):
-        return "".join(f"<{tag}>{html.escape(str(value), quote=False)}</{tag}>" for value in values)
+        return "".join(f"<{tag}>{_cell(value)}</{tag}>" for value in values)
 
     body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
-    return HTML(f"<table><thead><tr>{cells('th', header)}</tr></thead><tbody>{body}</tbody></table>")
+    # mathjax_process: the book's pages typeset math only inside elements of that class (their
+    # sections are mathjax_ignore: MyST has typeset the prose's math already)
+    head = f"<thead><tr>{cells('th', header)}</tr></thead>"
+    return HTML(f'<table class="mathjax_process">{head}<tbody>{body}</tbody></table>')
+
+
+def _cell(value) -> str:
+    """A table cell's markup: its text escaped, its inline math in MathJax's delimiters."""
+    return INLINE_MATH.sub(r"\\(\1\\)", html.escape(str(value), quote=False))
 
 
 def rotation(angle):

@@ -15,7 +15,10 @@ import importlib.util
 import re
 
 MARKER = re.compile(r"^# requires: *([\w.-]+(?: *, *[\w.-]+)*) *$", re.M)
-"""A cell's line naming the packages it needs."""
+"""A cell's line naming the packages it needs.
+
+:meta hide-value:
+"""
 
 
 def missing(packages) -> list[str]:
