@@ -80,7 +80,11 @@ for any float32 theta, so frac(theta / (2 pi)) is summed from exact products."""
 
 
 def exact_phase(theta: float) -> int:
-    """T = round(frac(theta / (2 pi)) * 2^64) in [0, 2^64), by exact rational arithmetic."""
+    """T = round(frac(theta / (2 pi)) * 2^64) in [0, 2^64), by exact rational arithmetic.
+
+    Args:
+        theta: a frequency theta, a float (the float32 value it stands for, for the kernels' T).
+    """
     return round(Fraction(theta) / TWO_PI * 2**PHASE_BITS) % 2**PHASE_BITS
 
 
@@ -90,6 +94,12 @@ def fixed_point_phases(inv_freq: torch.Tensor) -> torch.Tensor:
     The same steps as the Triton kernels: theta_i * piece_j is exact, its fractional part f is
     exact, and trunc(f * 2^63) * 2 adds it in 2^-64 units (int64 wraps modulo 2^64). The result
     is within 2 * 4 units of :func:`exact_phase`.
+
+    Args:
+        inv_freq: the frequencies theta_i, any floating dtype (rounded to float32 first).
+
+    Returns:
+        int64, of inv_freq's shape.
     """
     theta = inv_freq.to(torch.float32).to(torch.float64)
     phase = torch.zeros(theta.shape, dtype=torch.int64, device=theta.device)
@@ -107,6 +117,10 @@ def reduced_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Ten
     since these 64-bit turns are those of its float32 rounding (:func:`exact_angles` honours
     float64). The product m * T_i wraps modulo 2^64 in int64; its value read as signed, times
     2 pi / 2^64, is the angle.
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: finite float32 frequencies theta_i.
     """
     integer_tensor("positions", positions)
     _checks.finite_frequencies("inv_freq", inv_freq)
@@ -117,7 +131,12 @@ def reduced_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Ten
 
 def exact_reduced_angle(position: int, theta: float) -> Fraction:
     """position * theta (theta a float32 value) modulo 2 pi in [-pi, pi), as an exact fraction of
-    the 256-bit 2 pi: the reference the fixed-point angles are tested against."""
+    the 256-bit 2 pi: the reference the fixed-point angles are tested against.
+
+    Args:
+        position: the position m, an int.
+        theta: the frequency, a float holding a float32 value.
+    """
     turns = Fraction(position) * Fraction(theta) / TWO_PI
     turns -= (turns + Fraction(1, 2)).__floor__()
     return turns * TWO_PI
@@ -183,7 +202,11 @@ def _on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
 def inverse_two_pi_windows(device: torch.device) -> torch.Tensor:
     """int64 ``[rows, 8]`` on ``device``: row e - e_min holds, in 21-bit limbs (least significant
     first), the 168 bits of 1/(2 pi) that frac(M 2^e / (2 pi)) needs to 2^-126 (two guard limbs
-    below); what the kernel's float64 math reads (:mod:`rope.kernels.exact_turns`)."""
+    below); what the kernel's float64 math reads (:mod:`rope.kernels.exact_turns`).
+
+    Args:
+        device: the device to hold the table (copied there once).
+    """
     return _on(_WINDOWS, device)
 
 
@@ -210,13 +233,22 @@ def turns_per_position(inv_freq: torch.Tensor) -> torch.Tensor:
     (24 + 24 + 24 >= 53 bits), whose turns add modulo 1. Integer arithmetic only (and the float64
     split). ``inv_freq`` is checked (:func:`rope._checks.finite_frequencies`, float32 or float64):
     any other dtype, NaN, infinities or float64 magnitudes outside that range are refused, as
-    their bits would be read as a wrong angle."""
+    their bits would be read as a wrong angle.
+
+    Args:
+        inv_freq: the frequencies theta_i ``[pairs]``, float32 or float64.
+    """
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
     return turns_of_checked_frequencies(inv_freq)
 
 
 def turns_of_checked_frequencies(inv_freq: torch.Tensor) -> torch.Tensor:
-    """:func:`turns_per_position` of frequencies already checked."""
+    """:func:`turns_per_position` of frequencies already checked.
+
+    Args:
+        inv_freq: the frequencies theta_i ``[pairs]``, float32 or float64, as
+            :func:`turns_per_position` checks them.
+    """
     if inv_freq.dtype == torch.float64:
         first = inv_freq.to(torch.float32)
         rest = inv_freq - first.to(torch.float64)  # exact, as is the next remainder
@@ -242,7 +274,12 @@ def turns(positions: torch.Tensor, per_position: torch.Tensor) -> torch.Tensor:
     or ``[..., pairs]``) against the limbs of T (``[pairs, 6]``).
 
     m = l_0 + l_1 2^21 + l_2 2^42 with l_0, l_1 in [0, 2^21) and l_2 = m >> 42 signed, so every
-    int64 m is covered; column n of the product is sum_k l_k t_(n-k), below 2^44 in magnitude."""
+    int64 m is covered; column n of the product is sum_k l_k t_(n-k), below 2^44 in magnitude.
+
+    Args:
+        positions: integer positions, ``[..., 1]`` or ``[..., pairs]``.
+        per_position: the turns per position T_i in limbs, ``[pairs, 6]`` (:func:`turns_per_position`).
+    """
     m = positions.to(torch.int64)
     pieces = torch.stack((m & _LIMB_MASK, (m >> LIMB_BITS) & _LIMB_MASK, m >> (2 * LIMB_BITS)), dim=-1)
     shifted = torch.stack([torch.nn.functional.pad(per_position, (k, 0))[..., :TURN_LIMBS] for k in range(3)],
@@ -251,7 +288,12 @@ def turns(positions: torch.Tensor, per_position: torch.Tensor) -> torch.Tensor:
 
 
 def add_turns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(a + b) mod 1 for two turns in limbs (RoPE-Mixed adds the x and y angles)."""
+    """(a + b) mod 1 for two turns in limbs (RoPE-Mixed adds the x and y angles).
+
+    Args:
+        a: turns in limbs ``[..., 6]``.
+        b: turns in limbs, broadcasting against a.
+    """
     return _carry(a + b, TURN_LIMBS)
 
 
@@ -299,7 +341,14 @@ def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pair (hi, lo) exactly enough (its first 40 bits are exact, the next 63 add with one
     rounding), the angle 2 pi x is formed as a double-float (Dekker's product with 2 pi to 106
     bits), ``|angle|`` <= pi/4, and cos(a + d) = cos a - d sin a, sin(a + d) = sin a + d cos a for the
-    low part d (``|d|`` < 2^-53, so d^2 is far below float64's resolution)."""
+    low part d (``|d|`` < 2^-53, so d^2 is far below float64's resolution).
+
+    Args:
+        limbs: turns in limbs ``[..., 6]`` (:func:`turns`).
+
+    Returns:
+        ``(cos, sin)``, float64 ``[...]``.
+    """
     quadrant, head = _quadrant_and_rest(limbs)
     head = head.to(torch.float64) * 2.0**-42  # exact: 40 bits
     tail = limbs[..., 1:4].to(torch.float64) @ _on(_LOW_LIMB_SCALES, limbs.device)
@@ -315,7 +364,14 @@ def cos_sin_of_turns_float32(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.T
     """float32 cos and sin of 2 pi turns without any float64 arithmetic (for devices that have
     none, e.g. Apple's MPS): the quadrant from the integer, the rest x in [-1/8, 1/8] turns from
     the top 40 bits, then float32 cos/sin of ``|2 pi x|`` <= pi/4: within about 2 float32 roundings,
-    the accuracy of the Triton kernel."""
+    the accuracy of the Triton kernel.
+
+    Args:
+        limbs: turns in limbs ``[..., 6]`` (:func:`turns`).
+
+    Returns:
+        ``(cos, sin)``, float32 ``[...]``.
+    """
     quadrant, head = _quadrant_and_rest(limbs)
     high = head >> LIMB_BITS
     x = high.to(torch.float32) * 2.0**-21 + (head - (high << LIMB_BITS)).to(torch.float32) * 2.0**-42
@@ -333,7 +389,15 @@ def cos_sin_of_sum(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[tor
     one product, whatever the size of each term: for an angle p theta whose position p is no
     integer but an integer combination of frequencies, such as Leaky ReRoPE's bent frame
     (m - w) theta_i / k + w theta_i (:func:`rope.attention.rerope.bent_frame`), where a float64
-    p theta would lose ``|p theta|`` 2^-53. Within 2^-52 of the exact values, as :func:`cos_sin`."""
+    p theta would lose ``|p theta|`` 2^-53. Within 2^-52 of the exact values, as :func:`cos_sin`.
+
+    Args:
+        positions: int64 ``[..., terms]``, term j's position m_j.
+        inv_freq: ``[pairs, terms]``, term j's frequencies theta_ij.
+
+    Returns:
+        ``(cos, sin)``, float64 ``[..., pairs]``.
+    """
     integer_tensor("positions", positions)
     if not isinstance(inv_freq, torch.Tensor):
         raise TypeError(f"inv_freq must be a float32 or float64 tensor [pairs, terms], got {type(inv_freq).__name__}")
@@ -352,7 +416,12 @@ def exact_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tenso
     """m theta_i reduced exactly to [-pi, pi), as float64 (one rounding of the reduced angle,
     within 2^-51 rad), shape ``positions.shape + inv_freq.shape``: what the float64 reference
     forms of :mod:`rope.reference` turn by. ``inv_freq``: finite float32 or float64 theta_i
-    (:func:`turns_per_position`)."""
+    (:func:`turns_per_position`).
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: finite float32 or float64 frequencies theta_i ``[pairs]``.
+    """
     integer_tensor("positions", positions)
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
     _checks.same_device("positions", positions, inv_freq=inv_freq)
@@ -372,7 +441,17 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool =
     float32 or float64 theta_i (:func:`turns_per_position`; checked, as eagerly as
     :func:`rope._checks.assert_values` checks). Returns float64 tensors within 2^-52 of the exact
     values for every int64 position (``float64=False``: float32, without float64 arithmetic,
-    within about 2e-7)."""
+    within about 2e-7).
+
+    Args:
+        positions: integer ``[...]``, one position per token, or with ``per_pair`` ``[..., pairs]``.
+        inv_freq: finite float32 or float64 frequencies theta_i ``[pairs]``.
+        per_pair: each pair has its own position (M-RoPE).
+        float64: compute in float64; False: in float32, for devices without float64.
+
+    Returns:
+        ``(cos, sin)``, ``[..., pairs]``.
+    """
     integer_tensor("positions", positions)
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
     _checks.same_device("positions", positions, inv_freq=inv_freq)

@@ -67,7 +67,13 @@ def _check_positions(positions, batch: int, seq: int, *, mrope: bool) -> None:
 def check_axes(axes, pairs: int, *, values: bool = True) -> None:
     """M-RoPE axes: an integer tensor ``[pairs]`` (on any device), with ``values`` also each in
     {0, 1, 2}, through :func:`rope._checks.assert_values` (an eager ``ValueError`` off CUDA, an
-    asynchronous device assertion on CUDA and under torch.compile: no host synchronisation)."""
+    asynchronous device assertion on CUDA and under torch.compile: no host synchronisation).
+
+    Args:
+        axes: the axis of each pair (0, 1, 2: rows t, h, w of the position ids), integer ``[pairs]``.
+        pairs: the number of rotated pairs, rotary_dim/2.
+        values: also check the values, not only the dtype and shape.
+    """
     _checks.integer_tensor("axes", axes, dim=1)
     expected = f"{pairs} values in {{0, 1, 2}} (one per pair)"
     if axes.shape[0] != pairs:
@@ -84,7 +90,21 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim, *, axes=None, values: bo
     dtype; positions integer ``[seq]`` or ``[batch, seq]``, or with M-RoPE ``axes`` the position
     ids ``[3, seq]`` or ``[3, batch, seq]`` (:func:`check_axes`); inv_freq the rotary_dim/2
     frequencies (:func:`rope._checks.finite_frequencies`), not requiring grad while autograd
-    records; rotary_dim even, at most head_dim (``None``: 2 len(inv_freq))."""
+    records; rotary_dim even, at most head_dim (``None``: 2 len(inv_freq)).
+
+    Args:
+        q: queries ``[batch, seq, heads_q, head_dim]``, floating.
+        k: keys ``[batch, seq, heads_k, head_dim]``, of q's dtype.
+        positions: integer ``[seq]`` or ``[batch, seq]``; with ``axes``, the position ids
+            ``[3, seq]`` or ``[3, batch, seq]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i.
+        rotary_dim: the rotated width, even and at most head_dim, or ``None`` for 2 len(inv_freq).
+        axes: the M-RoPE axis of each pair (:func:`check_axes`), or ``None`` for plain RoPE.
+        values: also check the values of the frequencies and axes.
+
+    Returns:
+        The rotary width, rotary_dim or its default.
+    """
     _checks.head_tensors(q=q, k=k)
     _checks.tensor("positions" if axes is None else "position_ids", positions)
     _checks.tensor("inv_freq", inv_freq)
@@ -150,14 +170,29 @@ def _use_kernel(q, backend: str, inv_freq, attention_factor: float) -> bool:
 
 
 def has_float64(device: torch.device) -> bool:
-    """Whether tensors on ``device`` can be float64 (not on Apple's MPS)."""
+    """Whether tensors on ``device`` can be float64 (not on Apple's MPS).
+
+    Args:
+        device: the device asked about.
+    """
     return device.type not in DEVICES_WITHOUT_FLOAT64
 
 
 def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *,
                   per_pair: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the exactly reduced angles m theta_i (:func:`rope.angles.cos_sin`): float64,
-    or float32 on devices without float64 (:func:`has_float64`)."""
+    or float32 on devices without float64 (:func:`has_float64`).
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: the frequencies theta_i ``[pairs]``.
+        per_pair: positions already hold one entry per pair (last dimension ``pairs``, as
+            :func:`per_pair_positions` returns), rather than one per token.
+
+    Returns:
+        ``(cos, sin)``, of shape ``positions.shape + (pairs,)`` (``positions.shape`` with
+        ``per_pair``).
+    """
     return cos_sin(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
 
 
@@ -176,6 +211,13 @@ def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     2^-126, bfloat16 only: float16's range lies inside float32's normal range) float32 has fewer
     bits, so those entries round to odd on float32's subnormal grid instead. Differentiable as
     a conversion is.
+
+    Args:
+        x: the values to round, float64 (other dtypes are converted plainly).
+        dtype: the dtype to round to.
+
+    Returns:
+        x in ``dtype``.
     """
     if x.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16):
         return x.to(dtype)
@@ -224,7 +266,13 @@ def _round_to_odd_float32(x: torch.Tensor) -> torch.Tensor:
 
 def pair_views(x: torch.Tensor, layout: str, rotary_dim: int):
     """``(x_a, x_b, tail)``: views of the two coordinates of every pair (:mod:`rope.layouts`)
-    and of the coordinates past ``rotary_dim``."""
+    and of the coordinates past ``rotary_dim``.
+
+    Args:
+        x: a tensor whose last dimension is the head, ``[..., head_dim]``.
+        layout: ``"half"`` or ``"interleaved"``.
+        rotary_dim: the rotated width; the coordinates past it are the tail.
+    """
     half = rotary_dim // 2
     if layout == "half":
         return x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
@@ -260,7 +308,19 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     ``[batch, seq, 1, pairs]``). Differentiable: the gradient is the transposed rotation, computed
     and rounded the same way. ``safe`` guards against intermediate overflow
     (:func:`_rotated_pair`); by default it is on where x's range reaches that of cos's dtype,
-    which suffices for ``|cos|, |sin|`` <= 2^512."""
+    which suffices for ``|cos|, |sin|`` <= 2^512.
+
+    Args:
+        x: the tensor to rotate, ``[..., head_dim]``.
+        cos: cos of each pair's angle, broadcasting against ``x_a``.
+        sin: sin of each pair's angle, of cos's shape and dtype.
+        layout: ``"half"`` or ``"interleaved"`` (:mod:`rope.layouts`).
+        rotary_dim: the rotated width; the coordinates past it pass through.
+        safe: guard against intermediate overflow; ``None`` chooses as above.
+
+    Returns:
+        The rotated x, in x's dtype and shape.
+    """
     if safe is None:
         safe = x.dtype == cos.dtype or cos.dtype == torch.float32
     return _Rotation.apply(x, cos, sin, layout, rotary_dim, safe)
@@ -290,7 +350,21 @@ class _Rotation(torch.autograd.Function):
 def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
     """q and k rotated by the cos and sin of their pairs' angles, ``[seq, pairs]`` (shared by the
     batch) or ``[batch, seq, pairs]``: times the attention factor (sin negated for the
-    conjugate), :func:`rotate_pairs` on both."""
+    conjugate), :func:`rotate_pairs` on both.
+
+    Args:
+        q: queries ``[batch, seq, heads_q, head_dim]``.
+        k: keys ``[batch, seq, heads_k, head_dim]``.
+        cos: cos of the angles, ``[seq, pairs]`` or ``[batch, seq, pairs]``.
+        sin: sin of the angles, of cos's shape.
+        layout: ``"half"`` or ``"interleaved"``.
+        rotary_dim: the rotated width.
+        attention_factor: multiplies cos and sin.
+        conjugate: rotate by the negated angles, R^T.
+
+    Returns:
+        ``(q_out, k_out)``, rotated.
+    """
     cos, sin = ((t[None] if t.dim() == 2 else t)[:, :, None, :] for t in (cos, sin))  # [batch or 1, seq, 1, pairs]
     cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
     safe = q.dtype == torch.float64 or cos.dtype == torch.float32 or attention_factor > _SAFE_FACTOR
@@ -301,7 +375,12 @@ def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.
 def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
     """p_a(i), the position pair i turns by: row ``axes[i]`` of ``position_ids`` ``[3, ...]``, shape
     ``position_ids.shape[1:] + (pairs,)``, for axes of any integer dtype on any device, checked by
-    the caller (:func:`check_axes`)."""
+    the caller (:func:`check_axes`).
+
+    Args:
+        position_ids: the t, h, w positions, ``[3, seq]`` or ``[3, batch, seq]``.
+        axes: the axis (row) of each pair, integer ``[pairs]``.
+    """
     rows = axes.to(device=position_ids.device, dtype=torch.int64, non_blocking=True)
     return position_ids[rows].movedim(0, -1)
 
@@ -339,6 +418,22 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
     (:func:`check_inputs`), on the kernel path by the operator (:func:`_kernel_rotation`); the values
     of the frequencies and axes by the path that runs, eagerly off CUDA and as asynchronous device
     assertions on CUDA.
+
+    Args:
+        q: queries ``[batch, seq, heads_q, head_dim]``.
+        k: keys ``[batch, seq, heads_k, head_dim]``.
+        positions: positions ``[seq]`` or ``[batch, seq]``; with ``axes``, the position ids
+            ``[3, seq]`` or ``[3, batch, seq]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i.
+        axes: the M-RoPE axis of each pair, integer ``[pairs]``, or ``None`` for plain RoPE.
+        layout: as in :func:`apply_rotary`.
+        rotary_dim: as in :func:`apply_rotary`.
+        attention_factor: as in :func:`apply_rotary`.
+        conjugate: as in :func:`apply_rotary`.
+        backend: as in :func:`apply_rotary`.
+
+    Returns:
+        ``(q_out, k_out)``, as :func:`apply_rotary` returns them.
     """
     attention_factor = _check_options(layout, attention_factor, conjugate, backend)
     if _use_kernel(q, backend, inv_freq, attention_factor):

@@ -40,6 +40,10 @@ def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tenso
 
     Each axis gets the 1D RoPE frequencies of a head of width head_dim/2 (float32, as
     :func:`rope.inv_freq`). RoPE-Axial in Heo et al. (2024) uses base 100 for ViT grids.
+
+    Args:
+        head_dim: the head dimension, a positive multiple of 4.
+        base: the base of the frequencies, > 1.
     """
     head_dim = _checks.integer("head_dim", head_dim, minimum=4)
     if head_dim % 4:
@@ -58,6 +62,11 @@ def mixed_inv_freq(head_dim: int, *, base: float = 10.0, angle: float = 0.0) -> 
     (Heo et al. 2024, one random phi per head, then learned), pair j rotates along
     r_j (cos phi, sin phi) and pair head_dim/4 + j along r_j (-sin phi, cos phi), the
     perpendicular direction. phi = 0 gives the axial frequencies exactly.
+
+    Args:
+        head_dim: the head dimension, a positive multiple of 4.
+        base: the base of the magnitudes r_j, > 1.
+        angle: the direction angle phi, in radians.
     """
     angle = _checks.number("angle", angle)
     magnitude, _ = axial_inv_freq(head_dim, base=base)
@@ -103,6 +112,12 @@ def pair_cos_sin(positions_xy: torch.Tensor, inv_freq_x, inv_freq_y, *,
     axial: (x theta_x,0, ..., x theta_x,a-1, y theta_y,0, ..., y theta_y,b-1);
     mixed: x theta_x,i + y theta_y,i, the two turns added exactly before the cosine.
     ``positions_xy``: integer ``[..., 2]``; the frequencies as :func:`apply_rotary_2d` takes them.
+
+    Args:
+        positions_xy: integer ``[..., 2]``, last axis x, y.
+        inv_freq_x: the x frequencies, as :func:`apply_rotary_2d` takes them.
+        inv_freq_y: the y frequencies, as :func:`apply_rotary_2d` takes them.
+        mixed: RoPE-Mixed (the two angles added) instead of axial (side by side).
     """
     _checks.flag("mixed", mixed)
     integer_tensor("positions_xy", positions_xy)

@@ -158,7 +158,34 @@ class RopeConfig:
     raises ``TypeError``, a wrong value or a missing needed key ``ValueError``, each naming the
     key; a field the type does not read warns (:class:`RopeConfigWarning`) and is dropped, as
     :func:`parse_config` drops such a key. Read-only, hashable (``extra`` aside), and it pickles
-    and deep-copies."""
+    and deep-copies.
+
+    Args:
+        rope_type: the registered ``rope_type`` (:mod:`rope.registry`), ``"default"`` if not given.
+        rope_theta: the base b of theta_i = b^(-2i/d), > 1; ``None``: 10000.
+        factor: the context-extension factor s >= 1.
+        max_position_embeddings: the model's context length, in [1, 2^63].
+        original_max_position_embeddings: the pre-training context length L, in [1, 2^63].
+        partial_rotary_factor: the fraction of the head dimension that rotates, in (0, 1].
+        beta_fast: yarn: pairs turning more than beta_fast times over L keep their frequency
+            (> 0, default 32).
+        beta_slow: yarn: pairs turning fewer than beta_slow times over L are interpolated
+            (> 0, at most beta_fast, default 1).
+        mscale: yarn: m of the attention factor's numerator mscale(s, m) = 0.1 m ln s + 1
+            (DeepSeek-V3); 0 means absent.
+        mscale_all_dim: yarn: m of the attention factor's denominator; 0 means absent.
+        truncate: yarn: whether the ramp's bounds are floored and ceiled to whole pairs; ``None``: True.
+        attention_factor: yarn and longrope: the factor on cos and sin, replacing the computed one (> 0).
+        short_factor: longrope: the rotary_dim/2 per-pair factors within L (each > 0).
+        long_factor: longrope: the rotary_dim/2 per-pair factors beyond L (each > 0).
+        low_freq_factor: llama3: L / low_freq_factor is the wavelength above which pairs are
+            interpolated (> 0).
+        high_freq_factor: llama3: L / high_freq_factor is the wavelength below which pairs keep
+            their frequency (> low_freq_factor).
+        mrope_section: M-RoPE: the pairs that follow the t, h, w positions (:mod:`rope.mrope`).
+        mrope_style: M-RoPE: ``"chunked"`` (Qwen2-VL), ``"interleaved"`` (Qwen3-VL) or ``"alternating"``.
+        extra: the keys of a registered type that have no field here, each through its key check.
+    """
 
     rope_type: str = "default"
     rope_theta: float | None = None
@@ -216,7 +243,11 @@ class RopeConfig:
             object.__setattr__(self, key, MappingProxyType(dict(value)) if key == "extra" else value)
 
     def given(self, key: str) -> bool:
-        """Whether ``key`` has a value: a field that is not None, or a key of :attr:`extra`."""
+        """Whether ``key`` has a value: a field that is not None, or a key of :attr:`extra`.
+
+        Args:
+            key: a config key.
+        """
         return self.extra.get(key) is not None if key not in FIELD_KEYS else getattr(self, key) is not None
 
     def _check_required(self, entry: registry.RopeType) -> None:
@@ -256,7 +287,14 @@ class RopeConfig:
 
     def rotary_dim(self, head_dim: int) -> int:
         """The rotated width d = int(head_dim * partial_rotary_factor), as transformers computes it;
-        the whole head for ``proportional``, whose unrotated pairs get the frequency 0 instead."""
+        the whole head for ``proportional``, whose unrotated pairs get the frequency 0 instead.
+
+        Args:
+            head_dim: the model's head dimension, a positive integer.
+
+        Raises:
+            ValueError: where the rotated width is odd or below 2 (for ``proportional``, an odd head_dim).
+        """
         head_dim = _checks.integer("head_dim", head_dim, minimum=1)
         if self.rope_type == "proportional":
             if head_dim % 2:
@@ -274,7 +312,11 @@ class RopeConfig:
 
     def mrope_axes(self, head_dim: int) -> torch.Tensor | None:
         """The t/h/w axis of each rotated pair (:func:`rope.mrope.section_axes`), or ``None``
-        without an ``mrope_section``."""
+        without an ``mrope_section``.
+
+        Args:
+            head_dim: the model's head dimension (the pairs are :meth:`rotary_dim` / 2).
+        """
         if self.mrope_section is None:
             return None
         return section_axes(self.mrope_section, self.rotary_dim(head_dim) // 2, style=self.mrope_style)
@@ -397,7 +439,16 @@ def _checked_extra(entry: registry.RopeType, extra: Mapping[str, Any]) -> dict[s
 
 def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     """Validate a ``rope_parameters`` mapping and return a :class:`RopeConfig`, following the key
-    policy of the module docstring (refusals raise, ignored keys warn with :class:`RopeConfigWarning`)."""
+    policy of the module docstring (refusals raise, ignored keys warn with :class:`RopeConfigWarning`).
+
+    Args:
+        config: a ``rope_parameters`` mapping (one layer type's, with string keys), or a
+            :class:`RopeConfig`, returned as it is.
+
+    Raises:
+        TypeError, ValueError: for a key of the wrong type or value, a missing needed key, a
+            foreign key (:data:`FOREIGN_KEYS`) or keys that disagree, naming the key.
+    """
     if isinstance(config, RopeConfig):
         return config
     if not isinstance(config, Mapping):

@@ -52,7 +52,15 @@ def _exponents(dim: int) -> torch.Tensor:
 
 def default_theta(base: float, dim: int) -> torch.Tensor:
     """theta_i = base^(-2i/d), i = 0 .. d/2 - 1, float64. ``base`` is a finite number > 0 and
-    ``dim`` an even int >= 2 (``TypeError`` / ``ValueError`` naming the argument otherwise)."""
+    ``dim`` an even int >= 2 (``TypeError`` / ``ValueError`` naming the argument otherwise).
+
+    Args:
+        base: the base b, a finite number > 0.
+        dim: the rotary width d, an even int >= 2.
+
+    Returns:
+        The d/2 frequencies theta_i, float64.
+    """
     base = _checks.number("base", base, positive=True)
     dim = _checks.integer("dim", dim, minimum=2, even=True)
     return base ** -_exponents(dim)
@@ -136,7 +144,12 @@ def _dynamic(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     """YaRN's attention temperature (Peng et al. 2023, eq. 22 with mscale = 1): the factor on cos
     and sin, sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (transformers' ``get_mscale``,
-    DeepSeek's ``yarn_get_mscale``). ``scale`` must be > 0."""
+    DeepSeek's ``yarn_get_mscale``). ``scale`` must be > 0.
+
+    Args:
+        scale: the extension factor s, > 0.
+        mscale: the multiplier m of 0.1 ln(s) (DeepSeek-V3's ``mscale`` and ``mscale_all_dim``).
+    """
     scale = _checks.number("scale", scale, positive=True)
     mscale = _checks.number("mscale", mscale)
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -151,7 +164,19 @@ def yarn_correction_range(
     d - 1 although pair indices end at d/2 - 1). Arguments as validated by :mod:`rope.config`;
     :func:`rope.analysis.scaling.yarn_correction_range` checks them for direct use. Betas so extreme
     that a bound is not a finite number (L / (2 pi r) overflows or underflows float64) raise a
-    ``ValueError`` naming the config keys."""
+    ``ValueError`` naming the config keys.
+
+    Args:
+        dim: the rotary width d.
+        base: the base b (``rope_theta``).
+        original_length: L, the pre-training context (``original_max_position_embeddings``).
+        beta_fast: r of the lower bound: pairs turning more often over L keep theta_i.
+        beta_slow: r of the upper bound: pairs turning fewer times over L are interpolated.
+        truncate: floor the lower bound and ceil the upper one.
+
+    Returns:
+        ``(low, high)``, fractional pair indices (whole ones with ``truncate``).
+    """
 
     def pair_index(rotations: float, key: str) -> float:
         ratio = original_length / (rotations * 2 * math.pi)
@@ -177,7 +202,19 @@ def yarn_kept_weights(
     """gamma_i = 1 - clamp((i - low) / (high - low), 0, 1), float64, the weight YaRN's code puts on
     the unscaled theta_i (1 - gamma_i on theta_i / s): linear in the pair index i between the
     bounds of :func:`yarn_correction_range` (high = low + 0.001 if they coincide, transformers'
-    guard against a zero-width ramp)."""
+    guard against a zero-width ramp).
+
+    Args:
+        dim: the rotary width d.
+        base: the base b (``rope_theta``).
+        original_length: L, the pre-training context.
+        beta_fast: as in :func:`yarn_correction_range`.
+        beta_slow: as in :func:`yarn_correction_range`.
+        truncate: as in :func:`yarn_correction_range`.
+
+    Returns:
+        gamma_i for the d/2 pairs, float64.
+    """
     low, high = yarn_correction_range(dim, base, original_length, beta_fast, beta_slow, truncate)
     if low == high:
         high += 0.001

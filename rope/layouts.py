@@ -26,7 +26,15 @@ def check_layout(layout: str) -> None:
 
 def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices (a_i, b_i) of the two coordinates of pair i, i = 0 .. rotary_dim/2 - 1
-    (``rotary_dim``: an even int >= 0)."""
+    (``rotary_dim``: an even int >= 0).
+
+    Args:
+        rotary_dim: the rotated width d, an even int >= 0.
+        layout: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        ``(a, b)``, two int64 tensors ``[rotary_dim/2]``.
+    """
     rotary_dim = integer("rotary_dim", rotary_dim, minimum=0, even=True)
     check_layout(layout)
     half = rotary_dim // 2
@@ -37,7 +45,15 @@ def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tens
 
 def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
     """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..), tail fixed.
-    ``rotary_dim`` defaults to ``head_dim``, which must then be even (pairs)."""
+    ``rotary_dim`` defaults to ``head_dim``, which must then be even (pairs).
+
+    Args:
+        head_dim: the head dimension, a positive int.
+        rotary_dim: the rotated width, even and at most head_dim; the coordinates past it stay.
+
+    Returns:
+        p, an int64 tensor ``[head_dim]``.
+    """
     head_dim = integer("head_dim", head_dim, minimum=1)
     if rotary_dim is None:
         if head_dim % 2:
@@ -53,7 +69,12 @@ def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.T
 
 
 def half_to_interleaved(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
-    """The inverse of :func:`interleaved_to_half`."""
+    """The inverse of :func:`interleaved_to_half`.
+
+    Args:
+        head_dim: as in :func:`interleaved_to_half`.
+        rotary_dim: as in :func:`interleaved_to_half`.
+    """
     return torch.argsort(interleaved_to_half(head_dim, rotary_dim))
 
 
@@ -65,6 +86,16 @@ def permute_qk_weight(
 
     ``to="half"`` converts an interleaved checkpoint (Meta's Llama, GPT-J) for ``rotate_half`` code
     (this is what transformers' Llama conversion script does); ``to="interleaved"`` goes back.
+
+    Args:
+        weight: the projection's weight ``[num_heads * head_dim, in]`` or bias ``[num_heads * head_dim]``.
+        num_heads: the number of heads the rows hold (the key-value heads for k under GQA).
+        head_dim: the head dimension.
+        to: the layout to convert to, ``"half"`` or ``"interleaved"``.
+        rotary_dim: the rotated width of each head (default head_dim); the rows past it stay.
+
+    Returns:
+        The reordered tensor, of weight's shape, dtype and device.
     """
     choice("to", to, LAYOUTS)
     tensor("weight", weight)

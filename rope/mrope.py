@@ -49,7 +49,12 @@ MROPE_STYLES = ("chunked", "interleaved", "alternating")
 def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int, int]:
     """``mrope_section`` as a tuple of three positive ints (pairs on t, h and w), or an error
     naming ``name``: ``TypeError`` unless a sequence of ints (NumPy integers are ints, and come
-    back as ``int``), ``ValueError`` unless three of them, each positive."""
+    back as ``int``), ``ValueError`` unless three of them, each positive.
+
+    Args:
+        mrope_section: the section ``(s_t, s_h, s_w)`` to check.
+        name: the name the errors give it (a config key, say).
+    """
     if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, Sequence) or any(
         isinstance(s, bool) or not isinstance(s, Integral) for s in mrope_section
     ):
@@ -68,6 +73,11 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
     s_h + s_w pairs (h on even i), t takes the last s_t, so s_h must equal s_w. Either way axis a
     gets exactly s_a pairs; a section that does not fit (sum != pairs, interleaved positions past
     the last pair, unequal h and w when alternating) is an error.
+
+    Args:
+        mrope_section: the config's ``mrope_section``, three positive ints summing to ``pairs``.
+        pairs: the number of rotated pairs, rotary_dim / 2.
+        style: ``"chunked"``, ``"interleaved"`` or ``"alternating"``.
     """
     sections = check_section(mrope_section)
     pairs = _checks.integer("pairs", pairs, minimum=1)
@@ -107,7 +117,12 @@ def _check_position_ids(position_ids: torch.Tensor) -> None:
 
 def pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
     """The position p_a(i) that pair i turns by: row ``axes[i]`` of ``position_ids`` ``[3, ...]``
-    (t, h, w), shape ``position_ids.shape[1:] + (pairs,)``; ``axes`` from :func:`section_axes`."""
+    (t, h, w), shape ``position_ids.shape[1:] + (pairs,)``; ``axes`` from :func:`section_axes`.
+
+    Args:
+        position_ids: integer ``[3, seq]`` or ``[3, batch, seq]``, rows t, h, w.
+        axes: the axis of each pair, integer ``[pairs]`` with values in {0, 1, 2}.
+    """
     _check_position_ids(position_ids)
     integer_tensor("axes", axes, dim=1)
     check_axes(axes, axes.shape[0])
@@ -118,7 +133,16 @@ def mrope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
                   axes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of p_a(i) * theta_i, the angle reduced modulo 2 pi exactly (float64; float32
     where float64 does not exist), shape ``position_ids.shape[1:] + (pairs,)``. ``inv_freq``:
-    finite float32 or float64 theta_i (:func:`rope._checks.finite_frequencies`)."""
+    finite float32 or float64 theta_i (:func:`rope._checks.finite_frequencies`).
+
+    Args:
+        position_ids: integer ``[3, seq]`` or ``[3, batch, seq]``, rows t, h, w.
+        inv_freq: the frequencies theta_i ``[pairs]``.
+        axes: the axis of each pair, integer ``[pairs]`` (:func:`section_axes`).
+
+    Returns:
+        ``(cos, sin)``.
+    """
     _check_position_ids(position_ids)
     _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES, values=False)  # values:
     _checks.same_device("position_ids", position_ids, inv_freq=inv_freq)  # by rope.angles.cos_sin
@@ -217,6 +241,12 @@ def multimodal_positions(segments, *, start: int = 0, time_interval: float = 1) 
     float32(frame) * float32(time_interval), rounded once to float32, then truncated. ``start``,
     the segments' sizes and an int ``time_interval`` are ints or NumPy integers; a position that
     would not fit int64 is a ``ValueError`` naming start and time_interval.
+
+    Args:
+        segments: text runs (positive ints) and visual blocks (``(T, H, W)`` tuples of positive ints),
+            in order; at least one.
+        start: the position of the first token, >= 0.
+        time_interval: the step of t from one frame to the next, >= 0, int or float.
     """
     start = _checks.integer("start", start, minimum=0)
     if isinstance(time_interval, Integral) and not isinstance(time_interval, bool):

@@ -25,7 +25,12 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
 
     Both are integer tensors of any dtype whose values fit int64 (uint64 is refused:
     :func:`rope._checks.integer_tensor`), read as int64 before any arithmetic; an offset that
-    would put a token past the largest int64 position is a ``ValueError``."""
+    would put a token past the largest int64 position is a ``ValueError``.
+
+    Args:
+        cu_seqlens: the cumulative lengths ``[0, n_0, n_0 + n_1, ...]``, non-decreasing, ``[sequences + 1]``.
+        offsets: the position of each sequence's first token, ``[sequences]`` (default 0).
+    """
     integer_tensor("cu_seqlens", cu_seqlens, dim=1)
     cu = cu_seqlens.to(torch.int64)
     if cu.numel() < 2 or cu[0].item() != 0:
@@ -54,7 +59,17 @@ def packed_positions(cu_seqlens: torch.Tensor, offsets: torch.Tensor | None = No
 def context_parallel_positions(seq_len: int, world_size: int, rank: int, *, zigzag: bool = False) -> torch.Tensor:
     """The positions of the tokens rank ``rank`` holds when a sequence of ``seq_len`` tokens is
     split over ``world_size`` ranks: one contiguous chunk each, or (``zigzag``) chunks ``rank`` and
-    ``2 world_size - 1 - rank`` of ``2 world_size``. ``seq_len`` must divide evenly."""
+    ``2 world_size - 1 - rank`` of ``2 world_size``. ``seq_len`` must divide evenly.
+
+    Args:
+        seq_len: the length of the whole sequence, a positive multiple of the number of chunks.
+        world_size: the number of ranks W.
+        rank: this rank, in [0, W).
+        zigzag: the load-balanced order of causal attention, two chunks per rank.
+
+    Returns:
+        int64 ``[seq_len / world_size]``.
+    """
     seq_len = integer("seq_len", seq_len)
     world_size = integer("world_size", world_size, minimum=1)
     rank = integer("rank", rank)

@@ -46,7 +46,14 @@ def _angles(position, inv_freq) -> torch.Tensor:
 
 
 def rotation_matrix(position, inv_freq, *, head_dim: int | None = None, layout: str = "half") -> torch.Tensor:
-    """R_m as an explicit float64 ``[head_dim, head_dim]`` matrix (identity past the rotary width)."""
+    """R_m as an explicit float64 ``[head_dim, head_dim]`` matrix (identity past the rotary width).
+
+    Args:
+        position: the position m, an int or a real number (or a 0-d tensor).
+        inv_freq: the rotary_dim/2 frequencies theta_i: a tensor, or Python numbers (float64).
+        head_dim: the matrix's size, at least the rotary width (default the rotary width).
+        layout: ``"half"`` or ``"interleaved"``.
+    """
     check_layout(layout)
     inv_freq = _frequencies(inv_freq)
     rotary_dim = 2 * inv_freq.numel()
@@ -71,7 +78,15 @@ def _position_grid(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def rotate_by_matrix(x, positions, inv_freq, *, layout: str = "half", attention_factor: float = 1.0):
     """y[b, s, h] = attention_factor * R_{positions[b, s]} x[b, s, h] (tail unscaled), float64.
-    Each position is taken at its value: an integer exactly, a real one as a float64 number."""
+    Each position is taken at its value: an integer exactly, a real one as a float64 number.
+
+    Args:
+        x: ``[batch, seq, heads, head_dim]``.
+        positions: ``[seq]`` or ``[batch, seq]``, integer or real.
+        inv_freq: the rotary_dim/2 frequencies theta_i: a tensor, or Python numbers (float64).
+        layout: ``"half"`` or ``"interleaved"``.
+        attention_factor: multiplies the rotated coordinates.
+    """
     x = x.to(torch.float64)
     grid = _position_grid(x, positions)
     head_dim = x.shape[-1]
@@ -86,7 +101,14 @@ def rotate_by_matrix(x, positions, inv_freq, *, layout: str = "half", attention_
 
 
 def rotate_by_complex(x, positions, inv_freq, *, layout: str = "half"):
-    """Pair i as a complex number times e^{i m theta_i}, float64."""
+    """Pair i as a complex number times e^{i m theta_i}, float64.
+
+    Args:
+        x: ``[batch, seq, heads, head_dim]``.
+        positions: ``[seq]`` or ``[batch, seq]``, integer or real.
+        inv_freq: the rotary_dim/2 frequencies theta_i: a tensor, or Python numbers (float64).
+        layout: ``"half"`` or ``"interleaved"``.
+    """
     x = x.to(torch.float64)
     grid = _position_grid(x, positions)
     inv_freq = _frequencies(inv_freq)
@@ -100,7 +122,14 @@ def rotate_by_complex(x, positions, inv_freq, *, layout: str = "half"):
 
 
 def rotate_elementwise(x, positions, inv_freq, *, layout: str = "half"):
-    """y = x * cos_vec + x_rot * sin_vec (RoFormer eq. 34), float64."""
+    """y = x * cos_vec + x_rot * sin_vec (RoFormer eq. 34), float64.
+
+    Args:
+        x: ``[batch, seq, heads, head_dim]``.
+        positions: ``[seq]`` or ``[batch, seq]``, integer or real.
+        inv_freq: the rotary_dim/2 frequencies theta_i: a tensor, or Python numbers (float64).
+        layout: ``"half"`` or ``"interleaved"``.
+    """
     x = x.to(torch.float64)
     grid = _position_grid(x, positions)
     inv_freq = _frequencies(inv_freq)

@@ -83,7 +83,17 @@ class RopeType:
     the common ones. ``stand_ins`` maps a required key to keys that, all given, can take its place
     (yarn's ``factor`` from the two context lengths). ``zero_frequencies``: the type may give
     pairs the frequency 0 (they do not rotate), as ``proportional`` does; otherwise every
-    frequency must be > 0."""
+    frequency must be > 0.
+
+    Args:
+        name: the ``rope_type`` name.
+        frequencies: ``frequencies(config, rotary_dim, seq_len) -> (inv_freq, attention_factor)``.
+        required: the keys the type needs besides the common ones.
+        optional: the keys the type may read besides the common ones.
+        stand_ins: per required key, the keys that, all given, can take its place.
+        key_checks: per key without a :class:`rope.RopeConfig` field, its check ``(name, value) -> value``.
+        zero_frequencies: the type may give pairs the frequency 0.
+    """
 
     name: str
     frequencies: FrequencyFunction
@@ -131,6 +141,20 @@ def register_rope_type(
     ``zero_frequencies=True`` lets ``frequencies`` give 0 to pairs that do not rotate (otherwise
     :func:`rope.inv_freq` refuses a frequency <= 0). A name already registered raises
     ``ValueError`` unless ``replace=True``.
+
+    Args:
+        name: the new ``rope_type``, a non-empty str other than ``mrope``.
+        frequencies: ``frequencies(config, rotary_dim, seq_len) -> (inv_freq, attention_factor)``, a
+            pure function of a validated :class:`rope.RopeConfig`, the rotary width d and the current
+            length (or ``None``).
+        required_keys: the config keys the type needs besides :data:`COMMON_KEYS` (a common key may
+            be one).
+        optional_keys: the config keys the type may read besides :data:`COMMON_KEYS`.
+        stand_ins: maps a required key to keys, read by the type or common, that all given replace it.
+        key_checks: maps a key that :class:`rope.RopeConfig` has no field for to its check
+            ``(name, value) -> value``, which returns the value to store or raises naming the key.
+        zero_frequencies: let ``frequencies`` give 0 to pairs that do not rotate.
+        replace: replace a type already registered under ``name``.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {type(name).__name__} {name!r}")
@@ -171,14 +195,22 @@ def register_rope_type(
 
 
 def unregister_rope_type(name: str) -> RopeType:
-    """Remove a registered type and return its entry (``ValueError`` if it is not registered)."""
+    """Remove a registered type and return its entry (``ValueError`` if it is not registered).
+
+    Args:
+        name: the registered ``rope_type``.
+    """
     entry = rope_type(name)
     del _REGISTRY[name]
     return entry
 
 
 def rope_type(name: str) -> RopeType:
-    """The registered entry of ``name``, or a ``ValueError`` listing the registered types."""
+    """The registered entry of ``name``, or a ``ValueError`` listing the registered types.
+
+    Args:
+        name: a ``rope_type`` name.
+    """
     if not isinstance(name, str):
         raise TypeError(f"rope_type must be a str, got {type(name).__name__} {name!r}")
     try:

@@ -86,6 +86,10 @@ def partial_sums(distance, inv_freq: torch.Tensor) -> torch.Tensor:
 
     Returns shape ``distance.shape + (d/2 + 1,)``; entry ``[..., j]`` is S_j, so ``[..., 0]`` is
     S_0 = 0. ``distance`` may be any real numbers (PI evaluates non-integer s).
+
+    Args:
+        distance: the relative positions s, real numbers (a number, sequence or tensor).
+        inv_freq: the frequencies theta_i, a non-empty 1-D float tensor of finite values.
     """
     theta = _as_frequencies(inv_freq)
     s = _as_distances(distance, theta)
@@ -99,12 +103,27 @@ def relative_upper_bound(distance, inv_freq: torch.Tensor) -> torch.Tensor:
 
     Multiplied by (d/2) * max_i ``|h_{i+1} - h_i|`` (with h_{d/2} = 0) it bounds ``|sum_i h_i e^{i s theta_i}|``;
     B(s)/d of the Position Interpolation paper is half of it.
+
+    Args:
+        distance: the relative positions s, real numbers (a number, sequence or tensor).
+        inv_freq: the frequencies theta_i, a non-empty 1-D float tensor of finite values.
+
+    Returns:
+        float64, of the shape of ``distance``.
     """
     return partial_sums(distance, inv_freq)[..., 1:].abs().mean(dim=-1)
 
 
 def cosine_sum(distance, inv_freq: torch.Tensor) -> torch.Tensor:
-    """C(s) = sum_i cos(s theta_i) = tr(R_s) / 2, the expected score E[q^T R_s q] / (2 sigma^2), float64."""
+    """C(s) = sum_i cos(s theta_i) = tr(R_s) / 2, the expected score E[q^T R_s q] / (2 sigma^2), float64.
+
+    Args:
+        distance: the relative positions s, real numbers (a number, sequence or tensor).
+        inv_freq: the frequencies theta_i, a non-empty 1-D float tensor of finite values.
+
+    Returns:
+        float64, of the shape of ``distance``.
+    """
     theta = _as_frequencies(inv_freq)
     s = _as_distances(distance, theta)
     return torch.cos(s[..., None] * theta).sum(dim=-1)
@@ -119,6 +138,11 @@ def first_negative_distance(base: float, dim: int, *, limit: int) -> int | None:
     for many blocks into one matrix product; each C(s) is accurate to about d/2 * s * 1e-16.
     The scan is many small tensor operations: on a busy machine, ``torch.set_num_threads(1)``
     can make it many times faster.
+
+    Args:
+        base: the base b, > 1.
+        dim: the head width d, an even int >= 2.
+        limit: the end of the scan, exclusive, >= 1.
     """
     base = _base("base", base)
     dim = integer("dim", dim, minimum=2, even=True)
@@ -140,13 +164,25 @@ def first_negative_distance(base: float, dim: int, *, limit: int) -> int | None:
 
 
 def base_is_admissible(base: float, length: int, dim: int) -> bool:
-    """True if C(s) = sum_i cos(s base^(-2i/d)) >= 0 for every integer 0 <= s < length (Men et al. 2024)."""
+    """True if C(s) = sum_i cos(s base^(-2i/d)) >= 0 for every integer 0 <= s < length (Men et al. 2024).
+
+    Args:
+        base: the base b, > 1.
+        length: the context length L, >= 1.
+        dim: the head width d, an even int >= 2.
+    """
     length = integer("length", length, minimum=1)
     return first_negative_distance(base, dim, limit=length) is None
 
 
 def base_grid(lower: float, upper: float, points_per_decade: int) -> torch.Tensor:
-    """The log grid 10^(k / points_per_decade), integer k, of the bases in [lower, upper], float64."""
+    """The log grid 10^(k / points_per_decade), integer k, of the bases in [lower, upper], float64.
+
+    Args:
+        lower: the smallest base, > 1.
+        upper: the largest base, >= lower.
+        points_per_decade: the grid points per factor of 10, >= 1.
+    """
     lower, upper = _base("lower", lower), _base("upper", upper)
     points_per_decade = integer("points_per_decade", points_per_decade, minimum=1)
     if upper < lower:
@@ -185,6 +221,17 @@ def min_bases_for_lengths(
     Between grid points a base may pass or fail unseen: the grid is the definition. If the answer
     is ``lower`` itself, it only says that ``lower`` passes. Raises ValueError if no grid point up
     to ``upper`` is admissible for some L ("first"), or if the top grid point fails ("stable").
+
+    Args:
+        lengths: the context lengths L, a sequence of positive ints.
+        dim: the head width d, an even int >= 2.
+        rule: ``"first"`` or ``"stable"``, as above.
+        points_per_decade: the grid points per factor of 10 (:func:`base_grid`).
+        lower: the grid's smallest base.
+        upper: the grid's largest base.
+
+    Returns:
+        One base per length, in the order of ``lengths``.
     """
     choice("rule", rule, RULES)
     lengths = _lengths(lengths)
@@ -248,6 +295,12 @@ def _stable_admissible(grid: list[float], dim: int, waiting: list[int], upper: f
 
 def min_base_for_length(length: int, dim: int, **grid_options) -> float:
     """The smallest admissible base for one length; see :func:`min_bases_for_lengths` for the
-    keyword arguments (``rule``, ``points_per_decade``, ``lower``, ``upper``)."""
+    keyword arguments (``rule``, ``points_per_decade``, ``lower``, ``upper``).
+
+    Args:
+        length: the context length L, >= 1.
+        dim: the head width d, an even int >= 2.
+        **grid_options: ``rule``, ``points_per_decade``, ``lower``, ``upper`` of :func:`min_bases_for_lengths`.
+    """
     length = integer("length", length, minimum=1)
     return min_bases_for_lengths([length], dim, **grid_options)[0]

@@ -101,6 +101,10 @@ def largest_unseen_arc(inv_freq: torch.Tensor, training_length: int) -> torch.Te
     For a pair that never completes a turn ((L - 1) theta_i < 2 pi) the angles are
     0, theta_i, .., (L - 1) theta_i and the arc is max(2 pi - (L - 1) theta_i, theta_i) (for L >= 2);
     for a pair that completes one it is at most theta_i.
+
+    Args:
+        inv_freq: the frequencies theta_i, finite and > 0, 1-D.
+        training_length: L, the training context, >= 1.
     """
     theta = _frequencies(inv_freq)
     length = _positive_int("training_length", training_length)
@@ -116,7 +120,11 @@ def largest_unseen_arc(inv_freq: torch.Tensor, training_length: int) -> torch.Te
 def neighbour_beat_wavelengths(inv_freq: torch.Tensor) -> torch.Tensor:
     """2 pi / ``|theta_i - theta_{i+1}|`` for i = 0 .. d/2 - 2, float64: the distance over which pairs
     i and i + 1 drift apart by one full turn. Over a shorter window their two terms of a(s) are
-    hard to tell apart (a least-squares fit may give them large coefficients that cancel)."""
+    hard to tell apart (a least-squares fit may give them large coefficients that cancel).
+
+    Args:
+        inv_freq: the frequencies theta_i, finite and > 0, at least two.
+    """
     theta = _frequencies(inv_freq)
     if theta.numel() < 2:
         raise ValueError("inv_freq must hold at least two frequencies to have neighbours")
@@ -128,6 +136,11 @@ def series_score(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Te
 
     ``h``: complex, shape ``[..., d/2]``; ``distances``: real, any shape (non-integers allowed).
     Returns shape ``h.shape[:-1] + distances.shape``.
+
+    Args:
+        h: the complex coefficients h_j ``[..., d/2]``.
+        distances: the relative distances s, real numbers (a number, sequence or tensor).
+        inv_freq: the frequencies theta_j, finite and > 0, 1-D.
     """
     theta = _frequencies(inv_freq)
     h = _coefficients(h, theta)
@@ -144,6 +157,12 @@ def fit_series_coefficients(distances, targets, inv_freq: torch.Tensor, *, ridge
     training window. Without the ridge term the problem is numerically singular for long windows
     (the low frequencies are nearly collinear there), so ``ridge`` must be given; it makes the
     answer well defined and reproducible.
+
+    Args:
+        distances: the distances s_k, 1-D real numbers.
+        targets: the scores y_k to fit, as many as ``distances``.
+        inv_freq: the frequencies theta_j, finite and > 0, 1-D.
+        ridge: the weight of the penalty, the sum of the squared ``|h_j|``; >= 0.
     """
     theta = _frequencies(inv_freq)
     s = _distances("distances", distances, theta)
@@ -164,7 +183,13 @@ def fit_series_coefficients(distances, targets, inv_freq: torch.Tensor, *, ridge
 
 
 def linear_interpolation_error(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Tensor:
-    """a(s) - a_lin(s), a_lin interpolating a linearly between s_1 = floor(s) and s_1 + 1, float64."""
+    """a(s) - a_lin(s), a_lin interpolating a linearly between s_1 = floor(s) and s_1 + 1, float64.
+
+    Args:
+        h: the complex coefficients h_j ``[..., d/2]``.
+        distances: the distances s, real numbers.
+        inv_freq: the frequencies theta_j, finite and > 0, 1-D.
+    """
     s = _distances("distances", distances, _frequencies(inv_freq))
     s1 = torch.floor(s)
     lam = s - s1
@@ -187,13 +212,25 @@ def worst_interpolation_error(distances, inv_freq: torch.Tensor) -> torch.Tensor
     a(s) - a_lin(s) = Re sum_j h_j g_j(s) with the fixed numbers g_j(s) of the interpolation, so the
     supremum is sum_j ``|g_j(s)|``, attained by :func:`worst_interpolation_coefficients`. At the
     midpoint of two integers, ``|g_j|`` = 1 - cos(theta_j / 2).
+
+    Args:
+        distances: the distances s, real numbers (a number, sequence or tensor).
+        inv_freq: the frequencies theta_j, finite and > 0, 1-D.
     """
     theta = _frequencies(inv_freq)
     return _interpolation_gaps(_distances("distances", distances, theta), theta).abs().sum(dim=-1)
 
 
 def worst_interpolation_coefficients(distance: float, inv_freq: torch.Tensor) -> torch.Tensor:
-    """The h (``|h_j|`` = 1) with a(s) - a_lin(s) = :func:`worst_interpolation_error` at s = ``distance``."""
+    """The h (``|h_j|`` = 1) with a(s) - a_lin(s) = :func:`worst_interpolation_error` at s = ``distance``.
+
+    Args:
+        distance: the distance s, a real number.
+        inv_freq: the frequencies theta_j, finite and > 0, 1-D.
+
+    Returns:
+        complex128 ``[d/2]``.
+    """
     distance = number("distance", distance)
     theta = _frequencies(inv_freq)
     gaps = _interpolation_gaps(torch.tensor(distance, dtype=torch.float64, device=theta.device), theta)
@@ -203,7 +240,16 @@ def worst_interpolation_coefficients(distance: float, inv_freq: torch.Tensor) ->
 
 def interpolation_bound(h: torch.Tensor, distances, inv_freq: torch.Tensor) -> torch.Tensor:
     """(s - s_1)(s_2 - s) / 2 * sum_j ``|h_j|`` theta_j^2, float64: a valid bound on ``|a(s) - a_lin(s)|``
-    (Chen et al. 2023, appendix A, eqs. 11-12 and 16, before ``|h_j|`` is replaced by its maximum)."""
+    (Chen et al. 2023, appendix A, eqs. 11-12 and 16, before ``|h_j|`` is replaced by its maximum).
+
+    Args:
+        h: the complex coefficients h_j ``[..., d/2]``.
+        distances: the distances s, real numbers.
+        inv_freq: the frequencies theta_j, finite and > 0, 1-D.
+
+    Returns:
+        float64 ``h.shape[:-1] + distances.shape``.
+    """
     theta = _frequencies(inv_freq)
     h = _coefficients(h, theta)
     curvature = (h.abs() * theta**2).sum(dim=-1)
@@ -221,7 +267,14 @@ def _check_dim_base(dim, base) -> tuple[int, float]:
 
 def geometric_interpolation_bound(max_abs_h: float, distances, dim: int, base: float) -> torch.Tensor:
     """max|h| (s - s_1)(s_2 - s) / 2 * (1 - b^-2) / (1 - b^(-4/d)), float64: Theorem 2.1 of Chen et
-    al. 2023 with the geometric sum sum_j theta_j^2 = sum_{j<d/2} b^(-4j/d) evaluated exactly."""
+    al. 2023 with the geometric sum sum_j theta_j^2 = sum_{j<d/2} b^(-4j/d) evaluated exactly.
+
+    Args:
+        max_abs_h: max_j ``|h_j|``, >= 0.
+        distances: the distances s, real numbers.
+        dim: the head width d, even.
+        base: the base b, > 1.
+    """
     max_abs_h = _nonnegative_real("max_abs_h", max_abs_h)
     dim, base = _check_dim_base(dim, base)
     squares = (1 - base**-2) / (1 - base ** (-4 / dim))
@@ -233,6 +286,12 @@ def stated_interpolation_bound(max_abs_h: float, distances, dim: int, base: floa
 
     Not a valid bound: it uses sum_j theta_j^2 <= d / (4 ln b), which is false (the sum is larger);
     see :func:`worst_interpolation_error`.
+
+    Args:
+        max_abs_h: max_j ``|h_j|``, >= 0.
+        distances: the distances s, real numbers.
+        dim: the head width d, even.
+        base: the base b, > 1.
     """
     max_abs_h = _nonnegative_real("max_abs_h", max_abs_h)
     dim, base = _check_dim_base(dim, base)

@@ -68,6 +68,9 @@ def skew_block_diagonalize(B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     B b = t a and B a = -t b, and (sqrt(2) b, sqrt(2) a) are two orthonormal columns of P.
     Eigenvalues within d * 1e-13 * max|t| of zero are treated as zero; the kernel gets any
     orthonormal real basis.
+
+    Args:
+        B: a real skew-symmetric matrix ``[d, d]`` (up to rounding), d >= 2.
     """
     B = _check_skew(B)
     d = B.shape[0]
@@ -102,6 +105,10 @@ def rotation_from_generator(B: torch.Tensor, n: int | float) -> torch.Tensor:
     Computed as P exp(n Lambda) P^T from :func:`skew_block_diagonalize`, where exp(n Lambda) is
     the block diagonal RoPE matrix of frequencies t_j (interleaved pairs); the angles n t_j are
     formed in float64, so R_n stays orthogonal to rounding for every n.
+
+    Args:
+        B: a real skew-symmetric matrix ``[d, d]``, d >= 2.
+        n: the position, an int64 integer or a finite real number.
     """
     n = _exponent(n)
     P, thetas = skew_block_diagonalize(B)
@@ -115,6 +122,10 @@ def power_rotation(O: torch.Tensor, n: int) -> torch.Tensor:
     O^{-1} = O^T, so R_m^T R_n = O^{-m} O^n = O^{n-m}: the relative property holds for every
     orthogonal O, including det O = -1 (reflections), where det R_n = (-1)^n.
     Negative n use the transpose, never a matrix inverse.
+
+    Args:
+        O: a real orthogonal matrix ``[d, d]``.
+        n: the position, an int64 integer.
     """
     n = integer("n", n, minimum=_INT64_MIN, maximum=_INT64_MAX)
     O = _square_float64(O, "O")

@@ -23,13 +23,21 @@ MARKER = re.compile(r"^# requires: *([\w.-]+(?: *, *[\w.-]+)*) *$", re.M)
 
 def missing(packages) -> list[str]:
     """Those of ``packages`` that are not installed (in order). Found, not imported: a cell may
-    import its package in its own way (transformers under a warnings filter, for one)."""
+    import its package in its own way (transformers under a warnings filter, for one).
+
+    Args:
+        packages: the names of the packages (importable module names), an iterable of str.
+    """
     return [package for package in packages if importlib.util.find_spec(package) is None]
 
 
 def skipped(source: str) -> str | None:
     """The replacement of a cell's ``source``: None if it runs as written (no marker, or every
-    package it names imports), else a ``print`` of one line naming what is missing."""
+    package it names imports), else a ``print`` of one line naming what is missing.
+
+    Args:
+        source: the cell's source code.
+    """
     needed = [name.strip() for found in MARKER.findall(source) for name in found.split(",")]
     absent = missing(needed)
     if not absent:

@@ -65,6 +65,11 @@ def recipe_angles(positions: torch.Tensor, inv_freq: torch.Tensor, *, dtype=torc
     Shape ``positions.shape + inv_freq.shape``. float32 is transformers' recipe; bfloat16 and
     float16 are what happens when ``inv_freq`` is cast with the model or the product runs under
     autocast (huggingface/transformers#29496, EleutherAI/gpt-neox#1003).
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: the frequencies theta_i, float32, at least one.
+        dtype: the floating dtype every rounding goes to.
     """
     integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
@@ -76,7 +81,17 @@ def table_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, *, dtype=torch.bfloat16, angle_dtype=torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables as stacks store them: angles by :func:`recipe_angles` in ``angle_dtype``,
-    cos and sin in float32 (float64 for float64 angles), rounded to ``dtype``."""
+    cos and sin in float32 (float64 for float64 angles), rounded to ``dtype``.
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: the frequencies theta_i, float32, at least one.
+        dtype: the storage dtype of the tables.
+        angle_dtype: the dtype of the recipe's angles.
+
+    Returns:
+        ``(cos, sin)``, each ``positions.shape + inv_freq.shape``.
+    """
     dtype_choice("dtype", dtype, FLOAT_DTYPES)
     dtype_choice("angle_dtype", angle_dtype, FLOAT_DTYPES)
     angles = recipe_angles(positions, inv_freq, dtype=angle_dtype)
@@ -110,6 +125,13 @@ def reference_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.T
     m_j * top + floor(m_j * low / 2^32), with no int64 overflow, and the chunks add up modulo 2^64.
     Each chunk drops less than two units of 2^-64 turns. Negative m gives the negated angle.
     Computed on the CPU, whatever the device of ``positions``.
+
+    Args:
+        positions: integer positions m, ``|m|`` < 2^62, any shape.
+        inv_freq: the frequencies theta_i, float32, at least one.
+
+    Returns:
+        float64 ``positions.shape + inv_freq.shape``, on the CPU.
     """
     integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
@@ -134,6 +156,10 @@ def reference_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[
 
     cos and sin are numpy's (one thread): on a two-thread CPU machine, torch's multithreaded
     float64 cos was seen, on rare runs, to return values a few 1e-9 off for part of a tensor.
+
+    Args:
+        positions: integer positions m, ``|m|`` < 2^62, any shape.
+        inv_freq: the frequencies theta_i, float32, at least one.
     """
     angles = reference_angles(positions, inv_freq).numpy()
     return torch.from_numpy(np.cos(angles)), torch.from_numpy(np.sin(angles))
@@ -147,6 +173,10 @@ def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tupl
     the wrapped product (m T_i) mod 2^64 read as a signed int64 is the angle in units of
     2 pi / 2^64. Its top 32 bits (an arithmetic shift) become a float32 angle in [-pi, pi):
     angle = fl(fl(t >> 32) * fl(2 pi / 2^32)), and cos/sin are taken in float32.
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: the frequencies theta_i, float32, at least one.
     """
     integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
@@ -158,7 +188,13 @@ def fixed_point_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tupl
 
 def position_digits(positions: torch.Tensor, *, beta: int = 256, digits: int = 4) -> torch.Tensor:
     """Digits of ``|m|`` in base beta, least significant first: d_k = floor(``|m|`` / beta^k) mod beta,
-    so that ``|m|`` = sum_k d_k beta^k. Shape ``positions.shape + (digits,)``, int64."""
+    so that ``|m|`` = sum_k d_k beta^k. Shape ``positions.shape + (digits,)``, int64.
+
+    Args:
+        positions: integer positions m, ``|m|`` < beta**digits.
+        beta: the base, >= 2.
+        digits: the number of digits, >= 1, with beta**digits <= 2^62.
+    """
     integer_tensor("positions", positions)
     beta, digits = _check_base(beta, digits)
     magnitude = positions.to(torch.int64).abs()
@@ -174,6 +210,15 @@ def digit_tables(inv_freq: torch.Tensor, *, beta: int = 256, digits: int = 4, dt
     """cos and sin of d beta^k theta_i for d < beta and k < digits, each ``[digits, beta, len(inv_freq)]``.
 
     Built once from :func:`reference_angles` in float64 and rounded once to ``dtype``.
+
+    Args:
+        inv_freq: the frequencies theta_i, float32, at least one.
+        beta: the base, >= 2.
+        digits: the number of digits, >= 1, with beta**digits <= 2^62.
+        dtype: the floating dtype of the tables.
+
+    Returns:
+        ``(cos, sin)``.
     """
     _check_inv_freq(inv_freq)
     beta, digits = _check_base(beta, digits)
@@ -196,6 +241,16 @@ def digit_table_cos_sin(
     the addition formulas for cos(a + b) and sin(a + b). Negative m flips the sine. Every table
     entry is correctly rounded, so in float32 the error is a few units in the last place,
     whatever m; positions must satisfy ``|m|`` < beta**digits.
+
+    Args:
+        positions: integer positions m, ``|m|`` < beta**digits.
+        inv_freq: the frequencies theta_i, float32, at least one.
+        beta: the base, >= 2.
+        digits: the number of digits, >= 1.
+        dtype: the floating dtype of the tables and of the products.
+
+    Returns:
+        ``(cos, sin)``, each ``positions.shape + inv_freq.shape``.
     """
     digit = position_digits(positions, beta=beta, digits=digits)
     cos_table, sin_table = digit_tables(inv_freq, beta=beta, digits=digits, dtype=dtype)
@@ -210,7 +265,17 @@ def cos_sin_error(
     cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
 ) -> torch.Tensor:
     """max_i max(``|cos_i - cos(m theta_i)|``, ``|sin_i - sin(m theta_i)|``) per position, float64, against
-    :func:`reference_cos_sin`. ``cos`` and ``sin`` have shape ``positions.shape + inv_freq.shape``."""
+    :func:`reference_cos_sin`. ``cos`` and ``sin`` have shape ``positions.shape + inv_freq.shape``.
+
+    Args:
+        cos: the cos values to measure, ``positions.shape + inv_freq.shape``.
+        sin: the sin values to measure, of cos's shape.
+        positions: integer positions m.
+        inv_freq: the frequencies theta_i, float32.
+
+    Returns:
+        float64 ``positions.shape``, on the CPU.
+    """
     integer_tensor("positions", positions)
     _check_inv_freq(inv_freq)
     expected = tuple(positions.shape) + tuple(inv_freq.shape)
@@ -232,6 +297,9 @@ def first_colliding_integer(dtype) -> int:
     Found by converting every integer in turn (blocks of 2^20), not from a formula. With p
     significand bits the answer is 2^p: every integer up to 2^p is exact, 2^p + 1 is a tie
     between 2^p and 2^p + 2 and rounds to the even significand, 2^p.
+
+    Args:
+        dtype: ``torch.float16``, ``torch.bfloat16`` or ``torch.float32``.
     """
     dtype_choice("dtype", dtype, _COLLISION_DTYPES)
     start = 0
@@ -245,7 +313,14 @@ def first_colliding_integer(dtype) -> int:
 
 def rotate_with_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "half") -> torch.Tensor:
     """y_a = x_a c - x_b s, y_b = x_b c + x_a s on each pair (a, b) of ``layout`` (RoFormer eq. 34),
-    in float64, with given tables ``cos``, ``sin`` (broadcastable to ``x.shape[:-1] + (d/2,)``)."""
+    in float64, with given tables ``cos``, ``sin`` (broadcastable to ``x.shape[:-1] + (d/2,)``).
+
+    Args:
+        x: floating ``[..., d]``, d even.
+        cos: cos of each pair's angle, last dimension d/2.
+        sin: sin of each pair's angle, last dimension d/2.
+        layout: ``"half"`` or ``"interleaved"``.
+    """
     float_tensor("x", x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"x must have an even last dimension, got shape {tuple(x.shape)}")

@@ -80,7 +80,13 @@ def _frequencies(name: str, value) -> torch.Tensor:
 
 
 def ntk_aware_base(base: float, factor: float, dim: int) -> float:
-    """b' = b s^(d/(d-2)): keeps theta_0 = 1 and divides theta_{d/2-1} by s (needs d >= 4)."""
+    """b' = b s^(d/(d-2)): keeps theta_0 = 1 and divides theta_{d/2-1} by s (needs d >= 4).
+
+    Args:
+        base: the base b, > 1.
+        factor: the extension factor s, >= 1.
+        dim: the rotary width d, even, >= 4.
+    """
     base = _real("base", base, above=1.0)
     factor = _real("factor", factor, minimum=1.0)
     dim = _dim(dim, minimum=4)
@@ -91,7 +97,13 @@ def ntk_aware_base(base: float, factor: float, dim: int) -> float:
 
 def ntk_factor_for_base(base: float, new_base: float, dim: int) -> float:
     """s = (b'/b)^((d-2)/d), the inverse of :func:`ntk_aware_base`: a base change b -> b' (RoPE ABF,
-    Xiong et al. 2023) gives exactly the frequencies of NTK-aware scaling by this s (needs d >= 4)."""
+    Xiong et al. 2023) gives exactly the frequencies of NTK-aware scaling by this s (needs d >= 4).
+
+    Args:
+        base: the base b, > 1.
+        new_base: the new base b', >= b.
+        dim: the rotary width d, even, >= 4.
+    """
     base = _real("base", base, above=1.0)
     new_base = _real("new_base", new_base)
     if new_base < base:
@@ -106,6 +118,11 @@ def dynamic_ntk_factor(factor: float, seq_len: int, max_position_embeddings: int
 
     It is 1 up to l = L and grows with slope s / L: it reaches s at l = L (2 - 1/s), and at
     l = s L it is s^2 - s + 1. The YaRN paper's Dynamic Scaling would use max(1, l / L).
+
+    Args:
+        factor: the configured factor s, >= 1.
+        seq_len: the current length l.
+        max_position_embeddings: L.
     """
     factor = _real("factor", factor, minimum=1.0)
     seq_len = _length("seq_len", seq_len)
@@ -114,7 +131,12 @@ def dynamic_ntk_factor(factor: float, seq_len: int, max_position_embeddings: int
 
 
 def base_beta(base: float, dim: int) -> float:
-    """beta = b^(2/d), so that theta_i = beta^(-i) and pair i reads m in units of beta^i."""
+    """beta = b^(2/d), so that theta_i = beta^(-i) and pair i reads m in units of beta^i.
+
+    Args:
+        base: the base b, > 1.
+        dim: the rotary width d, even.
+    """
     return _real("base", base, above=1.0) ** (2 / _dim(dim))
 
 
@@ -123,6 +145,11 @@ def beta_digits(positions, beta: float, num_digits: int) -> torch.Tensor:
 
     For an integer beta and 0 <= m < beta^num_digits these are the base-beta digits of m (least
     significant first), and sum_i digit_i beta^i = m.
+
+    Args:
+        positions: positions m, finite and >= 0 (a number, sequence or tensor).
+        beta: the base beta, > 1.
+        num_digits: how many digits, >= 1.
     """
     beta = _real("beta", beta, above=1.0)
     num_digits = _length("num_digits", num_digits)
@@ -142,7 +169,12 @@ def beta_digits(positions, beta: float, num_digits: int) -> torch.Tensor:
 
 
 def angle_spans(inv_freq: torch.Tensor, length: int) -> torch.Tensor:
-    """l theta_i: the end of the angle range [0, l theta_i) that pair i covers over positions [0, l), float64."""
+    """l theta_i: the end of the angle range [0, l theta_i) that pair i covers over positions [0, l), float64.
+
+    Args:
+        inv_freq: the frequencies theta_i, finite and > 0, 1-D.
+        length: l.
+    """
     return _length("length", length) * _frequencies("inv_freq", inv_freq)
 
 
@@ -160,6 +192,13 @@ def unseen_angle_pairs(
     full turn (L theta_i >= 2 pi) has seen every angle. Otherwise the pair meets unseen angles at
     ``length`` = l with theta'_i iff l theta'_i > L theta_i (1 + rtol); rtol absorbs rounding when
     the two spans are equal in exact arithmetic (position interpolation).
+
+    Args:
+        trained_inv_freq: the training frequencies theta_i.
+        trained_length: L, the training length.
+        inv_freq: the frequencies theta'_i in use at ``length``, as many as ``trained_inv_freq``.
+        length: l, the length in use.
+        rtol: the relative tolerance on the comparison of spans, >= 0.
     """
     same_device("trained_inv_freq", float_tensor("trained_inv_freq", trained_inv_freq),
                 inv_freq=float_tensor("inv_freq", inv_freq))
@@ -172,17 +211,33 @@ def unseen_angle_pairs(
 
 
 def wavelengths(inv_freq: torch.Tensor) -> torch.Tensor:
-    """lambda_i = 2 pi / theta_i: the positions per full turn of pair i, float64."""
+    """lambda_i = 2 pi / theta_i: the positions per full turn of pair i, float64.
+
+    Args:
+        inv_freq: the frequencies theta_i, finite and > 0, 1-D.
+    """
     return 2 * math.pi / _frequencies("inv_freq", inv_freq)
 
 
 def rotations_over_context(inv_freq: torch.Tensor, length: int) -> torch.Tensor:
-    """r_i = L / lambda_i = L theta_i / (2 pi): how many turns pair i makes over L positions (YaRN's r(d))."""
+    """r_i = L / lambda_i = L theta_i / (2 pi): how many turns pair i makes over L positions (YaRN's r(d)).
+
+    Args:
+        inv_freq: the frequencies theta_i, finite and > 0, 1-D.
+        length: L.
+    """
     return angle_spans(inv_freq, length) / (2 * math.pi)
 
 
 def pair_index_for_rotations(rotations: float, dim: int, base: float, length: int) -> float:
-    """i(R) = d ln(L / (2 pi R)) / (2 ln b): the (fractional) pair index that turns R times over L positions."""
+    """i(R) = d ln(L / (2 pi R)) / (2 ln b): the (fractional) pair index that turns R times over L positions.
+
+    Args:
+        rotations: R, > 0.
+        dim: the rotary width d, even.
+        base: the base b, > 1.
+        length: L.
+    """
     rotations = _real("rotations", rotations, above=0.0)
     dim = _dim(dim)
     base = _real("base", base, above=1.0)
@@ -197,6 +252,12 @@ def yarn_ramp_paper(
 
     gamma = 0 (interpolate) for r_i < alpha, 1 (keep) for r_i > beta, (r_i - alpha) / (beta - alpha)
     between, with r_i = L theta_i / (2 pi). Linear in r_i, hence exponential in the pair index.
+
+    Args:
+        inv_freq: the unscaled frequencies theta_i, finite and > 0, 1-D.
+        original_length: L.
+        alpha: the turns below which a pair is interpolated, > 0.
+        beta: the turns above which a pair is kept, > alpha.
     """
     alpha = _real("alpha", alpha, above=0.0)
     beta = _real("beta", beta)
@@ -212,7 +273,16 @@ def yarn_correction_range(
     """(low, high) = (i(beta_fast), i(beta_slow)) of :func:`pair_index_for_rotations`, floored/ceiled
     if ``truncate``, clamped to [0, d - 1], as transformers' ``find_correction_range`` (the upper
     clamp is d - 1 although pair indices end at d/2 - 1: it only matters when i(beta_slow) > d/2 - 1).
-    The arguments are checked, then :func:`rope.frequencies.yarn_correction_range` computes it."""
+    The arguments are checked, then :func:`rope.frequencies.yarn_correction_range` computes it.
+
+    Args:
+        dim: the rotary width d, even.
+        base: the base b, > 1.
+        original_length: L.
+        beta_fast: the turns of the lower bound, > beta_slow.
+        beta_slow: the turns of the upper bound, > 0.
+        truncate: floor the lower bound and ceil the upper one.
+    """
     return frequencies.yarn_correction_range(*_check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow,
                                                                     truncate))
 
@@ -225,6 +295,17 @@ def yarn_ramp_code(
     gamma_i = 1 - clamp((i - low) / (high - low), 0, 1) with (low, high) from
     :func:`yarn_correction_range` (high = low + 0.001 if they coincide): linear in the pair index.
     The same function :func:`rope.inv_freq` uses for ``yarn`` (:func:`rope.frequencies.yarn_kept_weights`).
+
+    Args:
+        dim: the rotary width d, even.
+        base: the base b, > 1.
+        original_length: L.
+        beta_fast: the turns above which a pair is kept, > beta_slow.
+        beta_slow: the turns below which a pair is interpolated, > 0.
+        truncate: floor and ceil the bounds (:func:`yarn_correction_range`).
+
+    Returns:
+        gamma_i for the d/2 pairs, float64.
     """
     return frequencies.yarn_kept_weights(*_check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow,
                                                                 truncate))
@@ -241,7 +322,13 @@ def _check_ramp_arguments(dim, base, original_length, beta_fast, beta_slow, trun
 
 
 def blend_frequencies(inv_freq: torch.Tensor, factor: float, gamma: torch.Tensor) -> torch.Tensor:
-    """h(theta_i) = gamma_i theta_i + (1 - gamma_i) theta_i / s, float64."""
+    """h(theta_i) = gamma_i theta_i + (1 - gamma_i) theta_i / s, float64.
+
+    Args:
+        inv_freq: the frequencies theta_i, finite and > 0, 1-D.
+        factor: the extension factor s, >= 1.
+        gamma: the weight on theta_i of each pair, in [0, 1], of inv_freq's shape.
+    """
     theta = _frequencies("inv_freq", inv_freq)
     factor = _real("factor", factor, minimum=1.0)
     float_tensor("gamma", gamma)
@@ -262,6 +349,11 @@ def kept_fraction(scaled: torch.Tensor, original: torch.Tensor, factor: float) -
     interpolation), in between for a blend. Needs s > 1 (at s = 1 every pair is both kept and
     interpolated). Any other schedule is still placed between the two; dividing a frequency by
     more than s (some LongRoPE factors) gives a value below 0.
+
+    Args:
+        scaled: the scaled frequencies theta'_i.
+        original: the unscaled frequencies theta_i, of scaled's shape.
+        factor: the extension factor s, > 1.
     """
     same_device("scaled", float_tensor("scaled", scaled), original=float_tensor("original", original))
     scaled, original = _frequencies("scaled", scaled), _frequencies("original", original)
@@ -282,6 +374,11 @@ def deepseek_yarn_scales(factor: float, mscale: float, mscale_all_dim: float) ->
     and those of the other dimensions by mscale(s, mscale_all_dim)^2. Equal keys make the cos/sin
     factor exactly 1: the whole temperature then sits in the softmax scale, and a runtime that
     applies only the cos/sin factor loses it.
+
+    Args:
+        factor: the extension factor s, >= 1.
+        mscale: the config key ``mscale`` (0: absent).
+        mscale_all_dim: the config key ``mscale_all_dim`` (0: absent).
     """
     factor = _real("factor", factor, minimum=1.0)
     mscale = _real("mscale", mscale)

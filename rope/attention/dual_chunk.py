@@ -41,6 +41,8 @@ def dual_chunk_relative_positions(q_len: int, k_len: int, *, chunk_size: int, lo
     removes, get the plain (negative) i - j.
 
     Args:
+        q_len: the number of queries, the last q_len of the keys (1 <= q_len <= k_len).
+        k_len: the number of keys, tokens 0 .. k_len - 1.
         chunk_size: s, the tokens per chunk (>= 1).
         local_window: w, the successive-chunk window, 0 <= w <= s (the paper sets w = c - s).
     """

@@ -37,6 +37,10 @@ def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
     its wavelength 2 pi / omega_i grows geometrically from 2 pi to just under 2 pi * base. The same
     numbers are RoPE's default theta_i (RoFormer eq. 15 writes them with i = 1 .. d/2 as
     base^(-2(i-1)/d)).
+
+    Args:
+        dim: the encoding's width d, an even int >= 2.
+        base: the base, > 1.
     """
     dim = integer("dim", dim, minimum=2, even=True)
     base = number("base", base)
@@ -58,6 +62,12 @@ def sinusoidal(
 
     ``positions`` may be integer or float (fractional positions arise under interpolation).
     The angles, sines and cosines are float64; the result is rounded once to ``dtype``.
+
+    Args:
+        positions: integer or float positions, finite, any shape.
+        dim: the encoding's width d, an even int >= 2.
+        base: the base of omega_i, > 1.
+        dtype: the floating dtype of the result.
     """
     tensor("positions", positions)
     if positions.dtype.is_complex or positions.dtype == torch.bool:
@@ -87,6 +97,11 @@ def shaw_relative_indices(q_len: int, k_len: int, max_relative_position: int) ->
     Query i and key j use the learned vectors a_ij^K = w^K_{clip(j-i, k)} and a_ij^V = w^V_{clip(j-i, k)}
     (Shaw et al. 2018, section 3) with ``k = max_relative_position``; the 2k + 1 vectors are stored as rows
     0 .. 2k of a table, so the returned matrix indexes it directly (row k is offset 0).
+
+    Args:
+        q_len: the number of queries, the last q_len of the keys.
+        k_len: the number of keys.
+        max_relative_position: k, the largest distance with its own vector (>= 1).
     """
     k = integer("max_relative_position", max_relative_position, minimum=1)
     return _relative_distances(q_len, k_len).clamp(-k, k) + k
@@ -102,6 +117,11 @@ def deberta_relative_indices(q_len: int, k_len: int, span: int) -> torch.Tensor:
     Note the sign: delta grows with *query minus key*, the opposite of Shaw's and T5's ``j - i``.
     The content-to-position term reads row delta(i, j) of the position table; the
     position-to-content term reads row delta(j, i), which for q_len == k_len is the transpose.
+
+    Args:
+        q_len: the number of queries, the last q_len of the keys.
+        k_len: the number of keys.
+        span: k, the largest distance told apart (>= 1).
     """
     k = integer("span", span, minimum=1)
     return (-_relative_distances(q_len, k_len) + k).clamp(0, 2 * k - 1)
@@ -165,7 +185,14 @@ def t5_relative_bucket(
     float64 13 (transformers' float32 gives 14 there). For T5's settings (32 buckets,
     max_distance 128, either direction) the exact rule and transformers agree at every distance.
 
-    Returns an int64 tensor of the shape of ``relative_position``, values in [0, num_buckets).
+    Args:
+        relative_position: integer ``key - query`` positions, any shape.
+        bidirectional: buckets for keys on both sides of the query (encoder), else causal.
+        num_buckets: B, the number of buckets (>= 4 bidirectional, >= 2 causal).
+        max_distance: D, the distance the logarithmic buckets span (the last one collects the rest).
+
+    Returns:
+        An int64 tensor of the shape of ``relative_position``, values in [0, num_buckets).
     """
     integer_tensor("relative_position", relative_position)
     flag("bidirectional", bidirectional)
@@ -196,6 +223,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     get those slopes and the remaining num_heads - n heads get the odd-numbered slopes
     2^(-8h/(2n)), h = 1, 3, 5, .., of the 2n recipe, which lie between the first ones (the order
     of the paper's reference code, which appends them).
+
+    Args:
+        num_heads: the number of attention heads, >= 1.
     """
     num_heads = integer("num_heads", num_heads, minimum=1)
     n = 2 ** (num_heads.bit_length() - 1)
@@ -210,6 +240,11 @@ def alibi_bias(q_positions: torch.Tensor, k_positions: torch.Tensor, slopes: tor
 
     In causal attention (keys at or before the query) this is the paper's -m * (i - j); keys after
     the query, which a causal mask removes, get the mirror image. Computed in float64 and rounded once.
+
+    Args:
+        q_positions: the queries' integer positions ``[q]``.
+        k_positions: the keys' integer positions ``[k]``.
+        slopes: the head slopes ``[heads]``, floating (:func:`alibi_slopes`).
     """
     integer_tensor("q_positions", q_positions, dim=1)
     integer_tensor("k_positions", k_positions, dim=1)

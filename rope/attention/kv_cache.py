@@ -58,7 +58,11 @@ def check_positions(**positions: torch.Tensor) -> None:
     """Refuse token positions dynamic NTK cannot count: each keyword must be a 1-D integer tensor
     (``TypeError``/``ValueError`` naming it) of positions >= 0 (``ValueError``): the length
     l = max(position) + 1 counts the tokens from position 0, as transformers' ``seq_len``, so a
-    negative position has no length to scale for."""
+    negative position has no length to scale for.
+
+    Args:
+        **positions: the tensors to check, each named by its keyword.
+    """
     for name, p in positions.items():
         integer_tensor(name, p, dim=1)
         if p.numel() and (lowest := int(p.min())) < 0:
@@ -68,7 +72,11 @@ def check_positions(**positions: torch.Tensor) -> None:
 
 def current_length(*positions: torch.Tensor) -> int:
     """l = max(position) + 1 over all tokens seen, the length dynamic NTK scales for (as transformers);
-    1 when no token has been seen (every l <= max_position_embeddings gives the unscaled frequencies)."""
+    1 when no token has been seen (every l <= max_position_embeddings gives the unscaled frequencies).
+
+    Args:
+        *positions: integer tensors of the positions seen.
+    """
     return max((int(p.max()) for p in positions if p.numel()), default=0) + 1
 
 
@@ -79,7 +87,17 @@ def dynamic_ntk_scores(q, k, q_positions, k_positions, config, head_dim: int, *,
     ``head_dim`` is q's and k's (the frequencies are those of :func:`rope.inv_freq` for it;
     ``ValueError`` otherwise); positions are 1-D integer tensors of positions >= 0
     (:func:`check_positions`). No query or no key gives the empty logits, as
-    :func:`.rerope.rotary_scores` does; with no token at all, l is 1 (:func:`current_length`)."""
+    :func:`.rerope.rotary_scores` does; with no token at all, l is 1 (:func:`current_length`).
+
+    Args:
+        q: queries ``[batch, q_len, heads_q, head_dim]``.
+        k: keys ``[batch, k_len, heads_k, head_dim]``.
+        q_positions: the queries' positions ``[q_len]``, integers >= 0.
+        k_positions: the keys' positions ``[k_len]``, integers >= 0.
+        config: a ``rope_parameters`` mapping or :class:`rope.RopeConfig` of rope_type ``dynamic``.
+        head_dim: q's and k's head dimension.
+        layout: ``"half"`` or ``"interleaved"``.
+    """
     cfg = _dynamic_config(config)
     head_dim = integer("head_dim", head_dim, minimum=1)
     _check_head_dim(q, k, head_dim)
@@ -101,6 +119,12 @@ class DynamicNTKKeyCache:
         cache = DynamicNTKKeyCache({"rope_type": "dynamic", "factor": 4.0,
                                     "max_position_embeddings": 2048}, head_dim=128)
         scores = cache.step(q, k, positions)   # prefill, then one token at a time
+
+    Args:
+        config: a ``rope_parameters`` mapping or :class:`rope.RopeConfig` of rope_type ``dynamic``.
+        head_dim: the head dimension of the queries and keys.
+        store: ``"unrotated"`` or ``"rotated"`` keys, as above.
+        layout: ``"half"`` or ``"interleaved"``.
     """
 
     def __init__(self, config: Mapping[str, Any] | RopeConfig, head_dim: int, *, store: str = "unrotated",
@@ -116,7 +140,11 @@ class DynamicNTKKeyCache:
         self.positions = torch.zeros(0, dtype=torch.int64)
 
     def frequencies(self, length: int) -> torch.Tensor:
-        """theta(l) for the current length l."""
+        """theta(l) for the current length l.
+
+        Args:
+            length: the current length l.
+        """
         return inv_freq(self.config, self.head_dim, seq_len=length)[0]
 
     def step(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -124,7 +152,13 @@ class DynamicNTKKeyCache:
         ``[seq]`` and return the logits of the new queries ``q`` (same tokens) against every
         cached key, float64 ``[batch, heads_q, seq, cached]``. Everything stays on q's device:
         the positions (moved there), the frequencies and the cache, which then holds that
-        device's keys. Positions are >= 0 (:func:`check_positions`), at least one."""
+        device's keys. Positions are >= 0 (:func:`check_positions`), at least one.
+
+        Args:
+            q: the new queries ``[batch, seq, heads_q, head_dim]``.
+            k: the new keys ``[batch, seq, heads_k, head_dim]``.
+            positions: the new tokens' positions ``[seq]``, integers >= 0.
+        """
         _check_head_dim(q, k, self.head_dim)
         check_positions(positions=positions)
         if positions.numel() == 0:

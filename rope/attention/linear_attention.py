@@ -38,7 +38,11 @@ FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 
 
 def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = elu(x) + 1 > 0, the feature map of Katharopoulos et al. (2020)."""
+    """phi(x) = elu(x) + 1 > 0, the feature map of Katharopoulos et al. (2020).
+
+    Args:
+        x: any tensor.
+    """
     return F.elu(x) + 1.0
 
 
@@ -95,6 +99,16 @@ def rotary_linear_attention_parts(
     or float64 (the wider of that and the input dtype), not rounded to the input dtype.
     With ``v`` all ones the numerator is the *rotated* denominator
     sum_n (R_m phi(q_m))^T (R_n phi(k_n)), the quantity eq. 19 deliberately avoids.
+
+    Args:
+        q: ``[batch, seq, heads_q, head_dim]``.
+        k: ``[batch, seq, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        v: ``[batch, seq, heads_k, v_dim]``.
+        positions: integer positions, ``[seq]`` or ``[batch, seq]``.
+        inv_freq: the frequencies theta_i.
+        causal: attend to tokens 0 .. m only.
+        feature_map: phi, applied to q and k before the rotation.
+        layout: ``"half"`` or ``"interleaved"``.
     """
     _check_attention_inputs(q, k, v, positions, inv_freq, causal, feature_map, layout)
     dtype = torch.promote_types(q.dtype, torch.float32)
@@ -165,6 +179,18 @@ def rotary_linear_attention_weights(
     A[b, h, m, n] = (R_m phi(q_m))^T (R_n phi(k_n)) / sum_{n'} phi(q_m)^T phi(k_{n'}), with R_m the
     explicit block-diagonal matrix of :func:`rope.reference.rotation_matrix`, zero for n > m when
     ``causal``. Rows need not sum to 1 and entries can be negative.
+
+    Args:
+        q: ``[batch, seq, heads_q, head_dim]``.
+        k: ``[batch, seq, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        positions: integer positions, ``[seq]`` or ``[batch, seq]``.
+        inv_freq: the frequencies theta_i.
+        causal: attend to tokens 0 .. m only.
+        feature_map: phi, applied to q and k before the rotation.
+        layout: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        float64 ``[batch, heads_q, seq, seq]``.
     """
     _check_attention_inputs(q, k, None, positions, inv_freq, causal, feature_map, layout)
     phi_q = _features(q.to(torch.float64), feature_map, "q")
@@ -192,7 +218,21 @@ def rotary_linear_attention_quadratic(
     layout: str = "half",
 ) -> torch.Tensor:
     """The float64 O(N^2) reference of :func:`rotary_linear_attention`: out_m = sum_n A_mn v_n with
-    the weights of :func:`rotary_linear_attention_weights`. Returns float64."""
+    the weights of :func:`rotary_linear_attention_weights`. Returns float64.
+
+    Args:
+        q: ``[batch, seq, heads_q, head_dim]``.
+        k: ``[batch, seq, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        v: ``[batch, seq, heads_k, v_dim]``.
+        positions: integer positions, ``[seq]`` or ``[batch, seq]``.
+        inv_freq: the frequencies theta_i.
+        causal: attend to tokens 0 .. m only.
+        feature_map: phi, applied to q and k before the rotation.
+        layout: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        float64 ``[batch, seq, heads_q, v_dim]``.
+    """
     _check_attention_inputs(q, k, v, positions, inv_freq, causal, feature_map, layout)
     weights = rotary_linear_attention_weights(
         q, k, positions, inv_freq, causal=causal, feature_map=feature_map, layout=layout

@@ -28,6 +28,10 @@ def logn_scale(positions: torch.Tensor, training_length: int) -> torch.Tensor:
 
     Multiply the query (or the logits of its row) by this factor, on top of 1/sqrt(d).
     ``training_length`` L is the pre-training context length (>= 2).
+
+    Args:
+        positions: the query positions m, integer, >= 0, any shape.
+        training_length: L, the pre-training context length (>= 2).
     """
     integer_tensor("positions", positions)
     training_length = integer("training_length", training_length, minimum=2)  # ln L must be positive
@@ -41,6 +45,12 @@ def softmax_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy in nats of ``softmax(logits)`` along the last dimension, float64.
 
     ``H = logsumexp(x) - sum_j p_j x_j``; -inf logits (masked keys) contribute nothing.
+
+    Args:
+        logits: floating, ``[..., keys]`` with at least one key.
+
+    Returns:
+        float64, of logits' shape without the last dimension.
     """
     float_tensor("logits", logits)
     if logits.dim() == 0 or logits.shape[-1] == 0:

@@ -50,7 +50,15 @@ from ..layouts import check_layout, pair_indices
 
 def check_window(window, leaky_scale) -> tuple[int, float | None]:
     """The ReRoPE window w (an integer >= 1) and Leaky ReRoPE's scale k (a number > 0, or None for
-    ReRoPE), checked."""
+    ReRoPE), checked.
+
+    Args:
+        window: the window w.
+        leaky_scale: Leaky ReRoPE's k, or ``None`` for ReRoPE.
+
+    Returns:
+        ``(window, leaky_scale)``, as an int and a float (or ``None``).
+    """
     # an int64 at most, as the positions: below_window compares m - n with it exactly
     window = _checks.integer("window", window, minimum=1, maximum=_checks.INT64_MAX)
     if leaky_scale is not None:
@@ -62,7 +70,16 @@ def check_qk(q, k, q_positions, k_positions, inv_freq, *, values: bool = True) -
     """Validate query/key tensors (``[batch, seq, heads, head_dim]``, seq may differ), their 1-D
     integer positions and the frequencies; return the number of query heads per key head.
     ``values=False`` checks metadata only (dtypes, shapes, devices) and reads no tensor value, as
-    a fake implementation or a traced graph needs."""
+    a fake implementation or a traced graph needs.
+
+    Args:
+        q: queries ``[batch, q_len, heads_q, head_dim]``.
+        k: keys ``[batch, k_len, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        q_positions: the queries' integer positions ``[q_len]``.
+        k_positions: the keys' integer positions ``[k_len]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32 or float64.
+        values: also check the values of the frequencies (finite), not only the metadata.
+    """
     _checks.head_tensors(q=q, k=k)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree in batch and head_dim")
@@ -85,7 +102,18 @@ def rotate_exactly(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Ten
     """R_p x for each token (R_p^T x with ``conjugate``), float64, by exactly reduced angles: integer
     ``positions [tokens]`` with ``inv_freq [pairs]`` turn by m theta_i (:func:`rope.apply.exact_cos_sin`);
     ``positions [tokens, terms]`` with ``inv_freq [pairs, terms]`` by sum_j m_j theta_ij
-    (:func:`rope.angles.cos_sin_of_sum`), the form of Leaky ReRoPE's bent frame (:func:`bent_frame`)."""
+    (:func:`rope.angles.cos_sin_of_sum`), the form of Leaky ReRoPE's bent frame (:func:`bent_frame`).
+
+    Args:
+        x: ``[batch, tokens, heads, head_dim]``.
+        positions: integer ``[tokens]``, or ``[tokens, terms]``.
+        inv_freq: ``[pairs]``, or ``[pairs, terms]`` with positions ``[tokens, terms]``.
+        layout: ``"half"`` or ``"interleaved"``.
+        conjugate: rotate by R_p^T instead.
+
+    Returns:
+        The rotated x, float64.
+    """
     if positions.dim() == 2:
         cos, sin = cos_sin_of_sum(positions.to(x.device), inv_freq.to(x.device))
     else:
@@ -96,7 +124,12 @@ def rotate_exactly(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Ten
 
 
 def head_logits(q_rot: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
-    """``q_rot . k_rot`` per head pair, ``[batch, heads_q, q_len, k_len]``, key heads shared (GQA)."""
+    """``q_rot . k_rot`` per head pair, ``[batch, heads_q, q_len, k_len]``, key heads shared (GQA).
+
+    Args:
+        q_rot: rotated queries ``[batch, q_len, heads_q, head_dim]``.
+        k_rot: rotated keys ``[batch, k_len, heads_k, head_dim]``.
+    """
     k_rot = k_rot.repeat_interleave(q_rot.shape[2] // k_rot.shape[2], dim=2)
     return torch.einsum("bihd,bjhd->bhij", q_rot, k_rot)
 
@@ -106,6 +139,14 @@ def rotary_scores(q, k, q_positions, k_positions, inv_freq, *, layout: str = "ha
 
     The building block of the two-pass form and of :mod:`rope.attention.kv_cache`. q and k are
     ``[batch, seq, heads, head_dim]`` with their own lengths and 1-D integer positions.
+
+    Args:
+        q: queries ``[batch, q_len, heads_q, head_dim]``.
+        k: keys ``[batch, k_len, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        q_positions: the queries' integer positions ``[q_len]``.
+        k_positions: the keys' integer positions ``[k_len]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32 or float64.
+        layout: ``"half"`` or ``"interleaved"``.
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)
@@ -119,6 +160,12 @@ def rerope_positions(q_positions, k_positions, *, window: int, leaky_scale: floa
     With r = q_positions[i] - k_positions[j]: ReRoPE ``r' = min(r, w)``; Leaky ReRoPE
     (``leaky_scale`` = k) ``r' = r`` for r < w and ``w + (r - w) / k`` beyond. Entries with r < 0
     (keys after the query, removed by the causal mask) keep r' = r.
+
+    Args:
+        q_positions: the queries' integer positions ``[q_len]``.
+        k_positions: the keys' integer positions ``[k_len]``.
+        window: the window w, an integer >= 1.
+        leaky_scale: Leaky ReRoPE's k > 0, or ``None`` for ReRoPE.
     """
     _checks.integer_tensor("q_positions", q_positions, dim=1)
     _checks.integer_tensor("k_positions", k_positions, dim=1)
@@ -145,7 +192,13 @@ def below_window(m: torch.Tensor, n: torch.Tensor, window: int) -> torch.Tensor:
     positions and every window 1 <= w <= 2^63 - 1. The int64 m - n wraps around when the difference
     reaches 2^63 (a query at 2^62 and a key at -2^62 would read as r < 0, inside the window), so
     compare m < n + w instead: n + w exceeds every int64 m exactly where n > 2^63 - 1 - w, and is
-    formed only where it does not overflow."""
+    formed only where it does not overflow.
+
+    Args:
+        m: the query positions ``[i]``, integer.
+        n: the key positions ``[j]``, integer.
+        window: the window w.
+    """
     m, n = m.to(torch.int64)[:, None], n.to(torch.int64)[None, :]
     limit = _checks.INT64_MAX - window
     return (n > limit) | (m < n.clamp(max=limit) + window)
@@ -160,6 +213,16 @@ def rerope_scores(
     ``(q_a k_a + q_b k_b) cos(r' theta_p) + (q_a k_b - q_b k_a) sin(r' theta_p)``; coordinates past
     the rotary width contribute ``q . k`` unrotated. r' is :func:`rerope_positions`, fractional
     for Leaky ReRoPE. Costs d/2 passes over the ``[batch, heads, q_len, k_len]`` logits.
+
+    Args:
+        q: queries ``[batch, q_len, heads_q, head_dim]``.
+        k: keys ``[batch, k_len, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        q_positions: the queries' integer positions ``[q_len]``.
+        k_positions: the keys' integer positions ``[k_len]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32 or float64.
+        window: the window w, an integer >= 1.
+        leaky_scale: Leaky ReRoPE's k > 0, or ``None`` for ReRoPE.
+        layout: ``"half"`` or ``"interleaved"``.
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)
@@ -196,7 +259,15 @@ def bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, lea
     r = m - n alone; the one rounding, of phi_i, moves it by at most ``|r - w|`` theta_i 2^-53 / k.
     phi_i must stay below 2^127 (``ValueError`` naming ``leaky_scale`` otherwise); a nonzero phi_i
     below 2^-100 is taken to within 2^-150 (its float32 pieces underflow): at most 2^-86 rad at any int64
-    position, far below the resolution of the 126-bit turns themselves (:func:`rope.angles.turns_per_position`)."""
+    position, far below the resolution of the 126-bit turns themselves (:func:`rope.angles.turns_per_position`).
+
+    Args:
+        positions: the tokens' integer positions ``[tokens]``.
+        inv_freq: the frequencies theta_i ``[pairs]``.
+        window: the window w.
+        leaky_scale: Leaky ReRoPE's k, or ``None`` for ReRoPE.
+        query: the frame of the queries (else of the keys).
+    """
     if leaky_scale is None:
         return torch.full_like(positions, window if query else 0, dtype=torch.int64), inv_freq
     theta = inv_freq.to(torch.float64)
@@ -220,6 +291,16 @@ def rerope_scores_two_pass(
     ReRoPE, under frequencies theta / k with queries at m + w (k - 1) and keys at n (Su's
     ``leaky_rerope_patch.py``). Equal to :func:`rerope_scores` up to float64 rounding of the
     angles.
+
+    Args:
+        q: queries ``[batch, q_len, heads_q, head_dim]``.
+        k: keys ``[batch, k_len, heads_k, head_dim]``, heads_q a multiple of heads_k.
+        q_positions: the queries' integer positions ``[q_len]``.
+        k_positions: the keys' integer positions ``[k_len]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32 or float64.
+        window: the window w, an integer >= 1.
+        leaky_scale: Leaky ReRoPE's k > 0, or ``None`` for ReRoPE.
+        layout: ``"half"`` or ``"interleaved"``.
     """
     check_qk(q, k, q_positions, k_positions, inv_freq)
     check_layout(layout)

@@ -25,14 +25,25 @@ FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "phi35_m
 
 
 def read_text(name: str) -> str:
-    """The text of one of :data:`FILES`, read from the installed package."""
+    """The text of one of :data:`FILES`, read from the installed package.
+
+    Args:
+        name: the file's name, one of :data:`FILES`.
+    """
     if name not in FILES:
         raise ValueError(f"unknown data file {name!r}: expected one of {', '.join(FILES)}")
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 
 
 def markdown_table(name: str) -> tuple[list[str], list[list[str]]]:
-    """The first markdown table of a ``.md`` data file: its header cells and its rows of cells."""
+    """The first markdown table of a ``.md`` data file: its header cells and its rows of cells.
+
+    Args:
+        name: a ``.md`` file of :data:`FILES`.
+
+    Returns:
+        ``(header, rows)``: the header's cells and each row's cells, stripped.
+    """
     lines = [line for line in read_text(name).splitlines() if line.startswith("|")]
     if len(lines) < 2:
         raise ValueError(f"{name}: no markdown table")

@@ -25,7 +25,12 @@ DEFAULT_OUT = "rope-experiment-results"
 def results_name(preset: str, seed: int) -> str:
     """The results file's name in the ``--out`` folder, as the committed files in ``rope/experiment/results/`` are
     named: ``extrapolation_results.json`` for the cpu preset, ``extrapolation_results_<preset>.json``
-    otherwise, ``_seed<N>`` appended for a seed other than the preset's."""
+    otherwise, ``_seed<N>`` appended for a seed other than the preset's.
+
+    Args:
+        preset: the name of a preset of :data:`rope.experiment.presets.PRESETS`.
+        seed: the run seed.
+    """
     suffix = "" if preset == "cpu" else f"_{preset}"
     if seed != PRESETS[preset].seed:
         suffix += f"_seed{seed}"

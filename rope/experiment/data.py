@@ -36,7 +36,18 @@ KIND_NAMES = {MARKOV: "markov", ANCHOR: "anchor", RECALL: "recall"}
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """The parameters of the synthetic language (see the module docstring)."""
+    """The parameters of the synthetic language (see the module docstring).
+
+    Args:
+        markov_vocab: the number of Markov tokens (chain states), >= 2.
+        successors: the possible next states of each chain state, in [1, markov_vocab].
+        anchors: the number of anchor tokens, >= 1.
+        span: the tokens after an anchor: its source span, or the copy of it.
+        event_rate: the probability, at each step outside a span, that an anchor starts an event.
+        recall_share: the probability that an event recalls a used anchor rather than using a new
+            one, where both are possible.
+        seed: the seed of the transition table, >= 0.
+    """
 
     markov_vocab: int = 48
     successors: int = 4
@@ -64,7 +75,11 @@ class TaskSpec:
 
 
 class RecallTask:
-    """The language of a :class:`TaskSpec`: its fixed transition table and a sampler."""
+    """The language of a :class:`TaskSpec`: its fixed transition table and a sampler.
+
+    Args:
+        spec: the parameters of the language.
+    """
 
     def __init__(self, spec: TaskSpec):
         if not isinstance(spec, TaskSpec):
@@ -102,7 +117,15 @@ class RecallTask:
 
     def chain_only_recall_accuracy(self, tokens: torch.Tensor, kinds: torch.Tensor) -> float:
         """Accuracy on the recall tokens of a sample of a predictor that never looks back further
-        than the last chain token: argmax_b P[state, b], state the last non-anchor token before."""
+        than the last chain token: argmax_b P[state, b], state the last non-anchor token before.
+
+        Args:
+            tokens: a sample's tokens, int64 ``[batch, length]`` (:meth:`sample`).
+            kinds: their kinds, int64 ``[batch, length]``.
+
+        Returns:
+            The accuracy, NaN where the sample has no recall token.
+        """
         correct = total = 0
         for row, row_kinds in zip(tokens.tolist(), kinds.tolist()):
             state = None
@@ -118,6 +141,14 @@ class RecallTask:
         """``batch`` sequences of ``length`` tokens and their kinds, both int64 ``[batch, length]``.
 
         Deterministic in ``seed``; all sequences are generated together, one position at a time.
+
+        Args:
+            batch: the number of sequences, >= 1.
+            length: the tokens per sequence, >= 1.
+            seed: the sample's seed, >= 0 (with the spec's seed).
+
+        Returns:
+            ``(tokens, kinds)``, kinds ``MARKOV``, ``ANCHOR`` or ``RECALL`` (0, 1, 2).
         """
         batch = integer("batch", batch, minimum=1)
         length = integer("length", length, minimum=1)
@@ -165,7 +196,12 @@ class RecallTask:
 
 
 def recall_distances(tokens: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
-    """For every recall token, the distance back to the token it copies (float64, 1-D)."""
+    """For every recall token, the distance back to the token it copies (float64, 1-D).
+
+    Args:
+        tokens: a sample's tokens, int64 ``[batch, length]`` (:meth:`RecallTask.sample`).
+        kinds: their kinds, int64 ``[batch, length]``.
+    """
     distances = []
     for row_tokens, row_kinds in zip(tokens.tolist(), kinds.tolist()):
         first_seen, source = {}, None
@@ -181,7 +217,17 @@ def recall_distances(tokens: torch.Tensor, kinds: torch.Tensor) -> torch.Tensor:
 
 
 def describe(task: RecallTask, length: int, batch: int = 64, seed: int = 1) -> dict:
-    """Token shares and recall distances of a sample: what the evaluation at ``length`` measures."""
+    """Token shares and recall distances of a sample: what the evaluation at ``length`` measures.
+
+    Args:
+        task: the language.
+        length: the tokens per sequence.
+        batch: the number of sequences sampled.
+        seed: the sample's seed.
+
+    Returns:
+        ``{"length", "share" (per kind name), "mean_recall_distance", "max_recall_distance"}``.
+    """
     tokens, kinds = task.sample(batch, length, seed)
     distances = recall_distances(tokens, kinds)
     shares = {name: float((kinds == kind).double().mean()) for kind, name in KIND_NAMES.items()}

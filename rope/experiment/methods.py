@@ -54,7 +54,14 @@ class PositionScheme:
         raise NotImplementedError
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """sum_n softmax_n(a_mn) v_n over the keys n <= m, from the whole seq x seq matrix of :meth:`logits`."""
+        """sum_n softmax_n(a_mn) v_n over the keys n <= m, from the whole seq x seq matrix of :meth:`logits`.
+
+        Args:
+            q: queries ``[batch, seq, heads, head_dim]``.
+            k: keys ``[batch, seq, heads, head_dim]``.
+            v: values ``[batch, seq, heads, head_dim]``.
+            positions: the tokens' positions ``[seq]``.
+        """
         seq = q.shape[1]
         logits = self.logits(q, k, positions)  # [batch, heads, seq, seq], scaled by 1/sqrt(head_dim)
         future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
@@ -81,7 +88,12 @@ class Rotary(PositionScheme):
     The cos and sin tables of :func:`rope.hf.rotate_half_tables` (float64 angles, rounded once to
     the model's dtype) are applied by :func:`rope.hf.apply_rotary_pos_emb`'s table formula
     ``x cos + rotate_half(x) sin``, as models are trained (the float64 rotation of
-    :func:`rope.apply_rotary` doubled the training time of this small model)."""
+    :func:`rope.apply_rotary` doubled the training time of this small model).
+
+    Args:
+        frequencies: the frequencies theta_i ``[head_dim / 2]``.
+        attention_factor: multiplies cos and sin.
+    """
 
     def __init__(self, frequencies: torch.Tensor, attention_factor: float = 1.0):
         self.frequencies = frequencies
@@ -94,7 +106,12 @@ class Rotary(PositionScheme):
 
 
 class LogN(Rotary):
-    """RoPE logits of the query at position m times max(1, ln(m + 1) / ln L) (log-n scaling)."""
+    """RoPE logits of the query at position m times max(1, ln(m + 1) / ln L) (log-n scaling).
+
+    Args:
+        frequencies: the frequencies theta_i ``[head_dim / 2]``.
+        training_length: L, the training length.
+    """
 
     def __init__(self, frequencies: torch.Tensor, training_length: int):
         super().__init__(frequencies)
@@ -120,7 +137,13 @@ class ReRoPE(PositionScheme):
     float32 frequencies), elsewhere the blockwise float64 operator
     (:func:`rope.attention.blockwise.rotary_attention`) rounded once to the dtype of q; both compute
     the logits of Su's two-pass form (:func:`rope.attention.rerope.rerope_scores_two_pass`), whose
-    two float64 seq x seq matrices per head bounded the evaluation length before."""
+    two float64 seq x seq matrices per head bounded the evaluation length before.
+
+    Args:
+        frequencies: the frequencies theta_i ``[head_dim / 2]``.
+        window: the window w.
+        leaky_scale: Leaky ReRoPE's k, or ``None`` for ReRoPE.
+    """
 
     def __init__(self, frequencies: torch.Tensor, window: int, leaky_scale: float | None = None):
         self.frequencies = frequencies
@@ -143,12 +166,20 @@ class ReRoPE(PositionScheme):
 
 
 def uses_kernel(device: torch.device) -> bool:
-    """Whether :class:`ReRoPE` attends with the Triton kernel on ``device``: on CUDA, where Triton compiles it."""
+    """Whether :class:`ReRoPE` attends with the Triton kernel on ``device``: on CUDA, where Triton compiles it.
+
+    Args:
+        device: the device of the queries.
+    """
     return device.type == "cuda"
 
 
 class Alibi(PositionScheme):
-    """ALiBi: a_mn = q_m . k_n / sqrt(d) - slope_h ``|m - n|`` (Press et al. 2022)."""
+    """ALiBi: a_mn = q_m . k_n / sqrt(d) - slope_h ``|m - n|`` (Press et al. 2022).
+
+    Args:
+        num_heads: the number of heads, one slope each (:func:`rope.attention.encodings.alibi_slopes`).
+    """
 
     def __init__(self, num_heads: int):
         self.slopes = encodings.alibi_slopes(num_heads)
@@ -160,7 +191,16 @@ class Alibi(PositionScheme):
 
 @dataclass(frozen=True)
 class Context:
-    """What a method needs to build its scheme for a context of ``length`` tokens."""
+    """What a method needs to build its scheme for a context of ``length`` tokens.
+
+    Args:
+        length: the context length the scheme is built for.
+        training_length: L, the length the model was trained at.
+        head_dim: the model's head dimension.
+        num_heads: the model's heads per layer.
+        rope_theta: the base b of the frequencies.
+        finetune_factor: the fixed factor of the fine-tuned methods.
+    """
 
     length: int
     training_length: int
@@ -203,7 +243,17 @@ def _leaky_scale(ctx: Context) -> float:
 
 @dataclass(frozen=True)
 class Method:
-    """A row of the results table: the model it runs on and its scheme at each length."""
+    """A row of the results table: the model it runs on and its scheme at each length.
+
+    Args:
+        name: the method's key in :data:`METHODS`.
+        label: its name in tables and plots.
+        model: the trained model it runs on (``"rope"``, ``"alibi"``, ``"nope"``, ``"pi_finetuned"``,
+            ``"yarn_finetuned"``).
+        build: builds the scheme from a :class:`Context`.
+        per_prefix: evaluated prefix by prefix, each at its own length (dynamic NTK).
+        linear_memory: attends in O(seq) memory: evaluated at the ``long_eval_multiples`` too.
+    """
 
     name: str
     label: str

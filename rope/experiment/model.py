@@ -27,7 +27,15 @@ from .methods import PositionScheme
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Sizes of :class:`TinyTransformer`."""
+    """Sizes of :class:`TinyTransformer`.
+
+    Args:
+        vocab_size: the number of token ids.
+        d_model: the width of the residual stream, num_heads times an even head dimension.
+        num_heads: the attention heads per layer.
+        num_layers: the number of blocks.
+        mlp_ratio: the MLP's hidden width over d_model.
+    """
 
     vocab_size: int
     d_model: int = 64
@@ -83,7 +91,11 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """Next-token logits ``[batch, seq, vocab]`` of int64 tokens ``[batch, seq]`` (positions 0 .. seq-1)."""
+    """Next-token logits ``[batch, seq, vocab]`` of int64 tokens ``[batch, seq]`` (positions 0 .. seq-1).
+
+    Args:
+        spec: the model's sizes.
+    """
 
     def __init__(self, spec: ModelSpec):
         super().__init__()

@@ -18,7 +18,32 @@ it maps to these; a run seed is >= 0)."""
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    """One run: the task, the model sizes, training, fine-tuning and evaluation."""
+    """One run: the task, the model sizes, training, fine-tuning and evaluation.
+
+    Args:
+        name: the run's name (the preset's).
+        task: the synthetic language.
+        d_model: the model's width (:class:`rope.experiment.model.ModelSpec`).
+        num_heads: the attention heads per layer.
+        num_layers: the number of blocks.
+        mlp_ratio: the MLP's hidden width over d_model.
+        rope_theta: the base b of the RoPE frequencies, > 1.
+        training_length: L, the training context, >= 4 (ReRoPE's window is half of it).
+        steps: the training steps of each base model.
+        batch_size: the sequences per training batch.
+        learning_rate: the peak learning rate of training.
+        warmup_steps: the warmup steps of training.
+        weight_decay: AdamW's weight decay.
+        finetune_factor: the fine-tuning length over L, and the fine-tuned methods' factor.
+        finetune_steps: the fine-tuning steps.
+        finetune_learning_rate: the peak learning rate of fine-tuning.
+        eval_multiples: the evaluation lengths, in multiples of L, none twice.
+        long_eval_multiples: the further lengths of the linear-memory methods, in multiples of L.
+        eval_tokens: about how many tokens are evaluated at each length.
+        eval_batch_tokens: about how many tokens go through one evaluation pass.
+        seed: the run seed (initialization and training batches), in [0, 2^64 - 1].
+        threads: torch's thread count during the run, or ``None`` to leave it.
+    """
 
     name: str
     task: TaskSpec = field(default_factory=TaskSpec)

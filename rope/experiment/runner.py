@@ -79,7 +79,11 @@ def _checked_config(config: ExperimentConfig | str) -> ExperimentConfig:
 
 def checked_methods(methods: list[str] | None) -> list[str]:
     """The method names to evaluate: every method of :data:`METHODS` for None, else ``methods``,
-    checked (known names, at least one, none twice)."""
+    checked (known names, at least one, none twice).
+
+    Args:
+        methods: names from :data:`METHODS`, or ``None`` for all.
+    """
     if isinstance(methods, str) or not isinstance(methods, (Iterable, type(None))):
         raise TypeError(f"methods must be a list of method names, got {type(methods).__name__} {methods!r}")
     names = list(METHODS) if methods is None else list(methods)
@@ -112,7 +116,16 @@ def run(
     results file (the JSON or its table) is refused with ``FileExistsError`` unless
     ``overwrite=True`` (the committed results under ``rope/experiment/results/`` are replaced only
     on request), an ``output`` that could not be written (:func:`check_output`) or a ``device``
-    that cannot hold tensors (:func:`check_device`) with ``ValueError`` naming it."""
+    that cannot hold tensors (:func:`check_device`) with ``ValueError`` naming it.
+
+    Args:
+        config: an :class:`ExperimentConfig`, or the name of a preset (``"tiny"``, ``"cpu"``, ``"gpu"``).
+        methods: the names of the methods to evaluate (:func:`checked_methods`), or ``None`` for all.
+        output: the path of the results JSON, or ``None`` to write nothing.
+        overwrite: replace existing results files.
+        device: the device to train and evaluate on.
+        progress: show progress on stderr.
+    """
     config = _checked_config(config)
     flag("progress", progress)
     flag("overwrite", overwrite)
@@ -128,7 +141,11 @@ def run(
 
 
 def results_files(output: str | Path) -> tuple[Path, Path]:
-    """The two files a run writes for ``output``: the JSON itself and its markdown table (.md)."""
+    """The two files a run writes for ``output``: the JSON itself and its markdown table (.md).
+
+    Args:
+        output: the path of the results JSON.
+    """
     output = Path(output)
     return output, output.with_suffix(".md")
 
@@ -142,7 +159,14 @@ def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "ov
     that is a folder, and for a folder that cannot be created or written (the nearest existing
     folder above the results must be a writable folder, not a file); ``FileExistsError`` naming
     the file and ``hint`` (how to ask for the replacement) when either results file exists and
-    not ``overwrite``."""
+    not ``overwrite``.
+
+    Args:
+        output: the path of the results JSON.
+        overwrite: existing results files may be replaced.
+        hint: how the caller asks for the replacement, for the error.
+        name: the argument's name in the errors.
+    """
     if not isinstance(output, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or path, got {type(output).__name__} {output!r}")
     output = Path(output)
@@ -173,7 +197,11 @@ def check_device(device: str | torch.device) -> torch.device:
     """``device`` as a :class:`torch.device` after checking that the run can use it, before any
     training: ``TypeError`` unless it is a str or device; ``ValueError`` naming ``device`` for a
     name torch does not know, for ``meta`` (no values to train on), for CUDA without an available
-    GPU or beyond the GPUs present, and for any other device that cannot allocate a tensor."""
+    GPU or beyond the GPUs present, and for any other device that cannot allocate a tensor.
+
+    Args:
+        device: a device or its name.
+    """
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be a str or torch.device, got {type(device).__name__} {device!r}")
     try:
@@ -370,7 +398,11 @@ def _environment(device: torch.device) -> dict:
 def results_table(results: dict) -> str:
     """The results as a markdown page: how the run was made, then loss and recall accuracy per
     method (rows) and evaluation length (columns), then the same for the longer lengths of the
-    methods that attend in O(seq) memory."""
+    methods that attend in O(seq) memory.
+
+    Args:
+        results: the results dict of :func:`run` (or :func:`load_results`).
+    """
     env, lengths = results["environment"], results["lengths"]
     training_length = results["config"]["training_length"]
     lines = [
@@ -397,7 +429,11 @@ def results_table(results: dict) -> str:
 
 def load_results(path: str | Path) -> dict:
     """Read a results file and check that every method has a finite number at every length, the
-    longer lengths of the O(seq)-memory methods included."""
+    longer lengths of the O(seq)-memory methods included.
+
+    Args:
+        path: the results JSON.
+    """
     results = json.loads(Path(path).read_text())
     long = results["long"]
     for where, lengths, methods in (("", results["lengths"], results["methods"]),
@@ -422,7 +458,11 @@ COMMITTED = (
 
 def committed_results(name: str = "extrapolation_results.json") -> dict:
     """One of the :data:`COMMITTED` results files, read from the installed package (a clone or a
-    wheel alike) and checked by :func:`load_results`."""
+    wheel alike) and checked by :func:`load_results`.
+
+    Args:
+        name: one of :data:`COMMITTED`.
+    """
     if name not in COMMITTED:
         raise ValueError(f"unknown committed results file {name!r}: expected one of {', '.join(COMMITTED)}")
     with resources.as_file(resources.files(__package__).joinpath("results", name)) as path:

@@ -34,6 +34,11 @@ def progress_bar(iterable, enabled: bool, description: str):
     The display is a tqdm bar, removed when done, if tqdm is installed (``pip install
     rope-derived[experiment]``); without tqdm it is a plain line at every tenth of the way
     (:class:`PlainProgress`). Either has ``set_postfix(**values)``, shown with the count.
+
+    Args:
+        iterable: a sized iterable (a range, a list).
+        enabled: show the progress; else return ``iterable`` as it is.
+        description: the label of the bar or line.
     """
     if not enabled:
         return iterable
@@ -47,7 +52,12 @@ def progress_bar(iterable, enabled: bool, description: str):
 class PlainProgress:
     """Progress without tqdm: iterates over ``iterable`` and writes ``description: done/total``, with
     the values of the last :meth:`set_postfix`, as a line on stderr after every tenth of the items
-    and after the last."""
+    and after the last.
+
+    Args:
+        iterable: a sized iterable.
+        description: the label of each line.
+    """
 
     def __init__(self, iterable, description: str):
         self.iterable, self.description, self.postfix = iterable, description, ""
@@ -61,12 +71,23 @@ class PlainProgress:
                 print(f"{self.description}: {done}/{total}{self.postfix}", file=sys.stderr, flush=True)
 
     def set_postfix(self, **values) -> None:
-        """Show ``name=value`` for each of ``values`` after the count from the next line on."""
+        """Show ``name=value`` for each of ``values`` after the count from the next line on.
+
+        Args:
+            **values: the values to show, by name.
+        """
         self.postfix = "".join(f", {name}={value}" for name, value in values.items())
 
 
 def learning_rate_at(step: int, steps: int, peak: float, warmup: int) -> float:
-    """Linear warmup to ``peak`` over ``warmup`` steps, then cosine decay to peak / 10."""
+    """Linear warmup to ``peak`` over ``warmup`` steps, then cosine decay to peak / 10.
+
+    Args:
+        step: the step, counted from 0.
+        steps: the number of steps of the run.
+        peak: the largest learning rate.
+        warmup: the number of warmup steps.
+    """
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
@@ -90,7 +111,23 @@ def train(
     description: str = "train",
 ) -> list[float]:
     """Train ``model`` in place on fresh batches (batch i drawn with seed ``data_seed + i``);
-    return the training loss of every step."""
+    return the training loss of every step.
+
+    Args:
+        model: the model to train.
+        scheme: its position scheme at the training length.
+        task: the language the batches are drawn from.
+        steps: the number of optimizer steps, >= 1.
+        batch_size: the sequences per batch, >= 1.
+        length: the tokens per sequence, >= 1.
+        learning_rate: AdamW's peak learning rate (:func:`learning_rate_at`), > 0.
+        warmup_steps: the steps of linear warmup, >= 0.
+        weight_decay: AdamW's weight decay, >= 0.
+        data_seed: the seed of the first batch, >= 0.
+        device: the device the batches are moved to (the model's).
+        progress: show the progress on stderr (:func:`progress_bar`).
+        description: the progress bar's label.
+    """
     steps, batch_size = integer("steps", steps, minimum=1), integer("batch_size", batch_size, minimum=1)
     length, warmup_steps = integer("length", length, minimum=1), integer("warmup_steps", warmup_steps, minimum=0)
     data_seed = integer("data_seed", data_seed, minimum=0)
@@ -122,7 +159,14 @@ def train(
 def scored_logits(model: TinyTransformer, method: Method, ctx: Context, tokens: torch.Tensor) -> torch.Tensor:
     """Next-token logits ``[n, length, vocab]`` for every position of ``tokens`` ``[n, length]``, as
     :func:`evaluate` scores them: one forward pass with ``method`` built for the length, or for a
-    ``per_prefix`` method one pass per block of L positions (see the module docstring)."""
+    ``per_prefix`` method one pass per block of L positions (see the module docstring).
+
+    Args:
+        model: the trained model.
+        method: the method whose scheme is used.
+        ctx: the context of the model (its ``length`` is replaced by each pass's).
+        tokens: int64 ``[n, length]``.
+    """
     length = tokens.shape[1]
     if not method.per_prefix:
         return model(tokens, method.build(ctx.at(length)))
@@ -145,7 +189,19 @@ def evaluate(
     *,
     batch_size: int,
 ) -> dict[str, float]:
-    """The metrics of the module docstring on ``tokens`` ``[n, length]`` with kinds ``kinds``."""
+    """The metrics of the module docstring on ``tokens`` ``[n, length]`` with kinds ``kinds``.
+
+    Args:
+        model: the trained model.
+        method: the method evaluated.
+        ctx: the context of the model.
+        tokens: int64 ``[n, length]``.
+        kinds: the kinds of the tokens, int64 ``[n, length]``.
+        batch_size: the sequences per forward pass, >= 1.
+
+    Returns:
+        ``{"loss", "markov_loss", "recall_loss", "recall_accuracy"}``, NaN where no target is of a kind.
+    """
     batch_size = integer("batch_size", batch_size, minimum=1)
     model.eval()
     totals = {"all": 0.0, "markov": 0.0, "recall": 0.0, "correct": 0}

@@ -47,7 +47,15 @@ def rope_parameters_from_config(config: Any) -> dict[str, Any]:
       (Gemma 3: ``{"full_attention": {...}, "sliding_attention": {...}}``) each layer type keeps
       its own, else gets ``max_position_embeddings``: the top-level value is not used there.
 
-    A mapping nested by layer type gets these folded into each layer type's mapping."""
+    A mapping nested by layer type gets these folded into each layer type's mapping.
+
+    Args:
+        config: a transformers config object (``rope_parameters``, or the legacy ``rope_scaling``,
+            and the top-level keys above).
+
+    Returns:
+        A flat mapping, or one mapping per layer type.
+    """
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if not isinstance(params, Mapping):
         raise TypeError(f"config.rope_parameters must be a mapping, got {type(params).__name__}")
@@ -83,7 +91,11 @@ def _fold_top_level(config: Any, params: dict[str, Any], *, nested: bool) -> dic
 
 def layer_type_parameters(params: Mapping[str, Any]) -> dict[str, dict] | None:
     """The per-layer-type mappings of ``rope_parameters`` nested by layer type, or ``None`` for a
-    flat mapping. Layer types set to ``None`` have no RoPE and are left out, as in transformers."""
+    flat mapping. Layer types set to ``None`` have no RoPE and are left out, as in transformers.
+
+    Args:
+        params: a ``rope_parameters`` mapping, flat or nested by layer type (not both).
+    """
     if not any(isinstance(value, Mapping) for value in params.values()):
         return None
     flat = sorted(key for key, value in params.items() if value is not None and not isinstance(value, Mapping))
@@ -93,7 +105,11 @@ def layer_type_parameters(params: Mapping[str, Any]) -> dict[str, dict] | None:
 
 
 def head_dim_of(config: Any) -> int:
-    """``config.head_dim``, else ``hidden_size // num_attention_heads`` (as transformers reads it)."""
+    """``config.head_dim``, else ``hidden_size // num_attention_heads`` (as transformers reads it).
+
+    Args:
+        config: a transformers config object.
+    """
     head_dim = getattr(config, "head_dim", None)
     if head_dim is not None:
         return _checks.integer("config.head_dim", head_dim, minimum=1)
@@ -115,7 +131,12 @@ GPT-OSS); or ``complex``: one complex64 tensor s exp(i m theta_i) per pair inste
 def layer_type_head_dim(config: Any, layer_type: str) -> int:
     """The head dimension of the layers of ``layer_type``: from the first such layer's entry of
     ``config.per_layer_config`` where the config varies by layer (Gemma 4's full-attention layers
-    have wider heads), else :func:`head_dim_of`."""
+    have wider heads), else :func:`head_dim_of`.
+
+    Args:
+        config: a transformers config object.
+        layer_type: a layer type, such as ``"full_attention"``.
+    """
     per_layer, layer_types = getattr(config, "per_layer_config", None), getattr(config, "layer_types", None)
     if per_layer is not None and layer_types and layer_type in layer_types:
         return head_dim_of(per_layer[list(layer_types).index(layer_type)])
@@ -152,6 +173,13 @@ class RotaryEmbedding(nn.Module):
     refused here; :func:`rotary_embedding` picks the class for a config.
 
     ``inv_freq`` stays float32 whatever the module is cast to (:meth:`_apply`).
+
+    Args:
+        config: a transformers config object with flat ``rope_parameters``; or ``None`` and
+            ``rope_parameters`` with ``head_dim``.
+        rope_parameters: a flat ``rope_parameters`` mapping, instead of a config.
+        head_dim: the head dimension (with a config, default :func:`head_dim_of`).
+        tables: the layout of the tables, one of :data:`TABLE_FORMS`.
     """
 
     def __init__(self, config: Any = None, *, rope_parameters: Mapping | None = None, head_dim: int | None = None,
@@ -183,7 +211,11 @@ class RotaryEmbedding(nn.Module):
 
     def frequencies(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention_factor)`` for this call's positions: ``dynamic`` and ``longrope``
-        read the length max(position_ids) + 1."""
+        read the length max(position_ids) + 1.
+
+        Args:
+            position_ids: this call's integer positions.
+        """
         if self.rope_config.rope_type not in _SEQ_DEPENDENT:
             return self.inv_freq, self.attention_scaling
         if position_ids.numel() == 0:
@@ -198,7 +230,15 @@ class RotaryEmbedding(nn.Module):
 
     def pair_cos_sin(self, position_ids: torch.Tensor, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of every pair's angle, m theta_i, or p_a(i) theta_i with M-RoPE (where
-        ``position_ids`` is ``[3, batch, seq]``), reduced modulo 2 pi exactly (float64)."""
+        ``position_ids`` is ``[3, batch, seq]``), reduced modulo 2 pi exactly (float64).
+
+        Args:
+            position_ids: integer ``[batch, seq]``, or ``[3, batch, seq]`` with M-RoPE.
+            theta: the frequencies theta_i, from :meth:`frequencies`.
+
+        Returns:
+            ``(cos, sin)``, ``[batch, seq, pairs]``.
+        """
         if self.mrope_axes is None:
             return exact_cos_sin(position_ids, theta)
         return mrope_cos_sin(position_ids, theta, self.mrope_axes.to(position_ids.device))
@@ -246,6 +286,14 @@ class LayerTypeRotaryEmbedding(nn.Module):
     limits the modules to the types its layers use, layer types set to ``None`` have no RoPE, and
     each type's head dimension is :func:`layer_type_head_dim` (Gemma 4's full-attention layers
     have wider heads).
+
+    Args:
+        config: a transformers config object with ``rope_parameters`` nested by layer type; or
+            ``None`` and ``rope_parameters`` with ``head_dim``.
+        rope_parameters: ``rope_parameters`` nested by layer type, instead of a config.
+        head_dim: the head dimension of every layer type (with a config, default
+            :func:`layer_type_head_dim`).
+        tables: the layout of the tables, one of :data:`TABLE_FORMS`.
     """
 
     def __init__(self, config: Any = None, *, rope_parameters: Mapping | None = None, head_dim: int | None = None,
@@ -268,7 +316,13 @@ class LayerTypeRotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 layer_type: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tables of ``layer_type``'s :class:`RotaryEmbedding` (its ``forward``)."""
+        """The tables of ``layer_type``'s :class:`RotaryEmbedding` (its ``forward``).
+
+        Args:
+            x: a tensor of the model's dtype on its device (its values are not read).
+            position_ids: integer ``[batch, seq]`` (M-RoPE: also ``[3, batch, seq]``).
+            layer_type: one of :attr:`layer_types`.
+        """
         return self.layer_types[_checks.choice("layer_type", layer_type, self.layer_types)](x, position_ids)
 
 
@@ -279,7 +333,12 @@ ROTARY_MODULES = (RotaryEmbedding, LayerTypeRotaryEmbedding)
 def rotary_embedding(config: Any, *, tables: str = "rotate_half") -> RotaryEmbedding | LayerTypeRotaryEmbedding:
     """The rotary module of a transformers config, laid out as ``tables``: a
     :class:`LayerTypeRotaryEmbedding` where its ``rope_parameters`` are nested by layer type, else a
-    :class:`RotaryEmbedding`."""
+    :class:`RotaryEmbedding`.
+
+    Args:
+        config: a transformers config object.
+        tables: the layout of the tables, one of :data:`TABLE_FORMS`.
+    """
     nested = layer_type_parameters(rope_parameters_from_config(config)) is not None
     return (LayerTypeRotaryEmbedding if nested else RotaryEmbedding)(config, tables=tables)
 
@@ -287,7 +346,15 @@ def rotary_embedding(config: Any, *, tables: str = "rotate_half") -> RotaryEmbed
 def laid_out_tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,
                     form: str = "rotate_half") -> tuple[torch.Tensor, torch.Tensor]:
     """Tables from the float64 cos and sin of each pair's angle, laid out as ``form``
-    (:data:`TABLE_FORMS`): times the attention factor in float64, rounded once to ``dtype``."""
+    (:data:`TABLE_FORMS`): times the attention factor in float64, rounded once to ``dtype``.
+
+    Args:
+        cos: float64 cos of each pair's angle, ``[..., pairs]``.
+        sin: float64 sin, of cos's shape.
+        attention_factor: multiplies cos and sin.
+        dtype: the dtype of the tables.
+        form: ``"rotate_half"``, ``"interleaved"`` or ``"pairs"``.
+    """
     def laid_out(values):
         if form == "rotate_half":
             return torch.cat((values, values), dim=-1)
@@ -301,7 +368,14 @@ def rotate_half_tables(positions: torch.Tensor, inv_freq: torch.Tensor, attentio
                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` of shape ``positions.shape + (2 len(inv_freq),)`` for the ``rotate_half``
     formula: cos and sin of m theta_i reduced modulo 2 pi exactly (each repeated for both
-    halves), times ``attention_factor``, rounded once to ``dtype``."""
+    halves), times ``attention_factor``, rounded once to ``dtype``.
+
+    Args:
+        positions: integer positions m, any shape.
+        inv_freq: finite float32 frequencies theta_i.
+        attention_factor: multiplies cos and sin, > 0.
+        dtype: the floating dtype of the tables.
+    """
     _checks.integer_tensor("positions", positions)
     _checks.finite_frequencies("inv_freq", inv_freq)
     _checks.same_device("positions", positions, inv_freq=inv_freq)

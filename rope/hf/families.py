@@ -54,7 +54,13 @@ class Convention:
     """How one family's modeling module rotates q and k: ``name``, the family it was read from;
     ``functions``, ``(name, replacement)`` pairs: the module-level function its attention calls by
     that name, and rope's function with the same signature and result; ``tables``, the
-    :data:`rope.hf.TABLE_FORMS` entry of the tables its rotary module returns."""
+    :data:`rope.hf.TABLE_FORMS` entry of the tables its rotary module returns.
+
+    Args:
+        name: the family the convention was read from (a ``model_type``).
+        functions: ``(name, replacement)`` pairs: the modeling module's function and rope's.
+        tables: the form of the family's tables, one of :data:`rope.hf.TABLE_FORMS`.
+    """
 
     name: str
     functions: tuple[tuple[str, Callable], ...]

@@ -51,13 +51,21 @@ from .provenance import TableSource
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension.
+
+    Args:
+        x: a tensor whose last dimension is even.
+    """
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
 def rotate_pairs_interleaved(x: torch.Tensor) -> torch.Tensor:
-    """(x_0, x_1, x_2, x_3, ..) -> (-x_1, x_0, -x_3, x_2, ..): the pairs (2i, 2i + 1) turned by 90 degrees."""
+    """(x_0, x_1, x_2, x_3, ..) -> (-x_1, x_0, -x_3, x_2, ..): the pairs (2i, 2i + 1) turned by 90 degrees.
+
+    Args:
+        x: a tensor whose last dimension is even.
+    """
     return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
 
 
@@ -142,7 +150,19 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int =
     first ``cos.shape[-1]`` coordinates (the rest pass through), tables unsqueezed at
     ``unsqueeze_dim`` (1 for q ``[batch, heads, seq, head_dim]``, 2 for ``[batch, seq, heads,
     head_dim]``). ``position_ids`` belongs to an older signature, whose tables it indexed: it
-    must be ``None``."""
+    must be ``None``.
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the cos table, ``[batch, seq, width]``, width even and at most head_dim.
+        sin: the sin table, of cos's shape.
+        position_ids: must be ``None`` (an older signature's argument).
+        unsqueeze_dim: where the tables get the heads dimension: 1 or 2, as above.
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
     _no_position_ids(position_ids)
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _LLAMA)
 
@@ -151,26 +171,69 @@ def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
     """transformers-compatible for the models that pair coordinates (2i, 2i + 1) but build
     ``rotate_half`` tables (GLM, GLM-4, ERNIE 4.5, Helium): pair i of the first
     ``cos.shape[-1]`` coordinates turns by the angle of ``cos[..., i]``, as their
-    ``apply_rotary_pos_emb`` does by taking the first half of the table, each entry twice."""
+    ``apply_rotary_pos_emb`` does by taking the first half of the table, each entry twice.
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the ``rotate_half`` cos table, ``[batch, seq, width]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _GLM)
 
 
 def apply_rotary_pos_emb_interleaved_tables(q, k, cos, sin, unsqueeze_dim: int = 1):
     """transformers-compatible for the models whose tables hold each angle twice in a row and
     that pair coordinates (2i, 2i + 1) (Cohere, Cohere 2, GLM-4V, ERNIE 4.5 VL):
-    ``q cos + rotate_pairs_interleaved(q) sin`` on the first ``cos.shape[-1]`` coordinates."""
+    ``q cos + rotate_pairs_interleaved(q) sin`` on the first ``cos.shape[-1]`` coordinates.
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the interleaved cos table (each angle twice in a row), ``[batch, seq, width]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _COHERE)
 
 
 def apply_rotary_pos_emb_pair_tables(q, k, cos, sin, unsqueeze_dim: int = 1):
     """transformers-compatible with GPT-OSS, whose tables hold each angle once: the halves
-    (x1, x2) of the head become (x1 cos - x2 sin, x2 cos + x1 sin); the tables span half the head."""
+    (x1, x2) of the head become (x1 cos - x2 sin, x2 cos + x1 sin); the tables span half the head.
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the cos table (each angle once), ``[batch, seq, head_dim / 2]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _GPT_OSS)
 
 
 def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim: int = 1):
     """transformers-compatible with the one-tensor ``apply_rotary_pos_emb(x, cos, sin)`` of
-    Gemma 4: :func:`apply_rotary_pos_emb` on x alone."""
+    Gemma 4: :func:`apply_rotary_pos_emb` on x alone.
+
+    Args:
+        x: queries or keys, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``.
+        cos: the cos table, ``[batch, seq, width]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        x rotated, in its dtype.
+    """
     return _rotate({"x": x}, cos, sin, unsqueeze_dim, _GEMMA4)[0]
 
 
@@ -180,7 +243,19 @@ def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze
     ``cos[..., i]`` (the first half of ``rotate_half`` tables), and the rotated pairs come out
     half-split (y_a of every pair, then y_b of every pair): the half-split rotation of the input
     reordered by :func:`rope.layouts.interleaved_to_half`, which is how the exact path computes
-    it. ``position_ids`` must be ``None``, as in :func:`apply_rotary_pos_emb`."""
+    it. ``position_ids`` must be ``None``, as in :func:`apply_rotary_pos_emb`.
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the ``rotate_half`` cos table, ``[batch, seq, width]``.
+        sin: the sin table, of cos's shape.
+        position_ids: must be ``None``.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype, the rotated pairs half-split.
+    """
     _no_position_ids(position_ids)
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _DEEPSEEK)
 
@@ -190,7 +265,16 @@ def apply_rotary_emb_complex(xq, xk, freqs_cis):
     heads, head_dim]``, pairs (2i, 2i + 1) read as complex numbers and multiplied by
     ``freqs_cis[b, s, i]`` (``[batch, seq, head_dim / 2]``), in complex64 or better, rounded once
     to each input's dtype. From the untouched ``freqs_cis`` of :class:`RotaryEmbedding`
-    (``tables="complex"``) it rotates from the exact angles."""
+    (``tables="complex"``) it rotates from the exact angles.
+
+    Args:
+        xq: queries ``[batch, seq, heads, head_dim]``, floating.
+        xk: keys ``[batch, seq, heads, head_dim]`` (heads may differ).
+        freqs_cis: complex ``[batch, seq, head_dim / 2]``, s exp(i m theta_i) per pair.
+
+    Returns:
+        ``(xq_out, xk_out)``, each in its input's dtype.
+    """
     xs = {"xq": xq, "xk": xk}
     _check_complex(xs, freqs_cis)
     source = provenance.untouched_source(freqs_cis)

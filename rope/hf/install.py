@@ -252,7 +252,13 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
 class Replacement:
     """One rotary module :func:`install` swaps: ``model.get_submodule(owner).rotary_emb``, from
     ``old`` (the model's) to ``new`` (rope's, checked to reproduce ``old``). ``owner`` is the
-    owner's qualified name, ``""`` for the model itself: a record does not keep the model alive."""
+    owner's qualified name, ``""`` for the model itself: a record does not keep the model alive.
+
+    Args:
+        owner: the qualified name of the module that holds ``rotary_emb`` (``""``: the model).
+        old: the model's rotary module.
+        new: rope's rotary module that reproduces it.
+    """
 
     owner: str
     old: nn.Module
@@ -271,7 +277,11 @@ def _rotary_name(owner: str) -> str:
 def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     """What :func:`install` would swap in ``model``, each replacement checked, the model untouched:
     one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already. Raises as
-    :func:`install` does."""
+    :func:`install` does.
+
+    Args:
+        model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules).
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = [(owner, module.rotary_emb) for owner, module in model.named_modules()
@@ -316,6 +326,9 @@ def install(model: nn.Module) -> int:
     are all rope's already is left as it is: install returns 0 (installing twice is harmless).
     Install before casting a model: rope's module keeps float32 frequencies through casts.
     :func:`rope.hf.patch` installs and also replaces the model's apply function, undoably.
+
+    Args:
+        model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules).
     """
     replacements = rotary_replacements(model)
     for replacement in replacements:

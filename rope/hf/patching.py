@@ -32,16 +32,17 @@ from .install import Replacement, rotary_replacements
 
 @dataclass(frozen=True, eq=False)
 class Patch:
-    """What :func:`patch` changed in one model.
+    """What :func:`patch` changed in one model. The record holds no reference to the model.
 
-    * ``model_type`` and ``convention``: the model's row of :data:`rope.hf.FAMILIES`.
-    * ``module``: the modeling module whose functions were replaced.
-    * ``originals``: ``(name, function)`` pairs as they were before that module's first patch,
-      which the last :func:`unpatch` restores.
-    * ``rotary_modules``: the :class:`rope.hf.Replacement` of each rotary module swapped. A
-      module that was already rope's has none.
-
-    The record holds no reference to the model."""
+    Args:
+        model_type: the model's ``config.model_type``, its key in :data:`rope.hf.FAMILIES`.
+        convention: the model's row of :data:`rope.hf.FAMILIES`.
+        module: the modeling module whose functions were replaced.
+        originals: ``(name, function)`` pairs as they were before that module's first patch,
+            which the last :func:`unpatch` restores.
+        rotary_modules: the :class:`rope.hf.Replacement` of each rotary module swapped. A
+            module that was already rope's has none.
+    """
 
     model_type: str
     convention: Convention
@@ -79,6 +80,9 @@ def patch(model: nn.Module) -> Patch:
     replaced since rope patched it. It also raises ``ValueError`` for a model that is patched
     already, or that contains or is contained in a patched model. Every refusal happens before
     anything changes. If a change fails halfway, the changes made before it are undone.
+
+    Args:
+        model: a transformers model of a family in :data:`rope.hf.FAMILIES`.
     """
     model_type, convention = _family(model)
     _refuse_overlap(model)
@@ -112,6 +116,9 @@ def unpatch(model: nn.Module) -> None:
     changes nothing, when the model is not patched (or was unpatched already), when its rotary
     modules are no longer the ones :func:`patch` put in, or when this is the last patched model
     of its module and the module's functions were replaced since.
+
+    Args:
+        model: a model :func:`patch` patched.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -42,6 +42,15 @@ class TableSource:
     ``inv_freq`` are private copies; ``form`` is the :data:`rope.hf.TABLE_FORMS` entry of the
     tables; ``tables`` and ``versions`` identify the returned tensors and their version counters
     at the moment they were returned.
+
+    Args:
+        position_ids: a private copy of the positions, ``[batch, seq]`` or ``[3, batch, seq]``.
+        inv_freq: a private copy of the float32 frequencies theta_i.
+        attention_factor: the factor the tables were multiplied by.
+        mrope_axes: the M-RoPE axis of each pair, or ``None``.
+        form: the :data:`rope.hf.TABLE_FORMS` entry of the tables.
+        tables: weak references to the returned tensors.
+        versions: their version counters when returned.
     """
 
     position_ids: torch.Tensor
@@ -56,7 +65,16 @@ class TableSource:
 def attach(tables: tuple[torch.Tensor, ...], *, position_ids: torch.Tensor, inv_freq: torch.Tensor,
            attention_factor: float, mrope_axes: torch.Tensor | None, form: str) -> None:
     """Record on ``tables[0]`` the source of the tables (``(cos, sin)``, or one complex tensor),
-    with private copies of the positions and frequencies."""
+    with private copies of the positions and frequencies.
+
+    Args:
+        tables: the tables returned, ``(cos, sin)`` or one complex tensor.
+        position_ids: the positions they were made from.
+        inv_freq: the frequencies they were made from.
+        attention_factor: the factor they were multiplied by.
+        mrope_axes: the M-RoPE axis of each pair, or ``None``.
+        form: their :data:`rope.hf.TABLE_FORMS` entry.
+    """
     tables[0].rope_source = TableSource(
         position_ids=position_ids.clone(), inv_freq=inv_freq.clone(), attention_factor=attention_factor,
         mrope_axes=mrope_axes, form=form, tables=tuple(weakref.ref(t) for t in tables),
@@ -66,14 +84,22 @@ def attach(tables: tuple[torch.Tensor, ...], *, position_ids: torch.Tensor, inv_
 
 def recorded_form(table: torch.Tensor) -> str | None:
     """The table form rope made ``table`` in (even if it was edited since), or ``None`` for a
-    tensor rope did not return: what tells a function that it was handed the wrong layout."""
+    tensor rope did not return: what tells a function that it was handed the wrong layout.
+
+    Args:
+        table: a table handed to a function of :mod:`rope.hf.functions`.
+    """
     source = getattr(table, ATTRIBUTE, None)
     return source.form if isinstance(source, TableSource) else None
 
 
 def untouched_source(*tables: torch.Tensor) -> TableSource | None:
     """The :class:`TableSource` of ``tables`` if they are provably the untouched tensors one call
-    of :class:`rope.hf.RotaryEmbedding` returned together (module docstring), else ``None``."""
+    of :class:`rope.hf.RotaryEmbedding` returned together (module docstring), else ``None``.
+
+    Args:
+        tables: the tables handed back, ``(cos, sin)`` or one complex tensor.
+    """
     source = getattr(tables[0], ATTRIBUTE, None)
     if not isinstance(source, TableSource) or torch.compiler.is_compiling():
         return None

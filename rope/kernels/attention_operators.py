@@ -39,6 +39,21 @@ def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layou
     float32 q, k, v of one dtype; float32 inv_freq; integer positions in (-2^31, 2^31)); returns
     ``[batch, q_len, heads_q, v_dim]`` in q's dtype. The float64 reference is
     :func:`rope.attention.blockwise.rotary_attention`.
+
+    Args:
+        q: ``[batch, q_len, heads_q, d]``, float16, bfloat16 or float32.
+        k: ``[batch, k_len, heads_k, d]``, heads_q a multiple of heads_k.
+        v: ``[batch, k_len, heads_k, v_dim]``.
+        q_positions: integer ``[q_len]`` or ``[batch, q_len]``, in (-2^31, 2^31).
+        k_positions: integer ``[k_len]`` or ``[batch, k_len]``, in (-2^31, 2^31).
+        inv_freq: the frequencies theta_i ``[rotary_dim / 2]``, float32.
+        layout: ``"half"`` or ``"interleaved"`` pairing of the rotated coordinates.
+        causal: mask every key whose position exceeds the query's.
+        window: ReRoPE's window w, or ``None`` for plain RoPE logits.
+        leaky_scale: Leaky ReRoPE's k (with a window), or ``None`` for ReRoPE.
+        softmax_scale: s, by default ``1 / sqrt(d)``.
+        logn_length: L of log-n scaling, or ``None`` for none.
+        attention_factor: a, YaRN's factor on the rotated coordinates of q and k.
     """
     # checked before dispatch, which would turn an int beyond int64 (window=2**64) into a bare
     # OverflowError; the operator takes the checked values (floats as float, ints within int64)
@@ -68,7 +83,27 @@ def fused_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of :func:`rope.kernels.triton_attention.launch`, or of the decoding kernel
     :func:`rope.kernels.triton_attention_decode.launch_decode` where it serves the shapes;
-    differentiable in q, k and v."""
+    differentiable in q, k and v.
+
+    Args:
+        q: ``[batch, q_len, heads_q, d]``, float16, bfloat16 or float32.
+        k: ``[batch, k_len, heads_k, d]``, heads_q a multiple of heads_k.
+        v: ``[batch, k_len, heads_k, v_dim]``.
+        q_positions: integer ``[q_len]`` or ``[batch, q_len]``, in (-2^31, 2^31).
+        k_positions: integer ``[k_len]`` or ``[batch, k_len]``, in (-2^31, 2^31).
+        inv_freq: the frequencies theta_i ``[rotary_dim / 2]``, float32.
+        layout: ``"half"`` or ``"interleaved"`` pairing of the rotated coordinates.
+        causal: mask every key whose position exceeds the query's.
+        window: ReRoPE's window w, or ``None`` for plain RoPE logits.
+        leaky_scale: Leaky ReRoPE's k (with a window), or ``None`` for ReRoPE.
+        softmax_scale: s, by default ``1 / sqrt(d)``.
+        logn_length: L of log-n scaling, or ``None`` for none.
+        attention_factor: a, YaRN's factor on the rotated coordinates of q and k.
+
+    Returns:
+        ``(out, lse)``: out ``[batch, q_len, heads_q, v_dim]`` in q's dtype, lse float32
+        ``[batch, heads_q, q_len]``.
+    """
     forward = launch_decode if prefers_decode(q, k) else launch
     return forward(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                    leaky_scale=leaky_scale, softmax_scale=softmax_scale, logn_length=logn_length,
@@ -104,7 +139,27 @@ def fused_attention_backward(
     logn_length: Number | None = None,
     attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of :func:`fused_attention` (:func:`rope.kernels.triton_attention_backward.launch_backward`)."""
+    """(dq, dk, dv) of :func:`fused_attention` (:func:`rope.kernels.triton_attention_backward.launch_backward`).
+
+    Args:
+        q: ``[batch, q_len, heads_q, d]``, float16, bfloat16 or float32.
+        k: ``[batch, k_len, heads_k, d]``, heads_q a multiple of heads_k.
+        v: ``[batch, k_len, heads_k, v_dim]``.
+        q_positions: integer ``[q_len]`` or ``[batch, q_len]``, in (-2^31, 2^31).
+        k_positions: integer ``[k_len]`` or ``[batch, k_len]``, in (-2^31, 2^31).
+        inv_freq: the frequencies theta_i ``[rotary_dim / 2]``, float32.
+        out: the forward's output.
+        lse: the forward's log-sum-exp of each row.
+        grad_out: the gradient with respect to out.
+        grad_lse: the gradient with respect to lse.
+        layout: ``"half"`` or ``"interleaved"`` pairing of the rotated coordinates.
+        causal: mask every key whose position exceeds the query's.
+        window: ReRoPE's window w, or ``None`` for plain RoPE logits.
+        leaky_scale: Leaky ReRoPE's k (with a window), or ``None`` for ReRoPE.
+        softmax_scale: s, by default ``1 / sqrt(d)``.
+        logn_length: L of log-n scaling, or ``None`` for none.
+        attention_factor: a, YaRN's factor on the rotated coordinates of q and k.
+    """
     return launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout=layout,
                            causal=causal, window=window, leaky_scale=leaky_scale, softmax_scale=softmax_scale,
                            logn_length=logn_length, attention_factor=attention_factor)

@@ -265,6 +265,20 @@ def rotary(
     M-RoPE (positions ``[3, ...]``, see :func:`rope.kernels.triton_rotary.launch`). q and k may
     overlap (they are only read).
 
+    Args:
+        q: queries ``[batch, seq, heads_q, head_dim]``, float16, bfloat16, float32 or float64.
+        k: keys ``[batch, seq, heads_k, head_dim]``, of q's dtype.
+        positions: integer ``[seq]`` or ``[batch, seq]``; with ``axes``, ``[3, seq]`` or ``[3, batch, seq]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32.
+        interleaved: pairs (2i, 2i + 1) if True, (i, i + rotary_dim/2) if False (a bool).
+        rotary_dim: the rotated width, even, in [2, head_dim]; the rest passes through.
+        scale: the attention factor s, in :data:`rope.limits.KERNEL_SCALE_RANGE`.
+        conjugate: rotate by R^T instead (a bool).
+        axes: the M-RoPE axis of each pair, integer ``[rotary_dim / 2]`` with values 0, 1, 2, or ``None``.
+
+    Returns:
+        ``(q_out, k_out)``, of q's and k's dtype and shape.
+
     Raises:
         TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
     """
@@ -323,6 +337,17 @@ def rotary_(
     """q <- s R q and k <- s R k in place; the last dimension of q and k must be contiguous, and
     q and k must not overlap (separate views of one buffer, e.g. of a packed qkv, are fine).
     ``axes`` as in :func:`rotary` (M-RoPE).
+
+    Args:
+        q: queries, rotated in place, ``[batch, seq, heads_q, head_dim]``, float16, bfloat16, float32 or float64.
+        k: keys, rotated in place, ``[batch, seq, heads_k, head_dim]``, of q's dtype.
+        positions: integer ``[seq]`` or ``[batch, seq]``; with ``axes``, ``[3, seq]`` or ``[3, batch, seq]``.
+        inv_freq: the rotary_dim/2 frequencies theta_i, float32.
+        interleaved: pairs (2i, 2i + 1) if True, (i, i + rotary_dim/2) if False (a bool).
+        rotary_dim: the rotated width, even, in [2, head_dim]; the rest passes through.
+        scale: the attention factor s, in :data:`rope.limits.KERNEL_SCALE_RANGE`.
+        conjugate: rotate by R^T instead (a bool).
+        axes: the M-RoPE axis of each pair, integer ``[rotary_dim / 2]`` with values 0, 1, 2, or ``None``.
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").

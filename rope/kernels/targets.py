@@ -57,7 +57,21 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
     an attention factor above 1 (``scale_after``) or not, float64 math (always for "fp64", on
     request for the others: ``launch`` takes it by default for "fp16" and "bf16") or float32 math;
     compiled as ``launch`` compiles it, with no contraction of multiplies and adds into fused
-    multiply-adds."""
+    multiply-adds.
+
+    Args:
+        arch: the target's compute capability, e.g. 90 for sm_90.
+        dtype: the Triton type of q and k: "fp16", "bf16", "fp32" or "fp64".
+        sizes: the launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps).
+        interleaved: the interleaved layout, else the half layout.
+        tail: the unrotated coordinates of the 128.
+        mrope: the M-RoPE variant (a position row per pair).
+        scale_after: an attention factor above 1, applied after the rotation.
+        float64_math: float64 math (always for "fp64").
+
+    Returns:
+        The compiled kernel (Triton's ``CompiledKernel``).
+    """
     block_s, block_h, group, warps = sizes
     float64_math = float64_math or dtype == "fp64"
     types = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
@@ -106,7 +120,23 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
     Triton type ``dtype``, ``mode`` (PLAIN, RE_ROPE, LEAKY), ``head_dim`` = v_dim with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_M, BLOCK_N, num_warps[, num_stages]) (by
     default the launchers' on a GPU), with log-n scaling (``logn``) or not, compiled as the
-    launchers compile it."""
+    launchers compile it.
+
+    Args:
+        arch: the target's compute capability, e.g. 90 for sm_90.
+        dtype: the Triton type of q, k and v: "fp16", "bf16" or "fp32".
+        mode: the logits, ``PLAIN``, ``RE_ROPE`` or ``LEAKY`` of :mod:`.triton_attention`.
+        causal: the causal mask.
+        interleaved: the interleaved layout, else the half layout.
+        head_dim: the head dimension, also v_dim.
+        tail: the unrotated coordinates of the head.
+        kernel: "forward", "dkdv", "dq" or "decode".
+        logn: log-n scaling of the logits.
+        sizes: (BLOCK_M, BLOCK_N, num_warps[, num_stages]), or ``None`` for the launchers' GPU sizes.
+
+    Returns:
+        The compiled kernel (Triton's ``CompiledKernel``).
+    """
     import torch
 
     function = {"forward": triton_attention.attention_forward_kernel,
@@ -153,7 +183,18 @@ ATTENTION_VARIANTS = [
 def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
     """SASS instruction count, registers, shared bytes and load order of one variant (head_dim 128,
     half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
-    at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math)."""
+    at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math).
+
+    Args:
+        arch: the target's compute capability, e.g. 90 for sm_90.
+        sizes: the launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps).
+        dtype: the Triton type of q and k.
+        float64_math: float64 math, else float32 math.
+
+    Returns:
+        ``instructions``, ``registers``, ``spills``, ``shared``, ``vector_loads`` and
+        ``loads_before_angle``.
+    """
     kernel, usage = ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
                                                         float64_math=float64_math))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -175,7 +216,11 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
 
 def print_machine_code(arch: int) -> None:
     """The table of :func:`machine_code` for bfloat16 in float64 math (``launch``'s default for
-    it) and in float32 math, for every launch size the autotuner may pick in each."""
+    it) and in float32 math, for every launch size the autotuner may pick in each.
+
+    Args:
+        arch: the target's compute capability, e.g. 90 for sm_90.
+    """
     print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions | registers | spilled bytes | shared bytes "
           "| q/k loads before the angle |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -192,7 +237,14 @@ def ptxas_usage(build) -> tuple:
     ptxas reports them when Triton runs it. The kernel is compiled afresh (Triton's cache would
     skip ptxas) with ptxas's log printed, and the log read back. ``spills`` is the bytes of spill
     stores plus loads: a spilling kernel keeps values in local memory (off chip, behind the L1
-    cache), what a launch size should avoid."""
+    cache), what a launch size should avoid.
+
+    Args:
+        build: a function of no arguments that compiles the kernel.
+
+    Returns:
+        ``(kernel, {"registers", "spills"})``.
+    """
     knobs = triton.knobs
     saved = knobs.compilation.always_compile, knobs.nvidia.dump_ptxas_log
     log = io.StringIO()
@@ -208,7 +260,11 @@ def ptxas_usage(build) -> tuple:
 
 
 def candidates(float64_math: bool) -> list[tuple[int, int, int, int]]:
-    """The launch sizes the autotuner may pick for float64 or float32 math."""
+    """The launch sizes the autotuner may pick for float64 or float32 math.
+
+    Args:
+        float64_math: float64 math, else float32 math.
+    """
     return FLOAT64_TUNING_CANDIDATES if float64_math else TUNING_CANDIDATES
 
 
@@ -216,7 +272,11 @@ def spill_report(arch: int) -> list[tuple[str, dict]]:
     """(label, usage) of every launch size a GPU may run, for ``arch`` (usage as :func:`ptxas_usage`
     gives it): the rotary kernel's candidates (bfloat16, head_dim 128, the half layout) in float64
     math (the default for 16-bit dtypes, also float64's) and float32 math, float64 in float64
-    math, and the attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes."""
+    math, and the attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
+
+    Args:
+        arch: the target's compute capability, e.g. 90 for sm_90.
+    """
     rows = []
     for dtype, float64_math in (("bf16", True), ("fp64", True), ("bf16", False)):
         for sizes in candidates(float64_math):
