@@ -26,8 +26,9 @@ URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 GPU_CHAPTERS = {"09_precision", "18_kernels"}
 GPU_NOTE = (
-    "# A GPU chapter: the notebook asks Colab for a T4 GPU runtime (Runtime > Change runtime type).\n"
-    "# Without a GPU it still runs: its GPU cells fall back to the CPU (Triton's interpreter) or are skipped.\n"
+    "# A GPU chapter: the notebook asks Colab for a T4 GPU runtime (Runtime > Change\n"
+    "# runtime type). Without a GPU it still runs: its GPU cells fall back to the CPU\n"
+    "# (Triton's interpreter) or are skipped.\n"
 )
 # Imported by chapters without being in the extra: torch is rope's own dependency; IPython comes with
 # every Jupyter kernel; myst_nb only builds the book (rope.analysis.book.glue stands in without it);
