@@ -80,3 +80,43 @@ def test_glue_without_myst_nb_only_shows_what_is_asked(capsys):
     assert capsys.readouterr().out == ""
     book._glue("name", 42)
     assert capsys.readouterr().out == "42\n"
+
+
+def test_close_and_max_error():
+    a = torch.zeros(3, dtype=torch.float64)
+    assert book.close(a, a + 1e-13) and not book.close(a, a + 1e-11)
+    assert book.close(a, a + 1e-11, atol=1e-10)
+    assert book.max_error(a, torch.tensor([0.0, -2.5, 1.0], dtype=torch.float64)) == 2.5
+
+
+def test_rotate_turns_one_tensor_as_apply_rotary_turns_a_query():
+    import rope
+
+    x = torch.randn(1, 4, 2, 8, dtype=torch.float64)
+    theta = rope.inv_freq({"rope_type": "default", "rope_theta": 100.0}, 8)[0]
+    positions = torch.tensor([0, 3, -7, 2**40])
+    other = torch.randn_like(x)
+    for layout in ("half", "interleaved"):
+        assert torch.equal(book.rotate(x, positions, theta, layout=layout),
+                           rope.apply_rotary(x, other, positions, theta, layout=layout)[0])
+    assert torch.equal(book.rotate(x, torch.zeros(4, dtype=torch.long), theta), x)
+
+
+def test_block_generator_is_the_skew_generator_of_the_pairs():
+    thetas = torch.tensor([1.0, 0.25], dtype=torch.float64)
+    generator = book.block_generator(thetas, 5)
+    assert torch.equal(generator, -generator.T) and generator[4].abs().sum() == 0
+    rotation = torch.linalg.matrix_exp(3 * generator)[:2, :2]  # pair 0 turned by 3 theta_0
+    expected = torch.tensor([[np.cos(3.0), -np.sin(3.0)], [np.sin(3.0), np.cos(3.0)]])
+    assert torch.allclose(rotation, expected.to(torch.float64), atol=1e-14)
+
+
+def test_exp_series_and_matrix_coefficient():
+    sp = pytest.importorskip("sympy")
+    d, t, s = sp.Symbol("d", integer=True, positive=True), *sp.symbols("t s")
+    A, B = sp.MatrixSymbol("A", d, d), sp.MatrixSymbol("B", d, d)
+    product = book.exp_series(t, A) * book.exp_series(s, B)
+    assert book.matrix_coefficient(product, t * s, (t, s)) == A * B
+    assert book.matrix_coefficient(product, t**2, (t, s)) == A * A / 2
+    assert book.matrix_coefficient(product, 1, (t, s)) == sp.Identity(d)
+    assert book.matrix_coefficient(product, s * t**2, (t, s)) == A * A * B / 2

@@ -148,7 +148,61 @@ def rotation(angle):
     return sp.Matrix([[sp.cos(angle), -sp.sin(angle)], [sp.sin(angle), sp.cos(angle)]])
 
 
-# --- A ---
+def close(a, b, atol: float = 1e-12) -> bool:
+    """Whether two float64 tensors agree to ``atol`` in every entry (no relative tolerance)."""
+    import torch
+
+    return torch.allclose(a, b, rtol=0.0, atol=atol)
+
+
+def max_error(a, b) -> float:
+    """The largest absolute entry of ``a - b``, as a Python float."""
+    return (a - b).abs().max().item()
+
+
+def rotate(x, positions, inv_freq, **options):
+    """One tensor ``x`` [batch, seq, heads, head_dim] rotated by :func:`rope.apply_rotary` (which
+    rotates a query and a key together) at ``positions`` with ``inv_freq``; ``options`` are its
+    keyword arguments (``layout``, ``rotary_dim``, ...)."""
+    import rope
+
+    return rope.apply_rotary(x, x, positions, inv_freq, **options)[0]
+
+
+def block_generator(thetas, d: int):
+    """The float64 d x d generator blockdiag(J(t_0), J(t_1), ...) on the pairs (2j, 2j + 1), with
+    J(t) = [[0, -t], [t, 0]] and ``thetas`` = (t_0, t_1, ...) a 1-D float64 tensor; the rows and
+    columns past 2 len(thetas) are zero."""
+    import torch
+
+    generator = torch.zeros(d, d, dtype=torch.float64)
+    j = torch.arange(len(thetas))
+    generator[2 * j + 1, 2 * j], generator[2 * j, 2 * j + 1] = thetas, -thetas
+    return generator
+
+
+def exp_series(t, A):
+    """exp(tA) to its t^2 term, I + tA + t^2 A^2 / 2, for a SymPy matrix (symbol) ``A``."""
+    import sympy as sp
+
+    return sp.Identity(A.shape[0]) + t * A + t**2 * A * A / 2
+
+
+def matrix_coefficient(expr, monomial, variables):
+    """The matrix that multiplies ``monomial`` (in the scalar ``variables``) in the expanded SymPy
+    matrix expression ``expr``: each term's scalar factor read as a polynomial in ``variables``."""
+    import sympy as sp
+
+    total = sp.ZeroMatrix(*expr.shape)
+    for term in sp.expand(expr).args:
+        parts = term.args if isinstance(term, sp.MatMul) else (term,)
+        scalar = sp.Mul(*[p for p in parts if not isinstance(p, sp.MatrixExpr)])
+        matrix = sp.MatMul(*[p for p in parts if isinstance(p, sp.MatrixExpr)])
+        total += sp.Poly(scalar, *variables).coeff_monomial(monomial) * matrix
+    return total.doit()
+
+
+# --- Block-diagonal and Kronecker structure (chapters 2, 4, 8 and 10) ---
 # Block-diagonal and Kronecker structure, shared by chapters 2, 4, 8 and 10. With k = d/2 pairs
 # and E_i the k x k matrix with a single 1 at (i, i), a block-diagonal matrix of 2 x 2 blocks B_i
 # (the interleaved layout, pair i = coordinates (2i, 2i + 1)) is sum_i E_i ⊗ B_i, and the same
