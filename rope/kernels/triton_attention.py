@@ -258,7 +258,8 @@ def attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, r
     """(m_run, l_run, acc) after folding the keys [start, start + BLOCK_N) before ``end`` into the
     online softmax of the query rows (their frames, positions m in [m_lo, m_hi], log2(e) s times
     their log-n factors ``row_scale``): the tile rule, each key frame rotated only where the tile
-    takes that pass, one product per frame, the causal mask, then the running max, sum and P V."""
+    takes that pass, one product per frame, the causal mask, then the running max (``m_run``: of the
+    logits before the scale), sum and P V."""
     HAS_TAIL: tl.constexpr = TAIL > 0
     d = tl.arange(0, V_PAD)
     cols, col_mask, n, n_lo, n_hi = token_block(K_POS, start, end, BLOCK_N)
@@ -286,11 +287,13 @@ def attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, r
         valid = col_mask[None, :]
         if CAUSAL:
             valid = valid & (n[None, :] <= m[:, None])
-        x = tl.where(valid, x * row_scale[:, None], float("-inf"))
+        # the running maximum of the unscaled logits (row_scale > 0): the gaps x - max are finite (or -inf where
+        # masked) and their scaled values never inf - inf or 0 * inf, whatever the scale
+        x = tl.where(valid, x, float("-inf"))
         m_new = tl.maximum(m_run, tl.max(x, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen only masked keys
-        p = tl.exp2(x - shift[:, None])
-        rescale = tl.exp2(m_run - shift)
+        p = tl.exp2((x - shift[:, None]) * row_scale[:, None])
+        rescale = tl.exp2((m_run - shift) * row_scale)
         l_run = l_run * rescale + tl.sum(p, 1)
         v_mask = col_mask[:, None] & (d < V_DIM)[None, :]
         v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=v_mask, other=0.0)
@@ -361,7 +364,7 @@ def attention_forward_kernel(
     o_row = OUT + batch * so_b + rows * so_s + head * so_h
     o_mask = row_mask[:, None] & (d < V_DIM)[None, :]
     tl.store(o_row[:, None] + d[None, :], round_to_dtype(out, OUT.dtype.element_ty, BF16_BY_BITS), mask=o_mask)
-    lse = (m_run + tl.log2(tl.where(seen, l_run, 1.0))) * LN2_C
+    lse = m_run * (row_scale * LN2_C) + tl.log2(tl.where(seen, l_run, 1.0)) * LN2_C  # ±inf beyond float32's range
     tl.store(LSE + bh.to(tl.int64) * q_len + rows, lse, mask=row_mask)
 
 
