@@ -276,3 +276,105 @@ def test_float64_inputs_near_the_largest_value_never_give_nan():
     out = rotary_attention(big_q, big_k, v, q_positions, k_positions, theta, block_size=4)
     x = masked(logits(q, k, q_positions, k_positions, theta), q_positions, k_positions)
     torch.testing.assert_close(out, hard_maximum(x, v)[0], rtol=0, atol=0)
+
+
+# --- the fused Triton kernels (rope.kernels): float32 logits, the row maximum taken before the scale ---------------
+
+
+def kernel_case(seed, dtype, *, method="rope"):
+    """Four queries (at keys 0, 11, 26 and 39) against 40 keys in three key blocks, heads 2 / 1, head_dim 16 with
+    six pairs (a tail of four), q and k of about 3 (logits of tens; the third query's a hundred times smaller): the
+    first query sees only key 0, with the logit -2 |k_0|^2."""
+    gen = torch.Generator().manual_seed(seed)
+    q = 3 * torch.randn(1, 4, 2, 16, generator=gen, dtype=torch.float64)
+    k = 3 * torch.randn(1, 40, 1, 16, generator=gen, dtype=torch.float64)
+    q[:, 0] = -2 * k[:, 0]
+    q[:, 2] /= 100
+    v = torch.randint(-8, 9, (1, 40, 1, 16), generator=gen).to(torch.float64)
+    theta = rope.inv_freq({"rope_theta": 100.0}, 12)[0]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tensors = [q.to(dtype), k.to(dtype), v.to(dtype), torch.tensor([0, 11, 26, 39]), torch.arange(40), theta]
+    return [t.to(device) for t in tensors]
+
+
+def rounded_logits(q, k, q_positions, k_positions, theta, window=None, leaky_scale=None):
+    """The kernels' logits in float64: q and k turned exactly, rounded to their dtype, then multiplied (the
+    second pass in the bent frame)."""
+    q, k, q_positions, k_positions, theta = (t.cpu() for t in (q, k, q_positions, k_positions, theta))
+
+    def logits(frame):
+        q_rot = rerope.rotate_exactly(q, *frame(q_positions, True), "half").to(q.dtype).double()
+        k_rot = rerope.rotate_exactly(k, *frame(k_positions, False), "half").to(k.dtype).double()
+        return torch.einsum("bihd,bjhd->bhij", q_rot, k_rot.repeat_interleave(q.shape[2] // k.shape[2], dim=2))
+
+    x = logits(lambda positions, query: (positions, theta))
+    if window is not None:
+        bent = logits(lambda positions, query: rerope.bent_frame(positions, theta, window, leaky_scale, query))
+        x = torch.where((q_positions[:, None] - k_positions[None, :]) < window, x, bent)
+    return masked(x, q_positions, k_positions)
+
+
+KERNEL_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
+@pytest.mark.parametrize("method", METHODS)
+def test_the_fused_kernels_take_any_scale_they_accept(dtype, kernel, method):
+    """softmax_scale = 1e37 (log2(e) s within float32's range, so accepted): the scaled logits are beyond
+    float32's range both ways, the output is the hard maximum, bit for bit (integer values), and the LSE
+    s max L, ±inf beyond float32's range."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_decode import launch_decode
+
+    window, leaky_scale = METHODS[method]
+    inputs = kernel_case(11, dtype)
+    x = rounded_logits(*inputs[:2], *inputs[3:], window, leaky_scale)
+    top2 = x.topk(2, dim=-1).values
+    assert ((top2[..., 0] - top2[..., 1]) > 1e-3 * top2[..., 0].abs()).all()  # the kernels' maxima are these
+    options = dict(window=window, leaky_scale=leaky_scale, softmax_scale=1e37)
+    if kernel == "prefill":
+        out, lse = launch(*inputs, **options)
+    else:
+        out, lse = launch_decode(*inputs, splits=3, **options)
+    expected, _ = hard_maximum(x, inputs[2].cpu())
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out.cpu(), expected.to(dtype), rtol=0, atol=0)
+    expected_lse = limit_lse(x, [1e37] * x.shape[2]).to(torch.float32)  # ±inf beyond float32's range
+    assert expected_lse.isinf().any() and expected_lse.isfinite().any()
+    torch.testing.assert_close(lse.cpu(), expected_lse, rtol=1e-5, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+def test_the_fused_backward_refuses_an_infinite_lse_by_name():
+    """An LSE beyond float32's range leaves P = exp(s L - LSE) nothing to recompute from: refused, naming lse."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_backward import launch_backward
+
+    inputs = kernel_case(11, torch.float32)
+    out, lse = launch(*inputs, softmax_scale=1e37)
+    assert lse.isinf().any()
+    with pytest.raises(ValueError, match="lse must hold no infinite value"):
+        launch_backward(*inputs, out, lse, torch.ones_like(out), softmax_scale=1e37)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+def test_the_fused_backward_under_a_huge_scale_never_gives_nan(dtype):
+    """softmax_scale = 1e30 with logits of tens: every LSE is finite (about 1e31) but its float32 rounding
+    is far beyond 1, so the recomputed exp(s L - LSE) would overflow; the weights are at most 1 and the
+    scale multiplies the summed gradients, so they are finite or ±inf, never NaN."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_backward import launch_backward
+
+    inputs = kernel_case(12, dtype)
+    inputs[0][:, 0] = -inputs[0][:, 0]  # a first row of logit +2 |k_0|^2: every LSE finite
+    out, lse = launch(*inputs, softmax_scale=1e30)
+    assert lse.isfinite().all()
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(dtype).to(out.device)
+    for grad in launch_backward(*inputs, out, lse, grad_out, softmax_scale=1e30):
+        assert not grad.isnan().any()
