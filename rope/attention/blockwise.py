@@ -19,6 +19,20 @@ masked) and values v_j, start from m = -inf, l = 0, a = 0 and for t = 1 .. T::
 then ``a_T / l_T = sum_j softmax(x)_j v_j``. While a row has seen only masked keys, m = -inf and
 its rescale factor is taken as 0 (not exp(-inf + inf) = NaN).
 
+Range. The row's scale s > 0 (times its log-n factor c) does not move its maximum, so the maximum is
+taken over the logits L *before* the scale and each gap x_j - m = s c (L_j - max L) is formed from a
+finite L_j - max L <= 0: 0 at the maximum whatever s (never inf * 0 or inf - inf), so that a scale
+beyond any logit's range gives the hard maximum, the mean of v over each row's largest logits, as
+softmax(s L) V does in the limit. The logits themselves are formed in power-of-two frames, exact in
+binary: each query row is scaled by 2^-G (its largest coordinate, with the attention factor a^2 =
+ma^2 2^(2 ea) on the rotated coordinates, about 1), the keys by 2^-K (K > 0 only where max |k| >= 2^900),
+so L' = L 2^-(G + K) is finite for every finite q, k and a (a^2 alone may be beyond float64's range); then
+x - m = M 2^F (L' - max L') with M = ms c (s = ms 2^es) and F = es + K + G, the power of two applied last
+(:func:`_ldexp`: ±inf beyond float64's range, never 0 * inf). The values are scaled by 2^-V only where a
+sum of k_len of them could overflow. LSE = M 2^F max L' + log l is ±inf where it is beyond float64's
+range. The frames change no rounding of ordinary inputs beyond a few float64 ulps (a power of two
+times a float64 number is exact unless it leaves the normal range).
+
 The logits L (unscaled, as :mod:`.rerope` defines them; GQA: query head h reads key head
 ``h // (heads_q // heads_k)``):
 
@@ -68,6 +82,13 @@ bent parts, each through its own rotations. The rotated gradients are accumulate
 (plain, bent) over the whole sequence and turned back once, block by block. GQA: a key head's
 gradients (dk, dv) are summed over the query heads of its group. The float64 gradients are
 rounded once to the dtypes of q, k and v.
+
+The backward works in the forward's frames: v, dO and grad_lse are scaled by powers of two so that
+dS = 2^E dS'' with every factor of dS'' at most 1; dq and dk are accumulated from M dS'' and the
+frames' q and k and multiplied by their powers of two once, at the end (±inf beyond the range of
+float64, 0 where the sum is 0: a saturated softmax gives the limit's zero gradients in q and k
+whatever the scale). A row whose LSE is ±inf (beyond float64's range) has no exp(x - LSE) to recompute:
+for it the backward recomputes the row's maximum and sum over its tiles, P = exp(x - max x) / l.
 
 Operators. The forward and the backward are ``torch.ops.rope.blockwise_attention`` (returning O and
 LSE, both differentiable) and ``torch.ops.rope.blockwise_attention_backward``, registered with
@@ -275,6 +296,11 @@ def rotary_attention(
     A query row with no key to attend to (no keys at all, or ``causal`` with a query position
     below every key position) raises ``ValueError``, where ``torch.nn.functional.
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
+
+    Finite inputs never give NaN, at any ``softmax_scale``, ``attention_factor`` and magnitude of q,
+    k and v (module docstring, "Range"): where s a^2 |q . k| is beyond float64's range the output is
+    the limit of the softmax, the mean of v over each row's largest logits, as exact as the logits'
+    float64 rounding allows; LSE and the gradients are ±inf where they are beyond float64's range.
     """
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                               softmax_scale, block_size, logn_length, attention_factor)
@@ -619,8 +645,9 @@ def blockwise_attention(
     attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the float64 output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the
-    float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]``. Differentiable in q, k and
-    v (and through lse): the backward is :func:`blockwise_attention_backward`.
+    float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]`` (±inf where it is beyond
+    float64's range). Differentiable in q, k and v (and through lse): the backward is
+    :func:`blockwise_attention_backward`.
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
@@ -681,7 +708,9 @@ def blockwise_attention_backward(
     attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
-    (module docstring) for its saved ``out``, ``lse`` and the incoming ``grad_out``, ``grad_lse``."""
+    (module docstring) for its saved ``out``, ``lse`` (an LSE of ±inf included: those rows are recomputed)
+    and the incoming ``grad_out``, ``grad_lse``. Finite inputs give finite gradients, or ±inf beyond the
+    range of their dtype, never NaN."""
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                               softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)

@@ -17,8 +17,12 @@ tile rule), in float32 with the dot products on the inputs' dtype:
   rotary pass would have written to memory (float32 inputs: IEEE float32 products, no TF32);
 * logits L = q_a . k_a + q_b . k_b + q_tail . k_tail (three dot products: the pairs' two halves
   and the unrotated coordinates past ``rotary_dim``), accumulated in float32;
-* online softmax in base 2 (x = L s log2 e), P rounded to v's dtype for P V, float32 accumulator;
-  the output rounded once to q's dtype, and the row logsumexp (natural log) in float32.
+* online softmax in base 2 with the running maximum taken over the logits before the scale r = s log2 e
+  (times the row's log-n factor; r > 0 moves no maximum): P = 2^(r (L - max L)), whose exponent is 0 at
+  the maximum and finite or -inf elsewhere for every scale the options accept, so that a scale whose
+  scaled logits are beyond float32's range gives the hard maximum (not 0 * inf or inf - inf);
+  P rounded to v's dtype for P V, float32 accumulator; the output rounded once to q's dtype, and the
+  row logsumexp (natural log) in float32, ±inf where it is beyond float32's range.
 
 ReRoPE and Leaky ReRoPE (:mod:`rope.attention.rerope`): the second pass's logit is a plain RoPE
 logit in a *bent frame* (:func:`rope.attention.rerope.bent_frame`), so it too is one dot product
@@ -46,7 +50,11 @@ and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k,
 positions (any integer dtype), one row for the batch or one per sequence, with ``|m|`` < 2^31, so
 that every angle is reduced exactly and every difference m - n is an int64; every query with a key to
 attend to; log2(e) softmax_scale attention_factor^2 within float32's range; CUDA tensors, or CPU
-tensors in Triton's interpreter.
+tensors in Triton's interpreter. The values are not checked (it would cost a pass over q and k): a
+rotated coordinate a R x beyond the range of q's dtype (float16 q or k beyond about 46000 / a) or a
+logit q . k a^2 beyond float32's (float32 or bfloat16 inputs from about 1e18 / a) is infinite in
+the kernel and gives NaN; :func:`rope.attention.blockwise.rotary_attention` computes them
+(:func:`launch`).
 
 The backward is :mod:`.triton_attention_backward`; both are differentiable operators in
 :mod:`.attention_operators` (:func:`.attention_operators.fused_rotary_attention`). No GPU ran these
@@ -443,9 +451,10 @@ def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, 
 def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool = False) -> None:
     """Refuse a softmax_scale s and attention_factor a whose largest logit factor, log2(e) s a^2
     times the largest log-n factor (positions below 2^31), exceeds float32's range: the kernels
-    hold log2(e) s (times the log-n factors) and a in float32 and scale float32 logits by them, so
-    an infinite factor would give NaN where the float64 reference is finite. Only the options are
-    read; an overflow of ``|q . k| s a^2`` itself (values) is not checked (:func:`launch`)."""
+    hold log2(e) s (times the log-n factors) and a in float32 and scale the gaps between float32 logits
+    and their row's maximum by them, which a finite factor keeps 0 at the maximum (an infinite one
+    would give inf * 0 = NaN). Only the options are read; any finite factor is taken, however far
+    s a^2 |q . k| lies beyond float32's range (the output is then the hard maximum, :func:`launch`)."""
     logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
     a = options.attention_factor
     largest = _LOG2E * options.scale * logn * a * a  # products: inf beyond float64, not OverflowError (a**2)
@@ -562,10 +571,15 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
 
     The logits are float32 (module docstring): ``ValueError`` where the factor they are scaled by,
     log2(e) ``softmax_scale`` a^2 (times the largest log-n factor), or a itself, exceeds float32's
-    range (:func:`check_logit_scale`, from the options alone). The values are not checked: a
-    rotated coordinate a x beyond the range of q's dtype, or a logit ``|q . k| s a^2`` beyond
-    float32's, is infinite and gives NaN where the float64 reference is finite. ``v_dim = 0``
-    gives an empty output and every row's lse. CPU tensors need Triton's interpreter
+    range (:func:`check_logit_scale`, from the options alone). Every factor within it is computed:
+    the running maximum is taken before the scale, so scaled logits beyond float32's range give
+    the hard maximum (the mean of v over each row's largest logits, the limit of the softmax) and
+    an lse of ±inf, never NaN. The values are not checked (a pass over q and k): a rotated
+    coordinate a R x beyond the range of q's dtype (float16 q or k beyond about 46000 / a), or a
+    logit ``q . k`` a^2 beyond float32's (float32 or bfloat16 inputs from about 1e18 / a), is
+    infinite and gives NaN where the float64 reference
+    (:func:`rope.attention.blockwise.rotary_attention`, which computes them) is finite.
+    ``v_dim = 0`` gives an empty output and every row's lse. CPU tensors need Triton's interpreter
     (``TRITON_INTERPRET=1``; ``ValueError`` naming q's device otherwise,
     :func:`rope.kernels.triton_rotary.check_launch_device`).
 

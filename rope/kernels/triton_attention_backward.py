@@ -26,6 +26,16 @@ inputs: IEEE float32, no TF32), float32 accumulators, each gradient rounded once
 dtype. The tiles follow the forward's rule (:func:`_tile_passes`): causal tiles with every key
 after every query are skipped, a tile the window boundary does not cross takes the products of
 its one frame (logits, dq or dk), and only the tiles it crosses take both, pair by pair.
+
+At the float limits. P is recomputed from the float32 LSE, so its exponent s L - LSE carries an
+error of about |LSE| 2^-24: the gradients lose accuracy as the scaled logits grow (beyond 2^20 or so
+the weights are no longer the softmax's), and the exponent is taken at most 0 (P <= 1), so that the
+rounding never makes P infinite. An LSE of ±inf (the forward's scaled logits beyond float32's
+range) leaves nothing to recompute P from: :func:`launch_backward` refuses it, naming lse
+(:func:`rope.attention.blockwise.blockwise_attention_backward` differentiates those rows in
+float64). Where softmax_scale times the largest log-n factor exceeds 1, s multiplies the summed dq
+and dk rather than each tile's dL (``SCALE_AFTER``, :func:`scale_after_the_sums`), so that a large
+scale cannot make dL infinite in the inputs' dtype and its products with zeros NaN.
 """
 
 from __future__ import annotations
@@ -400,7 +410,9 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     for its ``out`` and ``lse`` and the incoming ``grad_out`` (out's shape) and ``grad_lse``
     (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
     (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline),
-    except the launch sizes: on a GPU those not given are :data:`DKDV_LAUNCH` and :data:`DQ_LAUNCH`."""
+    except the launch sizes: on a GPU those not given are :data:`DKDV_LAUNCH` and :data:`DQ_LAUNCH`.
+    An lse with an infinite value (a row's logsumexp beyond float32's range) raises ``ValueError``
+    naming lse (eager off CUDA, a device assertion on it); a NaN (a NaN input's row) stays in its rows."""
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
