@@ -18,7 +18,8 @@ on the CPU. Bounds as tests/test_fused_attention.py: the output within ``4 (16 u
 (u the unit roundoff, L the largest possible logit), each gradient within ``32 u max|g|`` (float32)
 or ``4 u max|g|`` (bfloat16). At the float limits (tests/test_attention_limits.py): softmax_scale
 1e37, whose scaled logits are beyond float32's range, gives the hard maximum bit for bit in the
-prefill and decoding kernels, and the backward at 1e30 no NaN.
+prefill and decoding kernels, and the backward at 1e30 no NaN; float16 q and k up to 65000 (rotated
+operands beyond float16's range, prescaled) stay within float16's rounding of the reference.
 
 Prints a table (case, reference, worst error over its bound, result); exit status 1 if any case
 fails. Without CUDA it runs in Triton's interpreter on the CPU (``--tiny`` sizes), which is how
@@ -286,6 +287,42 @@ def attention_cases(s):
         for name in ("RoPE", "ReRoPE"):
             cases[f"attention {name} softmax_scale 1e37 {dtype_name}, hard maximum + bwd at 1e30"] = partial(
                 huge_scale, DTYPES[dtype_name], modes[name])
+
+    def largest_float16(options, attention_factor):
+        """float16 q, k up to 65000 (turned pairs beyond float16's range: the prescaled operands), softmax_scale
+        1e-9: prefill, decoding and backward finite and within float16's rounding of the operands of the
+        float64 reference (the worst error over that bound, as tests/test_attention_limits.py)."""
+        from rope.kernels.triton_attention import launch
+        from rope.kernels.triton_attention_backward import launch_backward
+        from rope.kernels.triton_attention_decode import launch_decode
+
+        gen = torch.Generator().manual_seed(31)
+        q, k = (torch.randn(1, n, heads, 16, generator=gen, dtype=torch.float64) for n, heads in ((4, 2), (40, 1)))
+        q, k = ((t / t.abs().amax() * 65000).half() for t in (q, k))
+        v = torch.randint(-8, 9, (1, 40, 1, 16), generator=gen).half()
+        q_positions, k_positions, theta = torch.tensor([0, 11, 26, 39]), torch.arange(40), theta_for(12, "cpu")
+        options = dict(options, softmax_scale=1e-9, attention_factor=attention_factor)
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        expected = rotary_attention(*leaves, q_positions, k_positions, theta, **options)
+        grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
+        expected_grads = torch.autograd.grad(expected, leaves, grad_out)
+        inputs = [t.to(DEVICE) for t in (q, k, v, q_positions, k_positions, theta)]
+        logit_error = 2.0**-10 * 1e-9 * attention_factor**2 * 16 * 65000**2
+        ratios = []
+        for out, _ in (launch(*inputs, **options), launch_decode(*inputs, splits=3, **options)):
+            error = (out.cpu().double() - expected).abs().max().item()
+            ratios.append(error / (16 * logit_error + 8 * 2.0**-11) if out.isfinite().all() else math.inf)
+        out, lse = launch(*inputs, **options)
+        grads = launch_backward(*inputs, out, lse, grad_out.half().to(DEVICE), **options)
+        for got, exact in zip(grads, expected_grads):
+            error = (got.cpu().double() - exact).abs().max().item()
+            bound = 8 * logit_error * exact.abs().max().item() + 1e-3
+            ratios.append(error / bound if got.isfinite().all() else math.inf)
+        return max(ratios)
+
+    for name in ("RoPE", "Leaky ReRoPE"):
+        cases[f"attention {name} fp16 q, k up to 65000 (a = 1.5), fwd+decoding+bwd"] = partial(
+            largest_float16, modes[name], 1.5)
     return cases
 
 

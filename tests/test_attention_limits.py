@@ -378,3 +378,42 @@ def test_the_fused_backward_under_a_huge_scale_never_gives_nan(dtype):
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(dtype).to(out.device)
     for grad in launch_backward(*inputs, out, lse, grad_out, softmax_scale=1e30):
         assert not grad.isnan().any()
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.parametrize("attention_factor", [1.0, 1.5])
+@pytest.mark.parametrize("method", METHODS)
+def test_float16_inputs_near_the_largest_value(attention_factor, method):
+    """float16 q and k up to 65000 (a rotated pair reaches sqrt(2) a 65000, beyond float16's range; the
+    kernels prescale their operands by 2^-c, exact above the subnormal range): the output, lse and gradients
+    of the prefill and decoding kernels are finite and within the float16 rounding of the operands (2^-10 of
+    the largest product sum, scaled) of the float64 reference."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_backward import launch_backward
+    from rope.kernels.triton_attention_decode import launch_decode
+
+    window, leaky_scale = METHODS[method]
+    q, k, v, q_positions, k_positions, theta = kernel_case(13, torch.float64)
+    q, k = ((t / t.abs().amax() * 65000).to(torch.float16) for t in (q, k))
+    assert q.abs().max() == 65000 and k.abs().max() == 65000
+    v = v.to(torch.float16)
+    options = dict(window=window, leaky_scale=leaky_scale, softmax_scale=1e-9, attention_factor=attention_factor)
+    leaves = [t.double().cpu().requires_grad_() for t in (q, k, v)]
+    expected, expected_lse = blockwise_attention(*leaves, q_positions.cpu(), k_positions.cpu(), theta.cpu(),
+                                                 **options)
+    grad_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    expected_grads = torch.autograd.grad(expected, leaves, grad_out)
+    # float16 operands: each logit within about 2^-10 of sum |q_i k_i| a^2 (at most 16 65000^2 a^2), times s
+    logit_error = 2.0**-10 * 1e-9 * attention_factor**2 * 16 * 65000**2
+    for out, lse in (launch(q, k, v, q_positions, k_positions, theta, **options),
+                     launch_decode(q, k, v, q_positions, k_positions, theta, splits=3, **options)):
+        assert out.isfinite().all() and lse.isfinite().all()
+        assert (out.cpu().double() - expected).abs().max() <= 2 * logit_error * 8 + 8 * 2.0**-11
+        assert (lse.cpu().double() - expected_lse).abs().max() <= 2 * logit_error
+    out, lse = launch(q, k, v, q_positions, k_positions, theta, **options)
+    d_out = grad_out.to(torch.float16).to(out.device)
+    grads = launch_backward(q, k, v, q_positions, k_positions, theta, out, lse, d_out, **options)
+    for got, exact in zip(grads, expected_grads):
+        assert got.isfinite().all()
+        assert (got.cpu().double() - exact).abs().max() <= 8 * logit_error * exact.abs().max() + 1e-3

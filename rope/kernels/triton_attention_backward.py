@@ -121,7 +121,7 @@ def _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE: tl.constex
 def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta,
                                factors, window, qk_scale, softmax_scale, plain, bent, MODE: tl.constexpr,
                                HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                               SCALE_AFTER: tl.constexpr):
+                               SCALE_AFTER: tl.constexpr, ROT_SCALE: tl.constexpr):
     """(P, dL, bent_pairs) of one tile, [BLOCK_M, BLOCK_N] float32: the recomputed softmax weights,
     the logits' gradient s f P (dP - D) (f the rows' log-n ``factors``, else 1; without s where
     ``SCALE_AFTER``: the kernels multiply the accumulated gradients by s) and the mask of pairs
@@ -131,14 +131,14 @@ def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v
     bent_pairs = (m[:, None] - n[None, :]) >= window
     if MODE != 0:
         if plain:
-            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
             if bent:  # the boundary r = w crosses the tile
-                bent_x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                bent_x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
                 x = tl.where(bent_pairs, bent_x, x)
         else:
-            x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
     else:
-        x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+        x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
         bent_pairs = bent_pairs & (window < 0)  # no pair is bent (window is 0)
     p = tl.where(valid, tl.exp2(tl.minimum(x * (qk_scale * factors)[:, None] - lse[:, None] * LOG2E_C, 0.0)), 0.0)
     dp = tile_dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
@@ -212,7 +212,7 @@ def attention_dkdv_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
     # softmax_scale applied to the accumulated dq, dk (not to each tile's dL): _probabilities_and_dlogits
     SCALE_AFTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -264,7 +264,8 @@ def attention_dkdv_kernel(
                 do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
                 p, d_logits, bent_pairs = _probabilities_and_dlogits(
                     qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
-                    qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS, SCALE_AFTER)
+                    qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS, SCALE_AFTER,
+                    ROT_SCALE)
                 dv = tile_dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
                 dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
                 dka1, dkb1, dka2, dkb2, dkt = _frame_gradients(
@@ -279,6 +280,8 @@ def attention_dkdv_kernel(
         dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, factor, ROTATE, FMA_BY_PARTS)
         dka += dka2
         dkb += dkb2
+    if ROT_SCALE != 1.0:  # the rotated operands' prescale (float16)
+        dka, dkb = dka * ROT_SCALE, dkb * ROT_SCALE
     if SCALE_AFTER:  # s times the finite sums: ±inf beyond float32's range, never 0 * inf
         dka, dkb, dkt = dka * softmax_scale, dkb * softmax_scale, dkt * softmax_scale
     _store_head(DK + batch * sdk_b + cols * sdk_s + head_k * sdk_h, col_mask, dka, dkb, dkt, HALF, HALF_PAD, TAIL,
@@ -312,7 +315,7 @@ def attention_dq_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
     # softmax_scale applied to the accumulated dq, dk (not to each tile's dL): _probabilities_and_dlogits
     SCALE_AFTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -358,7 +361,8 @@ def attention_dq_kernel(
                 valid = valid & (n[None, :] <= m[:, None])
             p, d_logits, bent_pairs = _probabilities_and_dlogits(
                 qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
-                qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS, SCALE_AFTER)
+                qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS, SCALE_AFTER,
+                ROT_SCALE)
             dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
             dqa1, dqb1, dqa2, dqb2, dqt = _frame_gradients(
                 dl, bent_pairs, ka1, kb1, ka2, kb2, kt, dqa1, dqb1, dqa2, dqb2, dqt, plain, bent, MODE, HAS_TAIL,
@@ -369,6 +373,8 @@ def attention_dq_kernel(
         dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, factor, ROTATE, FMA_BY_PARTS)
         dqa += dqa2
         dqb += dqb2
+    if ROT_SCALE != 1.0:
+        dqa, dqb = dqa * ROT_SCALE, dqb * ROT_SCALE
     if SCALE_AFTER:
         dqa, dqb, dqt = dqa * softmax_scale, dqb * softmax_scale, dqt * softmax_scale
     _store_head(DQ + batch * sdq_b + rows * sdq_s + head * sdq_h, row_mask, dqa, dqb, dqt, HALF, HALF_PAD, TAIL,
@@ -436,7 +442,7 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     batch, q_len, heads_q, _ = q.shape
     common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
-    scalars = (*run.runtime_scalars(q, k), run.options.scale, run.options.attention_factor)
+    scalars = (*run.runtime_scalars(q, k), run.options.scale, run.factor)
     scale_after = dict(SCALE_AFTER=scale_after_the_sums(run.options))
     dkdv = _kernel_launch(run, DKDV_LAUNCH, block_m, block_n, num_warps, num_stages)
     dq_sizes = _kernel_launch(run, DQ_LAUNCH, block_m, block_n, num_warps, num_stages)

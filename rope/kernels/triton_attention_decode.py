@@ -90,7 +90,7 @@ def attention_decode_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (s, b h_k): every query of the query heads h_k group .. (h_k + 1) group - 1 of batch
@@ -121,7 +121,7 @@ def attention_decode_kernel(
             K + batch * sk_b + head_k * sk_h, V + batch * sv_b + head_k * sv_h,
             K_POS + batch * spk_b, start, end, sk_s, sv_s, per, leaky_per, factor, window,
             HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
-            FMA_BY_PARTS, BLOCK_N)
+            FMA_BY_PARTS, BLOCK_N, ROT_SCALE)
 
     # The chunk's partial: O_s = acc / l, LSE_s as the prefill kernel's (-inf, with O_s = 0, where a row saw no
     # key), the maximum M_s of its logits before the scale and its sum l_s
@@ -206,7 +206,7 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
             *v.stride()[:3],
             *run.batch_strides,
             q_len, k_len, heads_q, heads_q // heads_k, chunk, splits,
-            *run.runtime_scalars(q, k)[4:], run.options.attention_factor,
+            *run.runtime_scalars(q, k)[4:], run.factor,
             **run.constants, BLOCK_M=rows, BLOCK_N=block_n, **run.launch_options, enable_fp_fusion=False,
         )
     out.copy_(combine_partials(out_part, max_part, sum_part, _row_scales(run, q)).transpose(1, 2))
