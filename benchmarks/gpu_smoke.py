@@ -16,7 +16,10 @@ and Leaky ReRoPE, causal and not, forward and backward, and decoding (one query 
 the decoding kernel), against float64 autograd through ``rope.attention.blockwise.rotary_attention``
 on the CPU. Bounds as tests/test_fused_attention.py: the output within ``4 (16 u + 2^-24 L) max|v|``
 (u the unit roundoff, L the largest possible logit), each gradient within ``32 u max|g|`` (float32)
-or ``4 u max|g|`` (bfloat16).
+or ``4 u max|g|`` (bfloat16). At the float limits (tests/test_attention_limits.py): softmax_scale
+1e37, whose scaled logits are beyond float32's range, gives the hard maximum bit for bit in the
+prefill and decoding kernels, and the backward at 1e30 no NaN; float16 q and k up to 65000 (rotated
+operands beyond float16's range, prescaled) stay within float16's rounding of the reference.
 
 Prints a table (case, reference, worst error over its bound, result); exit status 1 if any case
 fails. Without CUDA it runs in Triton's interpreter on the CPU (``--tiny`` sizes), which is how
@@ -253,6 +256,73 @@ def attention_cases(s):
     cases["attention RoPE non-causal fp32, fwd+bwd"] = partial(run_case, torch.float32, {}, 10, s["q_len"], False)
     cases["attention Leaky ReRoPE causal bf16, fwd+bwd"] = partial(run_case, torch.bfloat16, modes["Leaky ReRoPE"],
                                                                    11, s["q_len"])
+
+    def huge_scale(dtype, options):
+        """softmax_scale 1e37 (accepted: log2(e) s is within float32's range), logits of tens: every scaled
+        logit beyond float32's range, the exact output the hard maximum (integer values: bit for bit) in the
+        prefill and the decoding kernels; then the backward at 1e30 (finite LSEs of about 1e31) without NaN.
+        0 when all holds, inf otherwise (tests/test_attention_limits.py)."""
+        from rope.kernels.triton_attention import launch
+        from rope.kernels.triton_attention_backward import launch_backward
+        from rope.kernels.triton_attention_decode import launch_decode
+
+        gen = torch.Generator().manual_seed(30)
+        q = 3 * torch.randn(1, 4, 2, 16, generator=gen, dtype=torch.float64)
+        k = 3 * torch.randn(1, 40, 1, 16, generator=gen, dtype=torch.float64)
+        q[:, 0] = -2 * k[:, 0]  # the first query sees only key 0, at logit -2 |k_0|^2
+        v = torch.randint(-8, 9, (1, 40, 1, 16), generator=gen).double()
+        q_positions, k_positions, theta = torch.tensor([0, 11, 26, 39]), torch.arange(40), theta_for(12, "cpu")
+        exact = rotary_attention(q, k, v, q_positions, k_positions, theta, softmax_scale=1e300, **options)
+        inputs = [t.to(DEVICE) for t in (q.to(dtype), k.to(dtype), v.to(dtype), q_positions, k_positions, theta)]
+        outs = [launch(*inputs, softmax_scale=1e37, **options)[0],
+                launch_decode(*inputs, softmax_scale=1e37, splits=3, **options)[0]]
+        ok = all(torch.equal(out.cpu().double(), exact) for out in outs)
+        inputs[0][:, 0] = -inputs[0][:, 0]  # logit +2 |k_0|^2: every LSE finite at 1e30
+        out, lse = launch(*inputs, softmax_scale=1e30, **options)
+        grads = launch_backward(*inputs, out, lse, torch.ones_like(out), softmax_scale=1e30, **options)
+        ok = ok and bool(lse.isfinite().all()) and not any(bool(g.isnan().any()) for g in grads)
+        return 0.0 if ok else math.inf
+
+    for dtype_name in ("fp16", "bf16", "fp32"):
+        for name in ("RoPE", "ReRoPE"):
+            cases[f"attention {name} softmax_scale 1e37 {dtype_name}, hard maximum + bwd at 1e30"] = partial(
+                huge_scale, DTYPES[dtype_name], modes[name])
+
+    def largest_float16(options, attention_factor):
+        """float16 q, k up to 65000 (turned pairs beyond float16's range: the prescaled operands), softmax_scale
+        1e-9: prefill, decoding and backward finite and within float16's rounding of the operands of the
+        float64 reference (the worst error over that bound, as tests/test_attention_limits.py)."""
+        from rope.kernels.triton_attention import launch
+        from rope.kernels.triton_attention_backward import launch_backward
+        from rope.kernels.triton_attention_decode import launch_decode
+
+        gen = torch.Generator().manual_seed(31)
+        q, k = (torch.randn(1, n, heads, 16, generator=gen, dtype=torch.float64) for n, heads in ((4, 2), (40, 1)))
+        q, k = ((t / t.abs().amax() * 65000).half() for t in (q, k))
+        v = torch.randint(-8, 9, (1, 40, 1, 16), generator=gen).half()
+        q_positions, k_positions, theta = torch.tensor([0, 11, 26, 39]), torch.arange(40), theta_for(12, "cpu")
+        options = dict(options, softmax_scale=1e-9, attention_factor=attention_factor)
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        expected = rotary_attention(*leaves, q_positions, k_positions, theta, **options)
+        grad_out = torch.randn(expected.shape, generator=gen, dtype=torch.float64)
+        expected_grads = torch.autograd.grad(expected, leaves, grad_out)
+        inputs = [t.to(DEVICE) for t in (q, k, v, q_positions, k_positions, theta)]
+        logit_error = 2.0**-10 * 1e-9 * attention_factor**2 * 16 * 65000**2
+        ratios = []
+        for out, _ in (launch(*inputs, **options), launch_decode(*inputs, splits=3, **options)):
+            error = (out.cpu().double() - expected).abs().max().item()
+            ratios.append(error / (16 * logit_error + 8 * 2.0**-11) if out.isfinite().all() else math.inf)
+        out, lse = launch(*inputs, **options)
+        grads = launch_backward(*inputs, out, lse, grad_out.half().to(DEVICE), **options)
+        for got, exact in zip(grads, expected_grads):
+            error = (got.cpu().double() - exact).abs().max().item()
+            bound = 8 * logit_error * exact.abs().max().item() + 1e-3
+            ratios.append(error / bound if got.isfinite().all() else math.inf)
+        return max(ratios)
+
+    for name in ("RoPE", "Leaky ReRoPE"):
+        cases[f"attention {name} fp16 q, k up to 65000 (a = 1.5), fwd+decoding+bwd"] = partial(
+            largest_float16, modes[name], 1.5)
     return cases
 
 

@@ -19,6 +19,20 @@ masked) and values v_j, start from m = -inf, l = 0, a = 0 and for t = 1 .. T::
 then ``a_T / l_T = sum_j softmax(x)_j v_j``. While a row has seen only masked keys, m = -inf and
 its rescale factor is taken as 0 (not exp(-inf + inf) = NaN).
 
+Range. The row's scale s > 0 (times its log-n factor c) does not move its maximum, so the maximum is
+taken over the logits L *before* the scale and each gap x_j - m = s c (L_j - max L) is formed from a
+finite L_j - max L <= 0: 0 at the maximum whatever s (never inf * 0 or inf - inf), so that a scale
+beyond any logit's range gives the hard maximum, the mean of v over each row's largest logits, as
+softmax(s L) V does in the limit. The logits themselves are formed in power-of-two frames, exact in
+binary: each query row is scaled by 2^-G (its largest coordinate, with the attention factor a^2 =
+ma^2 2^(2 ea) on the rotated coordinates, about 1), the keys by 2^-K (K > 0 only where max |k| >= 2^900),
+so L' = L 2^-(G + K) is finite for every finite q, k and a (a^2 alone may be beyond float64's range); then
+x - m = M 2^F (L' - max L') with M = ms c (s = ms 2^es) and F = es + K + G, the power of two applied last
+(:func:`_ldexp`: ±inf beyond float64's range, never 0 * inf). The values are scaled by 2^-V only where a
+sum of k_len of them could overflow. LSE = M 2^F max L' + log l is ±inf where it is beyond float64's
+range. The frames change no rounding of ordinary inputs beyond a few float64 ulps (a power of two
+times a float64 number is exact unless it leaves the normal range).
+
 The logits L (unscaled, as :mod:`.rerope` defines them; GQA: query head h reads key head
 ``h // (heads_q // heads_k)``):
 
@@ -69,6 +83,13 @@ bent parts, each through its own rotations. The rotated gradients are accumulate
 gradients (dk, dv) are summed over the query heads of its group. The float64 gradients are
 rounded once to the dtypes of q, k and v.
 
+The backward works in the forward's frames: v, dO and grad_lse are scaled by powers of two so that
+dS = 2^E dS'' with every factor of dS'' at most 1; dq and dk are accumulated from M dS'' and the
+frames' q and k and multiplied by their powers of two once, at the end (±inf beyond the range of
+float64, 0 where the sum is 0: a saturated softmax gives the limit's zero gradients in q and k
+whatever the scale). A row whose LSE is ±inf (beyond float64's range) has no exp(x - LSE) to recompute:
+for it the backward recomputes the row's maximum and sum over its tiles, P = exp(x - max x) / l.
+
 Operators. The forward and the backward are ``torch.ops.rope.blockwise_attention`` (returning O and
 LSE, both differentiable) and ``torch.ops.rope.blockwise_attention_backward``, registered with
 ``torch.library.custom_op``, fake implementations and an autograd formula, so that
@@ -116,20 +137,14 @@ def _tile_kind(m_lo: int, m_hi: int, n_lo: int, n_hi: int, causal: bool, window:
     return "both"
 
 
-def _turn(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: AttentionOptions,
-          conjugate: bool = False) -> torch.Tensor:
-    """a R_p x (a R_p^T x with ``conjugate``), float64: the rotation of :func:`.rerope.rotate_exactly` with
-    the attention factor a on the rotated coordinates (the first rotary_dim; the tail is not scaled)."""
-    turned = rotate_exactly(x, positions, inv_freq, options.layout, conjugate=conjugate)
-    if options.attention_factor != 1.0:
-        turned[..., : 2 * inv_freq.shape[0]] *= options.attention_factor
-    return turned
-
-
-def _bent(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: AttentionOptions,
-          query: bool) -> torch.Tensor:
-    """The pass-2 rotation of a query or key block, float64."""
-    return _turn(x, *bent_frame(positions, inv_freq, options.window, options.leaky_scale, query), options)
+def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, options: AttentionOptions,
+             bent: bool, query: bool, conjugate: bool = False) -> torch.Tensor:
+    """R x (R^T x with ``conjugate``) on the rotary coordinates (the first rotary_dim; the tail is kept), float64,
+    by :func:`.rerope.rotate_exactly`: the plain rotation at the tokens' positions, or with ``bent`` the pass-2
+    rotation of query or key tokens (:func:`.rerope.bent_frame`). No attention factor: the frames carry it."""
+    if bent:
+        positions, inv_freq = bent_frame(positions, inv_freq, options.window, options.leaky_scale, query)
+    return rotate_exactly(x, positions, inv_freq, options.layout, conjugate=conjugate)
 
 
 def position_rows(name: str, positions, batch: int, length: int) -> torch.Tensor:
@@ -226,13 +241,6 @@ def logn_factors(q_positions: torch.Tensor, logn_length: int) -> torch.Tensor:
     return (torch.log(q_positions.to(torch.float64) + 1) / math.log(logn_length)).clamp(min=1.0)
 
 
-def _row_scale(m: torch.Tensor, options: AttentionOptions):
-    """The factor of each query row's logits: s, or with log-n scaling s max(1, ln(m + 1) / ln L), [i, 1]."""
-    if options.logn_length is None:
-        return options.scale
-    return options.scale * logn_factors(m, options.logn_length)[:, None]
-
-
 def _check_every_query_sees_a_key(m: list[int], n: list[int], causal: bool) -> None:
     """Refuse a query row with no key to attend to (SDPA would return NaN there)."""
     if m and not n:
@@ -288,6 +296,11 @@ def rotary_attention(
     A query row with no key to attend to (no keys at all, or ``causal`` with a query position
     below every key position) raises ``ValueError``, where ``torch.nn.functional.
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
+
+    Finite inputs never give NaN, at any ``softmax_scale``, ``attention_factor`` and magnitude of q,
+    k and v (module docstring, "Range"): where s a^2 |q . k| is beyond float64's range the output is
+    the limit of the softmax, the mean of v over each row's largest logits, as exact as the logits'
+    float64 rounding allows; LSE and the gradients are ±inf where they are beyond float64's range.
     """
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                               softmax_scale, block_size, logn_length, attention_factor)
@@ -345,81 +358,190 @@ def _tiles(q_positions, k_positions, options: AttentionOptions, stats: TileStats
         yield i0, i1, tiles
 
 
-def _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options: AttentionOptions):
-    """Scaled, masked logits x of one tile ([batch, heads_q, i, j], -inf where masked) and the bent mask
-    (True where the pair takes pass 2; None for a plain or bent tile)."""
-    (q_plain, q_bent), (k_plain, k_bent) = q_rot, k_rot
+# --- power-of-two frames (module docstring, "Range") -----------------------------------------------------------------
+
+_ABSENT = -(1 << 20)  # the exponent given to a maximum of 0: below every float64 exponent
+_ROOM = 900  # keys (and queries, in the frame of the key gradients) are scaled below 2^_ROOM when larger
+
+
+def _exponents(maxima: torch.Tensor) -> torch.Tensor:
+    """int64 e with 2^(e-1) <= maxima < 2^e (frexp's exponent), ``_ABSENT`` where a maximum is 0."""
+    return torch.where(maxima == 0, _ABSENT, torch.frexp(maxima).exponent.to(torch.int64))
+
+
+def _exponent(x: torch.Tensor) -> int | None:
+    """The exponent e of max |x| as a Python int (2^(e-1) <= max |x| < 2^e), None when x is empty or all zero."""
+    if not x.numel():
+        return None
+    e = int(_exponents(x.detach().abs().amax().to(torch.float64)))
+    return None if e == _ABSENT else e
+
+
+def _pow2(e) -> list[torch.Tensor]:
+    """float64 powers of two whose product is 2^e, for integer exponents e of any size (an int or an int64
+    tensor): one factor per 1000 of |e|, each exact (no factor leaves float64's normal range)."""
+    e = torch.as_tensor(e, dtype=torch.int64)
+    factors = []
+    for _ in range(-(-int(e.abs().max()) // 1000) if e.numel() else 0):
+        step = e.clamp(-1000, 1000)
+        factors.append(((step + 1023) << 52).view(torch.float64))
+        e = e - step
+    return factors
+
+
+def _ldexp(y: torch.Tensor, e, factors: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """y 2^e (``factors``: ``_pow2(e)``, shaped to broadcast with y), rounded once (at most twice in the subnormal
+    range): ±inf where y 2^e is beyond float64's range, and 0 and ±inf stay as they are (never 0 * inf)."""
+    for f in _pow2(e) if factors is None else factors:
+        y = y * f.to(y.device)
+    return y
+
+
+@dataclass(frozen=True)
+class _Frames:
+    """The power-of-two frames of one call. A query row's turned rotary coordinates are multiplied by a^2 =
+    ``factor_mantissa`` 2^``factor_exponent``, and its whole vector by 2^-G (``rows``, per row: largest
+    coordinate below ~1.5); keys by 2^-K (``keys``: K > 0 only where max |k| >= 2^_ROOM). So the logit in
+    the frames is L' = L 2^-(G + K), at most 2 head_dim 2^_ROOM in magnitude, and the scaled logit is
+    x = s c L = ``M`` 2^``F`` L' with s = ms 2^es, M = ms c (c the log-n factor, below 64) and
+    F = es + K + G: every gap M (L' - max L') is finite and 2^F is applied last."""
+
+    rot: torch.Tensor  # [batch, q_len, heads_q] exponent of each row's largest rotary coordinate (_ABSENT if 0)
+    rows: torch.Tensor  # G [batch, q_len, heads_q]
+    keys: int  # K
+    factor_mantissa: float  # ma^2, a = ma 2^ea
+    factor_exponent: int  # 2 ea
+    scale_mantissa: float  # ms
+    scale_exponent: int  # es
+
+
+def _frames(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, options: AttentionOptions) -> _Frames:
+    """The frames of a call (:class:`_Frames`), read from q, k and the options."""
+    rotary_dim, x = 2 * inv_freq.shape[0], q.detach().to(torch.float64).abs()
+    absent = torch.full(q.shape[:3], _ABSENT, dtype=torch.int64, device=q.device)
+    rot = _exponents(x[..., :rotary_dim].amax(-1)) if rotary_dim and x.numel() else absent
+    tail = _exponents(x[..., rotary_dim:].amax(-1)) if rotary_dim < q.shape[3] and x.numel() else absent
+    factor_mantissa, factor_exponent = math.frexp(options.attention_factor)
+    rows = torch.maximum(torch.where(rot == _ABSENT, _ABSENT, rot + 2 * factor_exponent), tail)
+    scale_mantissa, scale_exponent = math.frexp(options.scale)
+    return _Frames(rot, torch.where(rows == _ABSENT, 0, rows), max(0, (_exponent(k) or 0) - _ROOM),
+                   factor_mantissa**2, 2 * factor_exponent, scale_mantissa, scale_exponent)
+
+
+class _QueryBlock:
+    """One query block in the frames: its turned rows (plain and bent, each on first need), and the factors
+    M and 2^F of its rows' scaled logits."""
+
+    def __init__(self, q, m, i0, i1, inv_freq, options: AttentionOptions, frames: _Frames):
+        self.q, self.m, self.inv_freq, self.options, self.frames = q[:, i0:i1], m, inv_freq, options, frames
+        self.rot, self.rows = frames.rot[:, i0:i1], frames.rows[:, i0:i1]
+        self.turned, self.common = [None, None], [None, None]
+        mantissa = frames.scale_mantissa
+        if options.logn_length is not None:
+            mantissa = mantissa * logn_factors(m, options.logn_length)  # [i]: c < 64
+        self.mantissa = torch.as_tensor(mantissa, dtype=torch.float64, device=q.device)
+        exponent = frames.scale_exponent + frames.keys + self.rows.transpose(1, 2)  # F [batch, heads_q, i]
+        self.factors = _pow2(exponent)
+
+    def frame(self, f: int) -> torch.Tensor:
+        """The block's queries in the frames, [batch, i, heads_q, d] float64: turned (plain f = 0, bent f = 1),
+        the rotary coordinates times a^2, each row times 2^-G."""
+        if self.turned[f] is None:
+            rotary_dim, frames = 2 * self.inv_freq.shape[0], self.frames
+            rot = torch.where(self.rot == _ABSENT, 0, self.rot)[..., None]
+            x = self.q.to(torch.float64).clone()
+            x[..., :rotary_dim] = _ldexp(x[..., :rotary_dim], -rot)  # below 1 before the rotation
+            x = _rotated(x, self.m, self.inv_freq, self.options, bent=f == 1, query=True)
+            x[..., :rotary_dim] = _ldexp(x[..., :rotary_dim] * frames.factor_mantissa,
+                                         rot + frames.factor_exponent - self.rows[..., None])
+            x[..., rotary_dim:] = _ldexp(x[..., rotary_dim:], -self.rows[..., None])
+            self.turned[f] = x
+        return self.turned[f]
+
+    def common_frame(self, f: int, exponent: int) -> torch.Tensor:
+        """The block's queries as :meth:`frame`, every row times 2^(G - exponent) instead of 2^-G: one frame
+        shared by all rows, for the key gradients (a sum over rows)."""
+        if self.common[f] is None:
+            self.common[f] = _ldexp(self.frame(f), (self.rows - exponent)[..., None])
+        return self.common[f]
+
+    def scaled(self, y: torch.Tensor) -> torch.Tensor:
+        """M 2^F y for y in the frames, per row: ``[batch, heads_q, i]`` or a tile ``[batch, heads_q, i, j]``."""
+        tile = y.dim() == 4
+        mantissa = self.mantissa[:, None] if tile and self.mantissa.dim() else self.mantissa
+        return _ldexp(mantissa * y, None, [f[..., None] for f in self.factors] if tile else self.factors)
+
+
+def _key_frames(k_block, n, inv_freq, kind, options: AttentionOptions, frames: _Frames):
+    """(plain, bent) turned copies of a key block times 2^-K, float64, each None where the tile kind needs none."""
+    k_block = _ldexp(k_block.to(torch.float64), -frames.keys)
+    plain = _rotated(k_block, n, inv_freq, options, False, False) if kind in ("plain", "both") else None
+    bent = _rotated(k_block, n, inv_freq, options, True, False) if kind in ("bent", "both") else None
+    return plain, bent
+
+
+def _tile_logits(block: _QueryBlock, k_rot, n, kind, may_mask, options: AttentionOptions):
+    """The logits of one tile in the frames, L' = L 2^-(G + K) ([batch, heads_q, i, j], -inf where masked), and
+    the bent mask (True where the pair takes pass 2; None for a plain or bent tile)."""
+    k_plain, k_bent = k_rot
     bent_mask = None
     if kind in ("plain", "both"):
-        logits = head_logits(q_plain, k_plain)
+        logits = head_logits(block.frame(0), k_plain)
     if kind in ("bent", "both"):
-        bent = head_logits(q_bent, k_bent)
+        bent = head_logits(block.frame(1), k_bent)
         if kind == "bent":
             logits = bent
         else:
-            bent_mask = ~below_window(m, n, options.window)  # exact: int64 m - n would wrap around
+            bent_mask = ~below_window(block.m, n, options.window)  # exact: int64 m - n would wrap around
             logits = torch.where(bent_mask, bent, logits)
-    x = logits * _row_scale(m, options)
     if options.causal and may_mask:  # some key of the tile may follow some query
-        x = x.masked_fill(n[None, :] > m[:, None], -math.inf)
-    return x, bent_mask
+        logits = logits.masked_fill(n[None, :] > block.m[:, None], -math.inf)
+    return logits, bent_mask
 
 
-def _block_rotations(x, positions, inv_freq, kind, options: AttentionOptions, query: bool):
-    """(plain, bent) rotated copies of a block, float64, each None where the tile kind needs none."""
-    plain = _turn(x, positions, inv_freq, options) if kind in ("plain", "both") else None
-    bent = _bent(x, positions, inv_freq, options, query) if kind in ("bent", "both") else None
-    return plain, bent
+def _online_softmax(block: _QueryBlock, tiles, k, k_positions, inv_freq, options, frames, values=None):
+    """The online softmax of one query block over its tiles, the row maximum taken in the frames (before the
+    scale): (run_max, the maximum of L' per row; run_sum, sum_j exp(x_j - max x); acc, sum_j exp(x_j - max x)
+    v_j, with ``values`` [batch, k_len, heads_q, v_dim] float64, else None). A gap x_j - max x = M 2^F (L'_j -
+    max L') is 0 where L'_j is the maximum, whatever the scale, and -inf where masked: never inf - inf or 0 * inf."""
+    run_max = torch.full(block.rows.transpose(1, 2).shape, -math.inf, dtype=torch.float64, device=k.device)
+    run_sum, acc = torch.zeros_like(run_max), None
+    if values is not None:
+        acc = torch.zeros(*run_max.shape, values.shape[3], dtype=torch.float64, device=k.device)
+    for j0, j1, kind, may_mask in tiles:
+        n = k_positions[j0:j1]
+        logits, _ = _tile_logits(block, _key_frames(k[:, j0:j1], n, inv_freq, kind, options, frames), n, kind,
+                                 may_mask, options)
+        new_max = torch.maximum(run_max, logits.amax(dim=-1))
+        shift = torch.where(new_max == -math.inf, 0.0, new_max)  # rows that have seen only masked keys
+        p = torch.exp(block.scaled(logits - shift[..., None]))
+        rescale = torch.exp(block.scaled(run_max - shift))
+        run_sum = rescale * run_sum + p.sum(dim=-1)
+        if values is not None:
+            group = block.q.shape[2] // values.shape[2]
+            acc = rescale[..., None] * acc + torch.einsum("bhij,bjhd->bhid", p,
+                                                          values[:, j0:j1].repeat_interleave(group, dim=2))
+        run_max = new_max
+    return run_max, run_sum, acc
 
 
 def _forward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, stats: TileStats):
     """The blockwise loop: the float64 output [batch, q_len, heads_q, v_dim] and the row logsumexp
-    LSE = run_max + log(run_sum), [batch, heads_q, q_len]."""
+    LSE = max x + log(run_sum), [batch, heads_q, q_len]."""
     batch, q_len, heads_q, _ = q.shape
-    group = heads_q // k.shape[2]
     out = torch.empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64, device=q.device)
     lse = torch.empty(batch, heads_q, q_len, dtype=torch.float64, device=q.device)
     q_positions, k_positions = q_positions.to(torch.int64), k_positions.to(torch.int64)  # no narrow m - n
+    frames = _frames(q, k, inv_freq, options)
+    # values times 2^-V (V > 0 only near float64's range) so that a sum of k_len of them stays finite
+    value_exponent = max(0, (_exponent(v) or 0) + max(k.shape[1], 1).bit_length() + 1 - 1023)
+    values = _ldexp(v.to(torch.float64), -value_exponent)
     for i0, i1, tiles in _tiles(q_positions, k_positions, options, stats):
-        m = q_positions[i0:i1]
-        q_rot = [None, None]
-        run_max = torch.full((batch, heads_q, i1 - i0), -math.inf, dtype=torch.float64, device=q.device)
-        run_sum = torch.zeros_like(run_max)
-        acc = torch.zeros(batch, heads_q, i1 - i0, v.shape[3], dtype=torch.float64, device=q.device)
-        for j0, j1, kind, may_mask in tiles:
-            n = k_positions[j0:j1]
-            q_rot = _query_rotations(q_rot, q[:, i0:i1], m, inv_freq, kind, options)
-            k_rot = _block_rotations(k[:, j0:j1], n, inv_freq, kind, options, query=False)
-            x, _ = _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options)
-            new_max = torch.maximum(run_max, x.amax(dim=-1))
-            shift = torch.where(new_max == -math.inf, 0.0, new_max)  # rows that have seen only masked keys
-            p = torch.exp(x - shift[..., None])
-            rescale = torch.exp(run_max - shift)
-            values = v[:, j0:j1].to(torch.float64).repeat_interleave(group, dim=2)
-            run_sum = rescale * run_sum + p.sum(dim=-1)
-            acc = rescale[..., None] * acc + torch.einsum("bhij,bjhd->bhid", p, values)
-            run_max = new_max
-        out[:, i0:i1] = (acc / run_sum[..., None]).transpose(1, 2)
-        lse[..., i0:i1] = run_max + torch.log(run_sum)
+        block = _QueryBlock(q, q_positions[i0:i1], i0, i1, inv_freq, options, frames)
+        run_max, run_sum, acc = _online_softmax(block, tiles, k, k_positions, inv_freq, options, frames, values)
+        out[:, i0:i1] = _ldexp(acc / run_sum[..., None], value_exponent).transpose(1, 2)
+        lse[..., i0:i1] = block.scaled(run_max) + torch.log(run_sum)
     return out, lse
-
-
-def _query_rotations(q_rot, q_block, m, inv_freq, kind, options: AttentionOptions):
-    """The query block's (plain, bent) rotations, each computed on first need and kept for its key blocks."""
-    plain, bent = q_rot
-    if kind in ("plain", "both") and plain is None:
-        plain = _turn(q_block, m, inv_freq, options)
-    if kind in ("bent", "both") and bent is None:
-        bent = _bent(q_block, m, inv_freq, options, query=True)
-    return [plain, bent]
-
-
-def _unrotate(g, positions, inv_freq, options: AttentionOptions, bent: bool, query: bool):
-    """a R^T g for the rotation a R a (plain or bent) pass applied to these tokens: the same angles, sin
-    negated, and the attention factor a."""
-    if bent:
-        positions, inv_freq = bent_frame(positions, inv_freq, options.window, options.leaky_scale, query)
-    return _turn(g, positions, inv_freq, options, conjugate=True)
 
 
 def _group_sum(g, group):
@@ -428,31 +550,44 @@ def _group_sum(g, group):
 
 
 def _backward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, out, lse, grad_out, grad_lse):
-    """FlashAttention-2 backward (module docstring): float64 dq, dk, dv, the tiles recomputed one at a time.
-    ``grad_lse`` (the gradient of LSE, d LSE_i / d x_ij = P_ij) enters as ``D_i - grad_lse_i``."""
+    """FlashAttention-2 backward (module docstring): float64 dq, dk, dv, the tiles recomputed one at a time, in
+    the frames. ``grad_lse`` (the gradient of LSE, d LSE_i / d x_ij = P_ij) enters as ``D_i - grad_lse_i``."""
     group = q.shape[2] // k.shape[2]
     q_positions, k_positions = q_positions.to(torch.int64), k_positions.to(torch.int64)
-    grad_out = grad_out.to(torch.float64)
-    frames = 2 if options.window is not None else 1  # the gradients in the plain and the bent rotated frames
-    dq_rot = [torch.zeros(q.shape, dtype=torch.float64, device=q.device) for _ in range(frames)]
-    dk_rot = [torch.zeros(k.shape, dtype=torch.float64, device=q.device) for _ in range(frames)]
+    frames = _frames(q, k, inv_freq, options)
+    # dS = 2^E dS'' with v'' = v 2^-ev, dO'' = dO 2^(ev - E) and grad_lse'' = grad_lse 2^-E all at most 1
+    ev, eo, eg = _exponent(v), _exponent(grad_out), _exponent(grad_lse)
+    e_ds = max([e for e in (None if None in (ev, eo) else ev + eo, eg) if e is not None], default=0)
+    ev = ev or 0
+    values = _ldexp(v.to(torch.float64), -ev)
+    grad_out = _ldexp(grad_out.to(torch.float64), ev - e_ds)
+    delta_all = (grad_out * _ldexp(out, -ev)).sum(dim=-1).transpose(1, 2) - _ldexp(grad_lse.to(torch.float64), -e_ds)
+    common = max(0, int(frames.rows.max()) - _ROOM) if frames.rows.numel() else 0  # the key gradients' query frame
+    n_frames = 2 if options.window is not None else 1  # the gradients in the plain and the bent turned frames
+    dq_rot = [torch.zeros(q.shape, dtype=torch.float64, device=q.device) for _ in range(n_frames)]
+    dk_rot = [torch.zeros(k.shape, dtype=torch.float64, device=q.device) for _ in range(n_frames)]
     dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
     for i0, i1, tiles in _tiles(q_positions, k_positions, options):
-        m = q_positions[i0:i1]
-        q_rot = [None, None]
-        d_out = grad_out[:, i0:i1].transpose(1, 2)  # [batch, heads_q, i, v_dim]
-        delta = (grad_out[:, i0:i1] * out[:, i0:i1]).sum(dim=-1).transpose(1, 2)  # D, [batch, heads_q, i]
-        delta = delta - grad_lse[..., i0:i1].to(torch.float64)
+        block = _QueryBlock(q, q_positions[i0:i1], i0, i1, inv_freq, options, frames)
+        d_out = grad_out[:, i0:i1].transpose(1, 2)  # dO'', [batch, heads_q, i, v_dim]
+        delta = delta_all[..., i0:i1]  # (D - grad_lse) 2^-E, [batch, heads_q, i]
+        row_lse = lse[..., i0:i1]
+        lost = ~torch.isfinite(row_lse)
+        if lost.any():  # an LSE beyond float64's range: that row's maximum and sum again, in the frames
+            run_max, run_sum, _ = _online_softmax(block, tiles, k, k_positions, inv_freq, options, frames)
+            log_sum = torch.log(run_sum)
         for j0, j1, kind, may_mask in tiles:
             n = k_positions[j0:j1]
-            q_rot = _query_rotations(q_rot, q[:, i0:i1], m, inv_freq, kind, options)
-            k_rot = _block_rotations(k[:, j0:j1], n, inv_freq, kind, options, query=False)
-            x, bent_mask = _tile_logits(q_rot, k_rot, m, n, kind, may_mask, options)
-            p = torch.exp(x - lse[..., i0:i1, None])  # masked entries: exp(-inf) = 0
-            values = v[:, j0:j1].to(torch.float64).repeat_interleave(group, dim=2)
+            k_rot = _key_frames(k[:, j0:j1], n, inv_freq, kind, options, frames)
+            logits, bent_mask = _tile_logits(block, k_rot, n, kind, may_mask, options)
+            p = torch.exp(block.scaled(logits) - row_lse[..., None])  # masked entries: exp(-inf) = 0
+            if lost.any():
+                p = torch.where(lost[..., None], torch.exp(block.scaled(logits - run_max[..., None]) -
+                                                           log_sum[..., None]), p)
             dv[:, j0:j1] += _group_sum(torch.einsum("bhij,bhid->bjhd", p, d_out), group)
-            d_p = torch.einsum("bhid,bjhd->bhij", d_out, values)
-            d_logits = p * (d_p - delta[..., None]) * _row_scale(m, options)  # dL = s dS
+            d_p = torch.einsum("bhid,bjhd->bhij", d_out, values[:, j0:j1].repeat_interleave(group, dim=2))
+            d_logits = p * (d_p - delta[..., None])  # dS'' = dS 2^-E
+            d_logits = d_logits * (block.mantissa[:, None] if block.mantissa.dim() else block.mantissa)  # M dS''
             parts = {"plain": [d_logits, None], "bent": [None, d_logits]}.get(kind)
             if parts is None:  # both: split by the window mask
                 parts = [d_logits.masked_fill(bent_mask, 0.0), d_logits.masked_fill(~bent_mask, 0.0)]
@@ -461,9 +596,16 @@ def _backward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOpt
                     continue
                 k_f = k_rot[f].repeat_interleave(group, dim=2)
                 dq_rot[f][:, i0:i1] += torch.einsum("bhij,bjhd->bihd", d_part, k_f)
-                dk_rot[f][:, j0:j1] += _group_sum(torch.einsum("bhij,bihd->bjhd", d_part, q_rot[f]), group)
-    return _unrotated(dq_rot, q_positions, inv_freq, options, query=True), \
-        _unrotated(dk_rot, k_positions, inv_freq, options, query=False), dv
+                q_f = block.common_frame(f, common)
+                dk_rot[f][:, j0:j1] += _group_sum(torch.einsum("bhij,bihd->bjhd", d_part, q_f), group)
+    # dq = s c a^2 R^T sum_j dS k_rot (rotary part; the tail without a^2), dk = R^T sum_i s c dS (a^2-scaled q_rot)
+    rotary_dim, exponent = 2 * inv_freq.shape[0], frames.scale_exponent + e_ds
+    dq = _unrotated(dq_rot, q_positions, inv_freq, options, query=True)
+    dq[..., :rotary_dim] = _ldexp(dq[..., :rotary_dim] * frames.factor_mantissa,
+                                  exponent + frames.keys + frames.factor_exponent)
+    dq[..., rotary_dim:] = _ldexp(dq[..., rotary_dim:], exponent + frames.keys)
+    dk = _ldexp(_unrotated(dk_rot, k_positions, inv_freq, options, query=False), exponent + common)
+    return dq, dk, _ldexp(dv, e_ds - ev)
 
 
 def _unrotated(frames, positions, inv_freq, options: AttentionOptions, query: bool):
@@ -471,7 +613,8 @@ def _unrotated(frames, positions, inv_freq, options: AttentionOptions, query: bo
     grad = torch.empty_like(frames[0])
     for t0 in range(0, grad.shape[1], options.block_size):
         t1, p = t0 + options.block_size, positions[t0 : t0 + options.block_size]
-        grad[:, t0:t1] = sum(_unrotate(g[:, t0:t1], p, inv_freq, options, f == 1, query) for f, g in enumerate(frames))
+        grad[:, t0:t1] = sum(_rotated(g[:, t0:t1], p, inv_freq, options, bent=f == 1, query=query, conjugate=True)
+                             for f, g in enumerate(frames))
     return grad
 
 
@@ -502,8 +645,9 @@ def blockwise_attention(
     attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the float64 output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the
-    float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]``. Differentiable in q, k and
-    v (and through lse): the backward is :func:`blockwise_attention_backward`.
+    float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]`` (±inf where it is beyond
+    float64's range). Differentiable in q, k and v (and through lse): the backward is
+    :func:`blockwise_attention_backward`.
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
@@ -564,7 +708,9 @@ def blockwise_attention_backward(
     attention_factor: Number = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
-    (module docstring) for its saved ``out``, ``lse`` and the incoming ``grad_out``, ``grad_lse``."""
+    (module docstring) for its saved ``out``, ``lse`` (an LSE of ±inf included: those rows are recomputed)
+    and the incoming ``grad_out``, ``grad_lse``. Finite inputs give finite gradients, or ±inf beyond the
+    range of their dtype, never NaN."""
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                               softmax_scale, block_size, logn_length, attention_factor)
     _check_saved(q, v, out, lse, grad_out, grad_lse)

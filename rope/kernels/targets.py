@@ -152,6 +152,8 @@ def compile_attention_variant(arch: int, dtype: str, mode: int, causal: bool, in
                                                   causal=causal, mode=mode, logn=logn,
                                                   dtype=getattr(torch, _TORCH_DTYPES[dtype]))
     constants.update(BLOCK_M=block_m, BLOCK_N=block_n)
+    if kernel in ("dkdv", "dq"):
+        constants.update(SCALE_AFTER=False)  # the ordinary scales' variant
     names = function.arg_names
     signature = {name: "constexpr" if name in constants else _attention_type(name, dtype) for name in names}
     aligned = [name for name in names if signature[name].startswith("*") or signature[name] == "i64"]

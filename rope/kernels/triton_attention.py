@@ -14,11 +14,19 @@ tile rule), in float32 with the dot products on the inputs' dtype:
   (:func:`.triton_rotary.cos_sin_of_int32_turns`, within 1.35 2^-24 for ``|m|`` < 2^31);
 * the rotated pairs y_a = x_a cos - x_b sin, y_b = x_b cos + x_a sin in float32 (fused
   multiply-adds), rounded to q's dtype: the operands of ``tl.dot``, exactly what a separate
-  rotary pass would have written to memory (float32 inputs: IEEE float32 products, no TF32);
+  rotary pass would have written to memory (float32 inputs: IEEE float32 products, no TF32).
+  float16 excepted: a turned pair reaches sqrt(2) a max|x|, beyond float16's range for |x| near
+  65504, so its operands are y 2^-c with c = ceil(log2(sqrt(2) a)) (:func:`operand_prescale`; the
+  same rounding, halved exactly, except in float16's subnormal range) and the rotary part of each
+  logit (of dq and dk in the backward) is multiplied back by 2^2c in float32;
 * logits L = q_a . k_a + q_b . k_b + q_tail . k_tail (three dot products: the pairs' two halves
   and the unrotated coordinates past ``rotary_dim``), accumulated in float32;
-* online softmax in base 2 (x = L s log2 e), P rounded to v's dtype for P V, float32 accumulator;
-  the output rounded once to q's dtype, and the row logsumexp (natural log) in float32.
+* online softmax in base 2 with the running maximum taken over the logits before the scale r = s log2 e
+  (times the row's log-n factor; r > 0 moves no maximum): P = 2^(r (L - max L)), whose exponent is 0 at
+  the maximum and finite or -inf elsewhere for every scale the options accept, so that a scale whose
+  scaled logits are beyond float32's range gives the hard maximum (not 0 * inf or inf - inf);
+  P rounded to v's dtype for P V, float32 accumulator; the output rounded once to q's dtype, and the
+  row logsumexp (natural log) in float32, ±inf where it is beyond float32's range.
 
 ReRoPE and Leaky ReRoPE (:mod:`rope.attention.rerope`): the second pass's logit is a plain RoPE
 logit in a *bent frame* (:func:`rope.attention.rerope.bent_frame`), so it too is one dot product
@@ -46,7 +54,10 @@ and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k,
 positions (any integer dtype), one row for the batch or one per sequence, with ``|m|`` < 2^31, so
 that every angle is reduced exactly and every difference m - n is an int64; every query with a key to
 attend to; log2(e) softmax_scale attention_factor^2 within float32's range; CUDA tensors, or CPU
-tensors in Triton's interpreter.
+tensors in Triton's interpreter. The values are not checked (it would cost a pass over q and k): a
+logit q . k a^2 beyond float32's range (float32 or bfloat16 inputs from about 1e18 / a; float16
+inputs only with a beyond about 1e13) is infinite in the kernel and gives NaN;
+:func:`rope.attention.blockwise.rotary_attention` computes it (:func:`launch`).
 
 The backward is :mod:`.triton_attention_backward`; both are differentiable operators in
 :mod:`.attention_operators` (:func:`.attention_operators.fused_rotary_attention`). No GPU ran these
@@ -160,10 +171,13 @@ def tile_dot(a, b, acc, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
 
 @triton.jit
 def tile_logits(qa, qb, qt, ka, kb, kt, HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr,
-                BF16_BY_BITS: tl.constexpr):
-    """q . k for every (query, key) of the tile, float32 [BLOCK_M, BLOCK_N]: the pairs' halves and the tail."""
+                BF16_BY_BITS: tl.constexpr, ROT_SCALE: tl.constexpr):
+    """q . k for every (query, key) of the tile, float32 [BLOCK_M, BLOCK_N]: the pairs' halves and the tail.
+    ``ROT_SCALE`` 2^2c undoes the prescale 2^-c of each rotated operand (float16, :func:`operand_prescale`)."""
     x = tile_dot(qa, tl.trans(ka), tl.zeros((qa.shape[0], ka.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
     x = tile_dot(qb, tl.trans(kb), x, PRECISION, BF16_BY_BITS)
+    if ROT_SCALE != 1.0:
+        x = x * ROT_SCALE
     if HAS_TAIL:
         x = tile_dot(qt, tl.trans(kt), x, PRECISION, BF16_BY_BITS)
     return x
@@ -254,11 +268,13 @@ def attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, r
                      HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
                      V_DIM: tl.constexpr, V_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr,
                      MODE: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
-                     ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr, BLOCK_N: tl.constexpr):
+                     ROTATE: tl.constexpr, FMA_BY_PARTS: tl.constexpr, BLOCK_N: tl.constexpr,
+                     ROT_SCALE: tl.constexpr):
     """(m_run, l_run, acc) after folding the keys [start, start + BLOCK_N) before ``end`` into the
     online softmax of the query rows (their frames, positions m in [m_lo, m_hi], log2(e) s times
     their log-n factors ``row_scale``): the tile rule, each key frame rotated only where the tile
-    takes that pass, one product per frame, the causal mask, then the running max, sum and P V."""
+    takes that pass, one product per frame, the causal mask, then the running max (``m_run``: of the
+    logits before the scale), sum and P V."""
     HAS_TAIL: tl.constexpr = TAIL > 0
     d = tl.arange(0, V_PAD)
     cols, col_mask, n, n_lo, n_hi = token_block(K_POS, start, end, BLOCK_N)
@@ -267,30 +283,32 @@ def attend_key_block(m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, r
         # Each frame's keys are rotated only where the tile takes that pass
         if MODE == 0:
             ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
         else:
             if m_hi - n_lo < window:  # plain: every pair has r < w
                 ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-                x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
             else:
                 if MODE == 1:  # ReRoPE: keys unrotated (times the attention factor)
                     ka2 = scaled_tile(ka, factor, BF16_BY_BITS, ROTATE)
                     kb2 = scaled_tile(kb, factor, BF16_BY_BITS, ROTATE)
                 else:
                     ka2, kb2 = rotated_tile(ka, kb, n[:, None] * leaky_per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-                x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
                 if m_lo - n_hi < window:  # both: the boundary r = w crosses the tile
                     ka1, kb1 = rotated_tile(ka, kb, n[:, None] * per, factor, BF16_BY_BITS, ROTATE, FMA_BY_PARTS)
-                    plain = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    plain = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
                     x = tl.where((m[:, None] - n[None, :]) < window, plain, x)
         valid = col_mask[None, :]
         if CAUSAL:
             valid = valid & (n[None, :] <= m[:, None])
-        x = tl.where(valid, x * row_scale[:, None], float("-inf"))
+        # the running maximum of the unscaled logits (row_scale > 0): the gaps x - max are finite (or -inf where
+        # masked) and their scaled values never inf - inf or 0 * inf, whatever the scale
+        x = tl.where(valid, x, float("-inf"))
         m_new = tl.maximum(m_run, tl.max(x, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen only masked keys
-        p = tl.exp2(x - shift[:, None])
-        rescale = tl.exp2(m_run - shift)
+        p = tl.exp2((x - shift[:, None]) * row_scale[:, None])
+        rescale = tl.exp2((m_run - shift) * row_scale)
         l_run = l_run * rescale + tl.sum(p, 1)
         v_mask = col_mask[:, None] & (d < V_DIM)[None, :]
         v = tl.load(v_head + cols[:, None] * sv_s + d[None, :], mask=v_mask, other=0.0)
@@ -324,7 +342,7 @@ def attention_forward_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
     # Launch sizes
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -354,22 +372,23 @@ def attention_forward_kernel(
             m_run, l_run, acc, qa1, qb1, qa2, qb2, qt, m, m_lo, m_hi, row_scale, k_head, v_head,
             K_POS + batch * spk_b, start, k_len, sk_s, sv_s, per, leaky_per, factor, window,
             HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
-            FMA_BY_PARTS, BLOCK_N)
+            FMA_BY_PARTS, BLOCK_N, ROT_SCALE)
 
     seen = l_run != 0  # every real row (launch() refuses queries without a key), NaN sums included
     out = acc / tl.where(seen, l_run, 1.0)[:, None]
     o_row = OUT + batch * so_b + rows * so_s + head * so_h
     o_mask = row_mask[:, None] & (d < V_DIM)[None, :]
     tl.store(o_row[:, None] + d[None, :], round_to_dtype(out, OUT.dtype.element_ty, BF16_BY_BITS), mask=o_mask)
-    lse = (m_run + tl.log2(tl.where(seen, l_run, 1.0))) * LN2_C
+    lse = m_run * (row_scale * LN2_C) + tl.log2(tl.where(seen, l_run, 1.0)) * LN2_C  # ±inf beyond float32's range
     tl.store(LSE + bh.to(tl.int64) * q_len + rows, lse, mask=row_mask)
 
 
 def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved: bool, causal: bool, mode: int,
                      dtype: torch.dtype, bf16_by_bits: bool = False, rotate: bool = True, logn: bool = False,
-                     fma_by_parts: bool = False, python_loops: bool = False) -> dict:
+                     fma_by_parts: bool = False, python_loops: bool = False, attention_factor: float = 1.0) -> dict:
     """The ``tl.constexpr`` arguments of :func:`attention_forward_kernel` other than the launch sizes.
-    ``tl.dot`` needs every dimension of at least 16: the pads are powers of two from 16."""
+    ``tl.dot`` needs every dimension of at least 16: the pads are powers of two from 16. ``ROT_SCALE``:
+    2^2c for the prescale 2^-c of :func:`operand_prescale`."""
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     pad = lambda width: max(16, triton.next_power_of_2(max(width, 1)))  # noqa: E731
     return dict(
@@ -377,7 +396,21 @@ def kernel_constants(head_dim: int, rotary_dim: int, v_dim: int, *, interleaved:
         INTERLEAVED=interleaved, CAUSAL=causal, MODE=mode,
         PRECISION="ieee" if dtype == torch.float32 else "tf32",  # float32: no TF32 rounding of the operands
         BF16_BY_BITS=bf16_by_bits, ROTATE=rotate, LOGN=logn, FMA_BY_PARTS=fma_by_parts, PYTHON_LOOPS=python_loops,
+        ROT_SCALE=4.0 ** operand_prescale(dtype, attention_factor if rotate else None),
     )
+
+
+def operand_prescale(dtype: torch.dtype, attention_factor: float | None) -> int:
+    """c >= 0 such that the rotated operands a R x 2^-c of float16 q and k stay within float16's range for
+    every finite x: |a R x| <= sqrt(2) a 65504 (each coordinate of a turned pair), so c = ceil(log2(sqrt(2) a)).
+    The kernels pass a 2^-c as the factor of their rotations (so the operands are a R x 2^-c rounded to
+    float16: the rounding of a R x, halved exactly, above float16's subnormal range) and multiply the
+    rotary part of each logit by 2^2c (``ROT_SCALE``) and the rotary part of dq and dk likewise. 0 for
+    bfloat16 and float32, whose operands overflow only beyond float32's logits, and without rotation
+    (``attention_factor`` None)."""
+    if dtype != torch.float16 or attention_factor is None:
+        return 0
+    return max(0, math.ceil(math.log2(math.sqrt(2.0) * attention_factor)))
 
 
 def leaky_frequencies(inv_freq: torch.Tensor, leaky_scale: float) -> torch.Tensor:
@@ -440,9 +473,10 @@ def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, 
 def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool = False) -> None:
     """Refuse a softmax_scale s and attention_factor a whose largest logit factor, log2(e) s a^2
     times the largest log-n factor (positions below 2^31), exceeds float32's range: the kernels
-    hold log2(e) s (times the log-n factors) and a in float32 and scale float32 logits by them, so
-    an infinite factor would give NaN where the float64 reference is finite. Only the options are
-    read; an overflow of ``|q . k| s a^2`` itself (values) is not checked (:func:`launch`)."""
+    hold log2(e) s (times the log-n factors) and a in float32 and scale the gaps between float32 logits
+    and their row's maximum by them, which a finite factor keeps 0 at the maximum (an infinite one
+    would give inf * 0 = NaN). Only the options are read; any finite factor is taken, however far
+    s a^2 |q . k| lies beyond float32's range (the output is then the hard maximum, :func:`launch`)."""
     logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
     a = options.attention_factor
     largest = _LOG2E * options.scale * logn * a * a  # products: inf beyond float64, not OverflowError (a**2)
@@ -471,6 +505,12 @@ class Launch:
     constants: dict
     sizes: dict  # BLOCK_M, BLOCK_N
     launch_options: dict  # num_warps (num_stages)
+
+    @property
+    def factor(self) -> float:
+        """The factor of the kernels' rotations: a 2^-c (exact), c the float16 operands' prescale
+        (:func:`operand_prescale`; ``ROT_SCALE`` = 2^2c)."""
+        return self.options.attention_factor / math.sqrt(self.constants["ROT_SCALE"])
 
     def runtime_scalars(self, q: torch.Tensor, k: torch.Tensor) -> tuple:
         """q_len, k_len, heads_q, group, qk_scale = softmax_scale log2(e), window."""
@@ -508,7 +548,7 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
     constants = kernel_constants(q.shape[3], 2 * inv_freq.numel(), v.shape[3],
                                  interleaved=options.layout == "interleaved", causal=options.causal, mode=mode,
                                  dtype=q.dtype, bf16_by_bits=interpreted, fma_by_parts=needs_fma_by_parts(),
-                                 python_loops=interpreted,
+                                 python_loops=interpreted, attention_factor=options.attention_factor,
                                  rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
     if not constants["ROTATE"] and options.attention_factor != 1.0:
         raise ValueError(f"attention_factor = {options.attention_factor} scales the rotation: rotate=False takes 1")
@@ -559,10 +599,16 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
 
     The logits are float32 (module docstring): ``ValueError`` where the factor they are scaled by,
     log2(e) ``softmax_scale`` a^2 (times the largest log-n factor), or a itself, exceeds float32's
-    range (:func:`check_logit_scale`, from the options alone). The values are not checked: a
-    rotated coordinate a x beyond the range of q's dtype, or a logit ``|q . k| s a^2`` beyond
-    float32's, is infinite and gives NaN where the float64 reference is finite. ``v_dim = 0``
-    gives an empty output and every row's lse. CPU tensors need Triton's interpreter
+    range (:func:`check_logit_scale`, from the options alone). Every factor within it is computed:
+    the running maximum is taken before the scale, so scaled logits beyond float32's range give
+    the hard maximum (the mean of v over each row's largest logits, the limit of the softmax) and
+    an lse of ±inf, never NaN. float16 q and k of any finite value are taken (their rotated
+    operands are prescaled by a power of two, module docstring). The values are not checked (a
+    pass over q and k): a logit ``q . k`` a^2 beyond float32's range (float32 or bfloat16 inputs
+    from about 1e18 / a; float16 only with a beyond about 1e13) is infinite and gives NaN where the
+    float64 reference (:func:`rope.attention.blockwise.rotary_attention`, which computes it) is
+    finite.
+    ``v_dim = 0`` gives an empty output and every row's lse. CPU tensors need Triton's interpreter
     (``TRITON_INTERPRET=1``; ``ValueError`` naming q's device otherwise,
     :func:`rope.kernels.triton_rotary.check_launch_device`).
 
@@ -592,7 +638,7 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
             *v.stride()[:3],
             *out.stride()[:3],
             *run.batch_strides,
-            *run.runtime_scalars(q, k), run.options.attention_factor,
+            *run.runtime_scalars(q, k), run.factor,
             **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
         )
     return out, lse

@@ -26,15 +26,28 @@ inputs: IEEE float32, no TF32), float32 accumulators, each gradient rounded once
 dtype. The tiles follow the forward's rule (:func:`_tile_passes`): causal tiles with every key
 after every query are skipped, a tile the window boundary does not cross takes the products of
 its one frame (logits, dq or dk), and only the tiles it crosses take both, pair by pair.
+
+At the float limits. P is recomputed from the float32 LSE, so its exponent s L - LSE carries an
+error of about |LSE| 2^-24: the gradients lose accuracy as the scaled logits grow (beyond 2^20 or so
+the weights are no longer the softmax's), and the exponent is taken at most 0 (P <= 1), so that the
+rounding never makes P infinite. An LSE of ±inf (the forward's scaled logits beyond float32's
+range) leaves nothing to recompute P from: :func:`launch_backward` refuses it, naming lse
+(:func:`rope.attention.blockwise.blockwise_attention_backward` differentiates those rows in
+float64). Where softmax_scale times the largest log-n factor exceeds 1, s multiplies the summed dq
+and dk rather than each tile's dL (``SCALE_AFTER``, :func:`scale_after_the_sums`), so that a large
+scale cannot make dL infinite in the inputs' dtype and its products with zeros NaN.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import _checks
+from ..limits import MAX_POSITION
 from .emulation import fma, loop_bound
 from .triton_attention import (
     frame_turns,
@@ -107,26 +120,32 @@ def _key_frames(ka, kb, n, per, leaky_per, factor, plain, bent, MODE: tl.constex
 @triton.jit
 def _probabilities_and_dlogits(qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta,
                                factors, window, qk_scale, softmax_scale, plain, bent, MODE: tl.constexpr,
-                               HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr):
+                               HAS_TAIL: tl.constexpr, PRECISION: tl.constexpr, BF16_BY_BITS: tl.constexpr,
+                               SCALE_AFTER: tl.constexpr, ROT_SCALE: tl.constexpr):
     """(P, dL, bent_pairs) of one tile, [BLOCK_M, BLOCK_N] float32: the recomputed softmax weights,
-    the logits' gradient s f P (dP - D) (f the rows' log-n ``factors``, else 1) and the mask of
-    pairs that take pass 2 (False without a window). The logits take one product per frame the
-    tile needs (:func:`_tile_passes`)."""
+    the logits' gradient s f P (dP - D) (f the rows' log-n ``factors``, else 1; without s where
+    ``SCALE_AFTER``: the kernels multiply the accumulated gradients by s) and the mask of pairs
+    that take pass 2 (False without a window). The logits take one product per frame the tile
+    needs (:func:`_tile_passes`). P = exp(s f L - LSE) <= 1: the exponent is taken at most 0, as
+    the float32 rounding of a large LSE could put it above (and P at inf)."""
     bent_pairs = (m[:, None] - n[None, :]) >= window
     if MODE != 0:
         if plain:
-            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
             if bent:  # the boundary r = w crosses the tile
-                bent_x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                bent_x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
                 x = tl.where(bent_pairs, bent_x, x)
         else:
-            x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+            x = tile_logits(qa2, qb2, qt, ka2, kb2, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
     else:
-        x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS)
+        x = tile_logits(qa1, qb1, qt, ka1, kb1, kt, HAS_TAIL, PRECISION, BF16_BY_BITS, ROT_SCALE)
         bent_pairs = bent_pairs & (window < 0)  # no pair is bent (window is 0)
-    p = tl.where(valid, tl.exp2(x * (qk_scale * factors)[:, None] - lse[:, None] * LOG2E_C), 0.0)
+    p = tl.where(valid, tl.exp2(tl.minimum(x * (qk_scale * factors)[:, None] - lse[:, None] * LOG2E_C, 0.0)), 0.0)
     dp = tile_dot(do, tl.trans(v), tl.zeros((do.shape[0], v.shape[0]), tl.float32), PRECISION, BF16_BY_BITS)
-    d_logits = p * (dp - delta[:, None]) * (softmax_scale * factors)[:, None]
+    if SCALE_AFTER:
+        d_logits = p * (dp - delta[:, None]) * factors[:, None]
+    else:
+        d_logits = p * (dp - delta[:, None]) * (softmax_scale * factors)[:, None]
     return p, d_logits, bent_pairs
 
 
@@ -193,7 +212,9 @@ def attention_dkdv_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
+    # softmax_scale applied to the accumulated dq, dk (not to each tile's dL): _probabilities_and_dlogits
+    SCALE_AFTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (j, b h_k): dk and dv of keys [j BLOCK_N, (j + 1) BLOCK_N) of key head h_k of batch
@@ -243,7 +264,8 @@ def attention_dkdv_kernel(
                 do = tl.load(do_head + rows[:, None] * sdo_s + d[None, :], mask=do_mask, other=0.0)
                 p, d_logits, bent_pairs = _probabilities_and_dlogits(
                     qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
-                    qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                    qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS, SCALE_AFTER,
+                    ROT_SCALE)
                 dv = tile_dot(tl.trans(round_to_dtype(p, do.dtype, BF16_BY_BITS)), do, dv, PRECISION, BF16_BY_BITS)
                 dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
                 dka1, dkb1, dka2, dkb2, dkt = _frame_gradients(
@@ -258,6 +280,10 @@ def attention_dkdv_kernel(
         dka2, dkb2 = _turned_back(dka2, dkb2, n[:, None] * leaky_per, factor, ROTATE, FMA_BY_PARTS)
         dka += dka2
         dkb += dkb2
+    if ROT_SCALE != 1.0:  # the rotated operands' prescale (float16)
+        dka, dkb = dka * ROT_SCALE, dkb * ROT_SCALE
+    if SCALE_AFTER:  # s times the finite sums: ±inf beyond float32's range, never 0 * inf
+        dka, dkb, dkt = dka * softmax_scale, dkb * softmax_scale, dkt * softmax_scale
     _store_head(DK + batch * sdk_b + cols * sdk_s + head_k * sdk_h, col_mask, dka, dkb, dkt, HALF, HALF_PAD, TAIL,
                 TAIL_PAD, INTERLEAVED, BF16_BY_BITS)
     dv_row = DV + batch * sdv_b + cols * sdv_s + head_k * sdv_h
@@ -289,7 +315,9 @@ def attention_dq_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
+    # softmax_scale applied to the accumulated dq, dk (not to each tile's dL): _probabilities_and_dlogits
+    SCALE_AFTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (i, b h): dq of queries [i BLOCK_M, (i + 1) BLOCK_M) of query head h of batch row b."""
@@ -333,7 +361,8 @@ def attention_dq_kernel(
                 valid = valid & (n[None, :] <= m[:, None])
             p, d_logits, bent_pairs = _probabilities_and_dlogits(
                 qa1, qb1, qa2, qb2, qt, ka1, kb1, ka2, kb2, kt, v, do, m, n, valid, lse, delta, factors, window,
-                qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS)
+                qk_scale, softmax_scale, plain, bent, MODE, HAS_TAIL, PRECISION, BF16_BY_BITS, SCALE_AFTER,
+                ROT_SCALE)
             dl = round_to_dtype(d_logits, qa.dtype, BF16_BY_BITS)
             dqa1, dqb1, dqa2, dqb2, dqt = _frame_gradients(
                 dl, bent_pairs, ka1, kb1, ka2, kb2, kt, dqa1, dqb1, dqa2, dqb2, dqt, plain, bent, MODE, HAS_TAIL,
@@ -344,6 +373,10 @@ def attention_dq_kernel(
         dqa2, dqb2 = _turned_back(dqa2, dqb2, bent_turns, factor, ROTATE, FMA_BY_PARTS)
         dqa += dqa2
         dqb += dqb2
+    if ROT_SCALE != 1.0:
+        dqa, dqb = dqa * ROT_SCALE, dqb * ROT_SCALE
+    if SCALE_AFTER:
+        dqa, dqb, dqt = dqa * softmax_scale, dqb * softmax_scale, dqt * softmax_scale
     _store_head(DQ + batch * sdq_b + rows * sdq_s + head * sdq_h, row_mask, dqa, dqb, dqt, HALF, HALF_PAD, TAIL,
                 TAIL_PAD, INTERLEAVED, BF16_BY_BITS)
 
@@ -383,12 +416,19 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     for its ``out`` and ``lse`` and the incoming ``grad_out`` (out's shape) and ``grad_lse``
     (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
     (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline),
-    except the launch sizes: on a GPU those not given are :data:`DKDV_LAUNCH` and :data:`DQ_LAUNCH`."""
+    except the launch sizes: on a GPU those not given are :data:`DKDV_LAUNCH` and :data:`DQ_LAUNCH`.
+    An lse with an infinite value (a row's logsumexp beyond float32's range) raises ``ValueError``
+    naming lse (eager off CUDA, a device assertion on it); a NaN (a NaN input's row) stays in its rows."""
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
                          attention_factor=attention_factor)
     check_saved(q, v, out, lse, grad_out, grad_lse)
+    # an LSE of ±inf (beyond float32's range: the forward's logits times softmax_scale) leaves no softmax to
+    # recompute (P = exp(s L - LSE)); NaN (a NaN input's row) stays in its rows, as in the forward
+    _checks.assert_values("lse", ~lse.isinf().any(), "no infinite value: a row's logsumexp beyond float32's range "
+                          "(softmax_scale times the logits) leaves the kernels' backward without its softmax weights "
+                          "(rope.attention.blockwise differentiates it in float64)")
     # contiguous, as the fake implementation's (the kernels take the strides; empty_like would keep
     # a permuted q's layout, which torch.compile's traced graph would not expect)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -402,18 +442,29 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     batch, q_len, heads_q, _ = q.shape
     common = (run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
-    scalars = (*run.runtime_scalars(q, k), run.options.scale, run.options.attention_factor)
+    scalars = (*run.runtime_scalars(q, k), run.options.scale, run.factor)
+    scale_after = dict(SCALE_AFTER=scale_after_the_sums(run.options))
     dkdv = _kernel_launch(run, DKDV_LAUNCH, block_m, block_n, num_warps, num_stages)
     dq_sizes = _kernel_launch(run, DQ_LAUNCH, block_m, block_n, num_warps, num_stages)
     with launch_device(q):
         grid = (triton.cdiv(k.shape[1], dkdv["BLOCK_N"]), batch * k.shape[2])
         attention_dkdv_kernel[grid](q, k, v, grad_out, lse, delta, dk, dv, *common, *strides, *dk.stride()[:3],
-                                    *dv.stride()[:3], *run.batch_strides, *scalars, **run.constants, **dkdv,
-                                    enable_fp_fusion=False)
+                                    *dv.stride()[:3], *run.batch_strides, *scalars, **run.constants, **scale_after,
+                                    **dkdv, enable_fp_fusion=False)
         grid = (triton.cdiv(q_len, dq_sizes["BLOCK_M"]), batch * heads_q)
         attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
-                                  *run.batch_strides, *scalars, **run.constants, **dq_sizes, enable_fp_fusion=False)
+                                  *run.batch_strides, *scalars, **run.constants, **scale_after, **dq_sizes,
+                                  enable_fp_fusion=False)
     return dq, dk, dv
+
+
+def scale_after_the_sums(options) -> bool:
+    """Whether the backward kernels apply softmax_scale s to the accumulated dq and dk rather than to each
+    tile's dL: where s times the largest log-n factor exceeds 1, so that a large s (up to float32's range,
+    :func:`.triton_attention.check_logit_scale`) cannot make a dL infinite in the inputs' dtype, whose
+    products with zeros would give NaN. Ordinary scales keep dL = s f P (dP - D) rounded once."""
+    logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
+    return options.scale * logn > 1.0
 
 
 def check_saved(q, v, out, lse, grad_out, grad_lse) -> None:

@@ -10,11 +10,15 @@ Massa and Sizov, "Flash-Decoding for long-context inference", 2023), changes bot
 * the rows of a program are the queries of every head that shares one key head (GQA packing:
   q_len x group rows, so each cached key is loaded once per key head, not once per query head);
 * the keys are cut into ``splits`` chunks of whole key blocks, one program per (chunk, key head,
-  sequence), each folding its chunk into a partial output O_s (normalised by its own sum) and
-  partial log-sum-exp LSE_s with the same online softmax, tile rule and rotations as the prefill
-  kernel (:func:`.triton_attention.attend_key_block`);
-* the partials combine exactly: LSE = log sum_s exp(LSE_s) and O = sum_s exp(LSE_s - LSE) O_s
-  (a chunk with no key a row may see has LSE_s = -inf and weight 0).
+  sequence), each folding its chunk into a partial output O_s (normalised by its own sum l_s) and
+  the maximum M_s of its logits before the scale, with the same online softmax, tile rule and
+  rotations as the prefill kernel (:func:`.triton_attention.attend_key_block`);
+* the partials combine exactly: LSE = log sum_s exp(LSE_s) and (:func:`combine_partials`), with
+  r the row's scale log2(e) s (times its log-n factor) and M = max_s M_s, the weights
+  w_s = l_s 2^(r (M_s - M)) / sum_t l_t 2^(r (M_t - M)) (= exp(LSE_s - LSE)) give
+  O = sum_s w_s O_s (a chunk with no key a row may see has M_s = -inf and weight 0). The maxima
+  are taken before the scale, as in the prefill kernel, so that no scale the options accept makes
+  a weight inf - inf (exp(LSE_s - LSE) would, where the LSEs are beyond float32's range).
 
 The logits, options and domain are those of :func:`.triton_attention.launch`; the partials are
 float32, the output is rounded once to q's dtype. :func:`prefers_decode` says when the operators
@@ -66,11 +70,11 @@ def _group_rows(Q_POS, q_len, group, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def attention_decode_kernel(
-    # Tensors: q, k, v; the partial outputs (float32 [batch, heads_q, q_len, splits, V_DIM]) and
-    # log-sum-exps (float32 [batch, heads_q, q_len, splits]); positions and frequencies as the
-    # prefill kernel takes them
+    # Tensors: q, k, v; the partial outputs (float32 [batch, heads_q, q_len, splits, V_DIM]), log-sum-exps,
+    # maxima of the logits before the scale and sums (float32 [batch, heads_q, q_len, splits]); positions and
+    # frequencies as the prefill kernel takes them
     Q, K, V,
-    OUT_PART, LSE_PART,
+    OUT_PART, LSE_PART, MAX_PART, SUM_PART,
     Q_POS, K_POS, FREQ, LEAKY_FREQ, ROW_SCALE,
     # Strides (batch, token, head) in elements; the last dimension of each is contiguous
     sq_b, sq_s, sq_h,
@@ -86,7 +90,7 @@ def attention_decode_kernel(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr, PRECISION: tl.constexpr,
     BF16_BY_BITS: tl.constexpr, ROTATE: tl.constexpr, LOGN: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
-    PYTHON_LOOPS: tl.constexpr,
+    PYTHON_LOOPS: tl.constexpr, ROT_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (s, b h_k): every query of the query heads h_k group .. (h_k + 1) group - 1 of batch
@@ -117,16 +121,19 @@ def attention_decode_kernel(
             K + batch * sk_b + head_k * sk_h, V + batch * sv_b + head_k * sv_h,
             K_POS + batch * spk_b, start, end, sk_s, sv_s, per, leaky_per, factor, window,
             HALF, HALF_PAD, TAIL, TAIL_PAD, V_DIM, V_PAD, INTERLEAVED, CAUSAL, MODE, PRECISION, BF16_BY_BITS, ROTATE,
-            FMA_BY_PARTS, BLOCK_N)
+            FMA_BY_PARTS, BLOCK_N, ROT_SCALE)
 
-    # The chunk's partial: O_s = acc / l and LSE_s = log l + max (-inf, with O_s = 0, where a row saw no key)
+    # The chunk's partial: O_s = acc / l, LSE_s as the prefill kernel's (-inf, with O_s = 0, where a row saw no
+    # key), the maximum M_s of its logits before the scale and its sum l_s
     seen = l_run != 0  # NaN sums included
     out = acc / tl.where(seen, l_run, 1.0)[:, None]
-    lse = tl.where(seen, (m_run + tl.log2(tl.where(seen, l_run, 1.0))) * LN2_C, float("-inf"))
+    lse = tl.where(seen, m_run * (row_scale * LN2_C) + tl.log2(tl.where(seen, l_run, 1.0)) * LN2_C, float("-inf"))
     part = ((batch * heads_q + head) * q_len + token) * splits + split
     d = tl.arange(0, V_PAD)
     tl.store(OUT_PART + part[:, None] * V_DIM + d[None, :], out, mask=row_mask[:, None] & (d < V_DIM)[None, :])
     tl.store(LSE_PART + part, lse, mask=row_mask)
+    tl.store(MAX_PART + part, m_run, mask=row_mask)
+    tl.store(SUM_PART + part, l_run, mask=row_mask)
 
 
 def prefers_decode(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -187,22 +194,41 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
     splits = triton.cdiv(k_len, chunk)  # no empty chunk
     out_part = torch.empty(batch, heads_q, q_len, splits, v.shape[3], dtype=torch.float32, device=q.device)
     lse_part = torch.empty(batch, heads_q, q_len, splits, dtype=torch.float32, device=q.device)
+    max_part, sum_part = torch.empty_like(lse_part), torch.empty_like(lse_part)
     rows = max(16, triton.next_power_of_2(q_len * (heads_q // heads_k)))
     with launch_device(q):
         attention_decode_kernel[(splits, batch * heads_k)](
             q, k, v,
-            out_part, lse_part,
+            out_part, lse_part, max_part, sum_part,
             run.q_positions, run.k_positions, run.inv_freq, run.leaky, run.row_scale,
             *q.stride()[:3],
             *k.stride()[:3],
             *v.stride()[:3],
             *run.batch_strides,
             q_len, k_len, heads_q, heads_q // heads_k, chunk, splits,
-            *run.runtime_scalars(q, k)[4:], run.options.attention_factor,
+            *run.runtime_scalars(q, k)[4:], run.factor,
             **run.constants, BLOCK_M=rows, BLOCK_N=block_n, **run.launch_options, enable_fp_fusion=False,
         )
-    # LSE = log sum_s exp(LSE_s); O = sum_s exp(LSE_s - LSE) O_s (a NaN stays NaN)
-    lse = torch.logsumexp(lse_part, dim=-1)
-    combined = (torch.exp(lse_part - lse[..., None])[..., None] * out_part).sum(dim=-2)
-    out.copy_(combined.transpose(1, 2))
-    return out, lse
+    out.copy_(combine_partials(out_part, max_part, sum_part, _row_scales(run, q)).transpose(1, 2))
+    return out, torch.logsumexp(lse_part, dim=-1)  # LSE = log sum_s exp(LSE_s): ±inf where one is
+
+
+def _row_scales(run, q: torch.Tensor) -> torch.Tensor:
+    """Each query row's log2(e) s times its log-n factor, float32 as the kernel computes it, broadcasting
+    with ``[batch, heads_q, q_len]``."""
+    scale = torch.tensor(run.runtime_scalars(q, q)[4], dtype=torch.float32, device=q.device)
+    if not run.constants["LOGN"]:
+        return scale
+    factors = run.row_scale if run.row_scale.dim() == 2 else run.row_scale[None]  # [batch or 1, q_len]
+    return factors[:, None, :] * scale
+
+
+def combine_partials(out_part, max_part, sum_part, row_scale):
+    """O = sum_s w_s O_s of the chunks' partials, w_s = l_s 2^(r (M_s - M)) / sum_t l_t 2^(r (M_t - M)) with
+    M = max_s M_s, the maxima taken before the scale r = log2(e) s f: every gap M_s - M is finite or -inf (a
+    chunk without a key for the row), so no weight is inf - inf whatever the scale (exp(LSE_s - LSE) would be
+    where the LSEs are beyond float32's range); one chunk gives its O_s unchanged; a NaN stays NaN."""
+    top = max_part.amax(dim=-1, keepdim=True)
+    weights = sum_part * torch.exp2((max_part - top) * row_scale[..., None])
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights[..., None] * out_part).sum(dim=-2)
