@@ -25,7 +25,7 @@ finite L_j - max L <= 0: 0 at the maximum whatever s (never inf * 0 or inf - inf
 beyond any logit's range gives the hard maximum, the mean of v over each row's largest logits, as
 softmax(s L) V does in the limit. The logits themselves are formed in power-of-two frames, exact in
 binary: each query row is scaled by 2^-G (its largest coordinate, with the attention factor a^2 =
-ma^2 2^(2 ea) on the rotated coordinates, about 1), the keys by 2^-K (K > 0 only where max |k| >= 2^900),
+ma^2 2^(2 ea) on the rotated coordinates, about 1), the keys by 2^-K (K > 0 only where max ``|k|`` >= 2^900),
 so L' = L 2^-(G + K) is finite for every finite q, k and a (a^2 alone may be beyond float64's range); then
 x - m = M 2^F (L' - max L') with M = ms c (s = ms 2^es) and F = es + K + G, the power of two applied last
 (:func:`_ldexp`: ±inf beyond float64's range, never 0 * inf). The values are scaled by 2^-V only where a
@@ -298,7 +298,7 @@ def rotary_attention(
     scaled_dot_product_attention`` would return NaN. ``q_len = 0`` returns an empty output.
 
     Finite inputs never give NaN, at any ``softmax_scale``, ``attention_factor`` and magnitude of q,
-    k and v (module docstring, "Range"): where s a^2 |q . k| is beyond float64's range the output is
+    k and v (module docstring, "Range"): where s a^2 ``|q . k|`` is beyond float64's range the output is
     the limit of the softmax, the mean of v over each row's largest logits, as exact as the logits'
     float64 rounding allows; LSE and the gradients are ±inf where they are beyond float64's range.
     """

@@ -15,7 +15,7 @@ tile rule), in float32 with the dot products on the inputs' dtype:
 * the rotated pairs y_a = x_a cos - x_b sin, y_b = x_b cos + x_a sin in float32 (fused
   multiply-adds), rounded to q's dtype: the operands of ``tl.dot``, exactly what a separate
   rotary pass would have written to memory (float32 inputs: IEEE float32 products, no TF32).
-  float16 excepted: a turned pair reaches sqrt(2) a max|x|, beyond float16's range for |x| near
+  float16 excepted: a turned pair reaches sqrt(2) a max ``|x|``, beyond float16's range for ``|x|`` near
   65504, so its operands are y 2^-c with c = ceil(log2(sqrt(2) a)) (:func:`operand_prescale`; the
   same rounding, halved exactly, except in float16's subnormal range) and the rotary part of each
   logit (of dq and dk in the backward) is multiplied back by 2^2c in float32;

@@ -28,7 +28,7 @@ after every query are skipped, a tile the window boundary does not cross takes t
 its one frame (logits, dq or dk), and only the tiles it crosses take both, pair by pair.
 
 At the float limits. P is recomputed from the float32 LSE, so its exponent s L - LSE carries an
-error of about |LSE| 2^-24: the gradients lose accuracy as the scaled logits grow (beyond 2^20 or so
+error of about ``|LSE|`` 2^-24: the gradients lose accuracy as the scaled logits grow (beyond 2^20 or so
 the weights are no longer the softmax's), and the exponent is taken at most 0 (P <= 1), so that the
 rounding never makes P infinite. An LSE of ±inf (the forward's scaled logits beyond float32's
 range) leaves nothing to recompute P from: :func:`launch_backward` refuses it, naming lse
