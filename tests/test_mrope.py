@@ -279,6 +279,23 @@ def test_apply_mrope_reads_no_tensor_value_on_the_host(backend, monkeypatch):
         assert torch.equal(dict(zip(names, launch))["AXES"], axes)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("bad, error", [
+    (torch.zeros(3, 5, dtype=torch.long), ValueError),  # seq 5, not 4
+    (torch.zeros(2, 4, dtype=torch.long), ValueError),  # two rows, not t, h, w
+    (torch.zeros(3, 2, 4, dtype=torch.long), ValueError),  # batch 2, not 1
+    (torch.zeros(3, 4), TypeError),  # float positions
+])
+def test_bad_position_ids_are_named_on_both_backends(backend, bad, error):
+    """apply_mrope calls its positions position_ids: the kernel path's errors name them so too."""
+    if backend == "triton":
+        pytest.importorskip("rope.kernels.operators")
+    q, k = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 2, 16)
+    theta, axes = rope.inv_freq({}, 16)[0], section_axes([2, 3, 3], 8)
+    with pytest.raises(error, match=r"position_ids"):
+        apply_mrope(q, k, bad, theta, axes, backend=backend)
+
+
 # ----- position ids of text and visual blocks -----------------------------------------------------
 
 

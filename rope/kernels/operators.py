@@ -76,8 +76,10 @@ def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
 
 
 def _check_positions(positions: torch.Tensor, q: torch.Tensor, axes: torch.Tensor | None) -> None:
-    """Integer positions ``[seq]`` or ``[batch, seq]``, with ``axes`` ``[3, seq]`` or ``[3, batch, seq]``."""
-    _checks.integer_tensor("positions", positions)
+    """Integer positions ``[seq]`` or ``[batch, seq]``, with ``axes`` ``[3, seq]`` or ``[3, batch, seq]``
+    (M-RoPE's ``position_ids``, the name :func:`rope.mrope.apply_mrope` gives them: errors say both)."""
+    name = "positions" if axes is None else "positions (M-RoPE position_ids)"
+    _checks.integer_tensor(name, positions)
     batch, seq = q.shape[0], q.shape[1]
     shapes = ((seq,), (batch, seq))
     names = ("[seq]", "[batch, seq]")
@@ -85,7 +87,7 @@ def _check_positions(positions: torch.Tensor, q: torch.Tensor, axes: torch.Tenso
         shapes = tuple((POSITION_AXES, *shape) for shape in shapes)
         names = tuple(f"[{POSITION_AXES}, {name[1:]}" for name in names)
     if tuple(positions.shape) not in shapes:
-        raise ValueError(f"positions must have shape {names[0]} = {list(shapes[0])} or {names[1]} = "
+        raise ValueError(f"{name} must have shape {names[0]} = {list(shapes[0])} or {names[1]} = "
                          f"{list(shapes[1])}{' (axes given: M-RoPE rows t, h, w)' if axes is not None else ''}, "
                          f"got {list(positions.shape)}")
 
