@@ -184,9 +184,9 @@ BAD_CALLS = {
     "axes value 3": (mrope(_axes([0, 3, 1])), ValueError, r"^axes must hold values in \{0, 1, 2\}", "values"),
     "axes value -1": (mrope(_axes([0, -1, 1])), ValueError, r"^axes must hold values in \{0, 1, 2\}", "values"),
     "axes with positions [batch, seq]": (mrope(_axes([0, 1, 2]), (BATCH, SEQ)), ValueError,
-                                         r"^positions must have shape \[3, seq\]", "metadata"),
+                                         r"^positions \(M-RoPE position_ids\) must have shape \[3, seq\]", "metadata"),
     "axes with positions [3, seq + 1]": (mrope(_axes([0, 1, 2]), (3, SEQ + 1)), ValueError,
-                                         r"^positions must have shape \[3, seq\]", "metadata"),
+                                         r"^positions \(M-RoPE position_ids\) must have shape \[3, seq\]", "metadata"),
 }
 
 # Refused by rotary_ only: it writes what it reads. Out of place the same calls are fine.
