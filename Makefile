@@ -17,7 +17,7 @@ OLDEST_SELECT ?= -m "not slow"
 OLDEST        := .venv-triton-$(TRITON_OLDEST)
 OLDEST_STAMP  := $(OLDEST)/.installed
 KERNEL_TESTS  := tests/test_triton_rotary.py tests/test_kernel_exactness.py tests/test_fused_attention.py \
-                 tests/test_operators_hostile.py tests/test_emulation.py \
+                 tests/test_operators_hostile.py tests/test_emulation.py tests/test_attention_limits.py \
                  notebooks/18_kernels.ipynb notebooks/19_rope_inside_attention.ipynb
 
 .PHONY: book test check env oldest-triton lock clean gpu-check gpu-wheels
