@@ -65,7 +65,7 @@ test: book $(OLDEST_STAMP)
 	OMP_NUM_THREADS=1 $(OLDEST)/bin/python -m pytest --nbval -p no:cacheprovider -n $(JOBS) --dist loadgroup \
 		--durations=10 $(OLDEST_SELECT) $(KERNEL_TESTS)
 
-# The development loop, 1 min 25 s on 2 idle cores: ruff, then the unit and property tests without
+# The development loop, 1 min 30 s on 2 idle cores: ruff, then the unit and property tests without
 # the book (no build, no nbval, no tests/test_book_render.py), the tests marked slow skipped (every
 # test file keeps fast tests here) and hypothesis at its `check` profile (HYPOTHESIS_PROFILE=default
 # make check for the full number of examples), in $(JOBS) worker processes as `make test`.
