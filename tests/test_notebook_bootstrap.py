@@ -34,7 +34,6 @@ GPU_NOTE = (
 # every Jupyter kernel; myst_nb only builds the book (rope.analysis.book.glue stands in without it);
 # triton and transformers only in cells marked `# requires:` (skipped where missing).
 BESIDES_THE_EXTRA = {"rope", "torch", "IPython", "myst_nb", "triton", "transformers"}
-IMPORT_NAMES = {"matplotlib": "matplotlib", "numpy": "numpy", "sympy": "sympy"}  # distribution -> module
 
 
 def code_cells(path: Path) -> list[dict]:
@@ -115,7 +114,7 @@ def test_the_chapters_extra_covers_what_the_chapters_import():
                     imported |= {alias.name.split(".")[0] for alias in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     imported.add(node.module.split(".")[0])
-    extra = {IMPORT_NAMES[Requirement(r).name] for r in EXTRAS["chapters"]}
+    extra = {Requirement(r).name for r in EXTRAS["chapters"]}  # each imports under its own name
     outside = imported - set(sys.stdlib_module_names) - extra - BESIDES_THE_EXTRA
     assert not outside, f"chapters import {sorted(outside)}: add them to the chapters extra"
     assert extra <= imported, f"the chapters extra names {sorted(extra - imported)}, which no chapter imports"
