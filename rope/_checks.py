@@ -162,6 +162,18 @@ def same_device(reference_name: str, reference: torch.Tensor, **tensors: torch.T
             raise ValueError(f"{name} is on {t.device} but {reference_name} is on {reference.device}")
 
 
+def reads_are_free(device: torch.device) -> bool:
+    """Whether code may read a tensor's values on the host at no cost: on the CPU, not while
+    torch.compile traces. On other devices a read waits for the device (a synchronisation), which
+    no rotation path does; the CPU's faster paths (exact float64 products, the block path's tie
+    test) read, and tests switch them off with this function to check the paths of the others.
+
+    Args:
+        device: the device of the tensors to be read.
+    """
+    return device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def assert_values(name: str, ok: torch.Tensor, expected: str) -> None:
     """Refuse a tensor whose values break a rule: ``ok`` is a 0-D bool tensor computed from it.
     Eager ``ValueError`` off CUDA; on CUDA, and under ``torch.compile``, an asynchronous device

@@ -459,5 +459,24 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool =
         raise ValueError(f"positions must be [..., pairs] = [..., {inv_freq.shape[0]}] with per_pair=True "
                          f"(one position per pair), got {tuple(positions.shape)}")
     _checks.flag("float64", float64)
+    if float64 and _products_are_exact(positions, inv_freq):
+        angles = (positions if per_pair else positions[..., None]).to(torch.float64) * inv_freq.to(torch.float64)
+        return torch.cos(angles), torch.sin(angles)
     limbs = turns(positions if per_pair else positions[..., None], turns_of_checked_frequencies(inv_freq))
     return cos_sin_of_turns(limbs) if float64 else cos_sin_of_turns_float32(limbs)
+
+
+EXACT_PRODUCT_POSITIONS = 2**29
+"""Below it in magnitude, m theta_i is exact in float64 for every float32 theta_i: 29 + 24 bits."""
+
+
+def _products_are_exact(positions: torch.Tensor, inv_freq: torch.Tensor) -> bool:
+    """Whether :func:`cos_sin` may take the float64 angles m theta_i as they are: float32 theta_i
+    and every ``|m|`` < 2^29 make each product exact, and torch's float64 cos and sin reduce any
+    argument correctly on the CPU (within an ulp: Payne and Hanek's reduction in SLEEF and glibc;
+    tests/test_apply_exactness.py measures it up to 2^1023). Where the bound is read at no cost
+    only (:func:`rope._checks.reads_are_free`: the CPU)."""
+    if inv_freq.dtype != torch.float32 or positions.numel() == 0 or not _checks.reads_are_free(positions.device):
+        return False
+    low, high = torch.aminmax(positions.to(torch.int64))  # every integer dtype (uint32 has no aminmax)
+    return -EXACT_PRODUCT_POSITIONS < int(low) and int(high) < EXACT_PRODUCT_POSITIONS

@@ -25,6 +25,11 @@ Overflow. An output beyond its dtype's range is +-inf, never NaN: where float64 
 overflow (float64 inputs, or attention factors above 2^512) each pair is scaled by a power of two
 first, which is exact.
 
+Speed. On the CPU the angles below 2^29 are exact float64 products m theta_i with torch's own
+cos and sin (:func:`rope.angles.cos_sin`), and the rotation runs block by block in cache-sized
+float64 buffers, q and k together when they are small (:mod:`rope.rotation`): as fast as
+transformers' float32 recipe (``benchmarks/bench_torch_path.py``).
+
 Devices without float64 (Apple's MPS) take a float32 route: the same exact turns in integer
 arithmetic, float32 cos/sin of the reduced angle and float32 products, the accuracy of the
 Triton kernel. On CUDA the fused Triton kernel (:mod:`rope.kernels.operators`) runs instead, in one launch.
@@ -44,6 +49,7 @@ from . import _checks
 from .angles import cos_sin
 from .layouts import LAYOUTS
 from .limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MIN_ATTENTION_FACTOR, MROPE_AXES
+from .rotation import rotate_tensors
 
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -196,161 +202,10 @@ def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *,
     return cos_sin(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
 
 
-_BELOW_FLOAT32 = (1 << 29) - 1  # the float64 significand bits that float32 does not have
-
-
-def round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round float64 values to ``dtype`` once, to nearest even.
-
-    torch converts float64 to float16/bfloat16 through float32, which rounds twice and can land
-    one ulp off. Rounding to float32 *to odd* first (truncate, then set the last bit if anything
-    was dropped) makes the second rounding exact, because float32 carries more than two extra
-    bits (Boldo and Melquiond, "When double rounding is odd", 2005). On the float64 bit pattern
-    that is: clear the 29 low significand bits and set the lowest kept one if any was set (NaN
-    stays NaN, infinities and the sign are untouched). Below float32's normal range (``|x|`` <
-    2^-126, bfloat16 only: float16's range lies inside float32's normal range) float32 has fewer
-    bits, so those entries round to odd on float32's subnormal grid instead. Differentiable as
-    a conversion is.
-
-    Args:
-        x: the values to round, float64 (other dtypes are converted plainly).
-        dtype: the dtype to round to.
-
-    Returns:
-        x in ``dtype``.
-    """
-    if x.dtype != torch.float64 or dtype not in (torch.float16, torch.bfloat16):
-        return x.to(dtype)
-    if x.requires_grad and torch.is_grad_enabled():  # the bit operations have no gradient
-        return _RoundOnce.apply(x, dtype)
-    return _round_once(x, dtype)
-
-
-class _RoundOnce(torch.autograd.Function):
-    """:func:`round_once` with the gradient of a plain conversion."""
-
-    @staticmethod
-    def forward(ctx, x, dtype):
-        return _round_once(x, dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.to(torch.float64), None
-
-
-def _round_once(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    bits = x.view(torch.int64)
-    sticky = ((bits & _BELOW_FLOAT32) + _BELOW_FLOAT32) & (1 << 29)  # bit 29 set iff a dropped bit was
-    out = ((bits & ~_BELOW_FLOAT32) | sticky).view(torch.float64).to(torch.float32).to(dtype)
-    if dtype == torch.bfloat16:
-        tiny = out.abs() <= 2.0**-126  # rounding is monotone: every |x| < 2^-126 lands here
-        if _may_hold_true(tiny):
-            out = torch.where(tiny, _round_to_odd_float32(x).to(dtype), out)
-    return out
-
-
-def _may_hold_true(mask: torch.Tensor) -> bool:
-    """Whether ``mask`` has a true entry: asked on the CPU, assumed on other devices (asking would
-    wait for the device) and while torch.compile traces."""
-    return mask.device.type != "cpu" or torch.compiler.is_compiling() or bool(mask.any())
-
-
-def _round_to_odd_float32(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to float32 toward zero, with the last bit set if that was inexact."""
-    nearest = x.to(torch.float32)
-    inexact = nearest.to(torch.float64) != x
-    rounded_up = nearest.abs().to(torch.float64) > x.abs()
-    toward_zero = torch.where(rounded_up, torch.nextafter(nearest, torch.zeros_like(nearest)), nearest)
-    return torch.where(inexact, (toward_zero.view(torch.int32) | 1).view(torch.float32), nearest)
-
-
-def pair_views(x: torch.Tensor, layout: str, rotary_dim: int):
-    """``(x_a, x_b, tail)``: views of the two coordinates of every pair (:mod:`rope.layouts`)
-    and of the coordinates past ``rotary_dim``.
-
-    Args:
-        x: a tensor whose last dimension is the head, ``[..., head_dim]``.
-        layout: ``"half"`` or ``"interleaved"``.
-        rotary_dim: the rotated width; the coordinates past it are the tail.
-    """
-    half = rotary_dim // 2
-    if layout == "half":
-        return x[..., :half], x[..., half:rotary_dim], x[..., rotary_dim:]
-    pairs = x[..., :rotary_dim].unflatten(-1, (half, 2))
-    return pairs[..., 0], pairs[..., 1], x[..., rotary_dim:]
-
-
-def _join_pairs(y_a, y_b, tail, layout: str) -> torch.Tensor:
-    if layout == "half":
-        return torch.cat((y_a, y_b, tail), dim=-1)
-    return torch.cat((torch.stack((y_a, y_b), dim=-1).flatten(-2), tail), dim=-1)
-
-
-def _rotated_pair(x_a, x_b, cos, sin, safe: bool):
-    """(x_a cos - x_b sin, x_b cos + x_a sin) in the dtype of cos. ``safe``: the pair is first
-    divided by 2^k, k the exponent of its larger coordinate (exact: only large pairs are
-    scaled), and multiplied back in two exact steps, so that no intermediate overflows and an
-    output beyond the range is +-inf, not inf - inf = NaN."""
-    if not safe:
-        return x_a * cos - x_b * sin, x_b * cos + x_a * sin
-    exponent = torch.frexp(torch.maximum(x_a.abs(), x_b.abs())).exponent.clamp(min=0)
-    one = torch.ones_like(x_a, dtype=cos.dtype)
-    down, up, rest = (torch.ldexp(one, e) for e in (-exponent, exponent // 2, exponent - exponent // 2))
-    x_a, x_b = x_a * down, x_b * down
-    return (x_a * cos - x_b * sin) * up * rest, (x_b * cos + x_a * sin) * up * rest
-
-
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-                 *, safe: bool | None = None) -> torch.Tensor:
-    """(x_a, x_b) -> (x_a cos - x_b sin, x_b cos + x_a sin) on the layout's pairs, computed in
-    the dtype of cos and sin (float64, or float32 where float64 does not exist) and rounded once
-    to x's dtype; the tail passes through. cos and sin broadcast against ``x_a`` (e.g.
-    ``[batch, seq, 1, pairs]``). Differentiable: the gradient is the transposed rotation, computed
-    and rounded the same way. ``safe`` guards against intermediate overflow
-    (:func:`_rotated_pair`); by default it is on where x's range reaches that of cos's dtype,
-    which suffices for ``|cos|, |sin|`` <= 2^512.
-
-    Args:
-        x: the tensor to rotate, ``[..., head_dim]``.
-        cos: cos of each pair's angle, broadcasting against ``x_a``.
-        sin: sin of each pair's angle, of cos's shape and dtype.
-        layout: ``"half"`` or ``"interleaved"`` (:mod:`rope.layouts`).
-        rotary_dim: the rotated width; the coordinates past it pass through.
-        safe: guard against intermediate overflow; ``None`` chooses as above.
-
-    Returns:
-        The rotated x, in x's dtype and shape.
-    """
-    if safe is None:
-        safe = x.dtype == cos.dtype or cos.dtype == torch.float32
-    return _Rotation.apply(x, cos, sin, layout, rotary_dim, safe)
-
-
-def _rotate_once(x, cos, sin, layout, rotary_dim, safe):
-    x_a, x_b, tail = pair_views(x, layout, rotary_dim)
-    y_a, y_b = _rotated_pair(x_a.to(cos.dtype), x_b.to(cos.dtype), cos, sin, safe)
-    return _join_pairs(round_once(y_a, x.dtype), round_once(y_b, x.dtype), tail, layout)
-
-
-class _Rotation(torch.autograd.Function):
-    """y = R x rounded once, with dx = R^T dy rounded once (cos and sin are constants)."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, layout, rotary_dim, safe):
-        ctx.save_for_backward(cos, sin)
-        ctx.options = (layout, rotary_dim, safe)
-        return _rotate_once(x, cos, sin, layout, rotary_dim, safe)
-
-    @staticmethod
-    def backward(ctx, grad):
-        cos, sin = ctx.saved_tensors
-        return _Rotation.apply(grad, cos, -sin, *ctx.options), None, None, None, None, None
-
-
 def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
     """q and k rotated by the cos and sin of their pairs' angles, ``[seq, pairs]`` (shared by the
     batch) or ``[batch, seq, pairs]``: times the attention factor (sin negated for the
-    conjugate), :func:`rotate_pairs` on both.
+    conjugate), :func:`rope.rotation.rotate_tensors` on both.
 
     Args:
         q: queries ``[batch, seq, heads_q, head_dim]``.
@@ -366,10 +221,10 @@ def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.
         ``(q_out, k_out)``, rotated.
     """
     cos, sin = ((t[None] if t.dim() == 2 else t)[:, :, None, :] for t in (cos, sin))  # [batch or 1, seq, 1, pairs]
-    cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
+    if attention_factor != 1.0 or conjugate:
+        cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
     safe = q.dtype == torch.float64 or cos.dtype == torch.float32 or attention_factor > _SAFE_FACTOR
-    return (rotate_pairs(q, cos, sin, layout, rotary_dim, safe=safe),
-            rotate_pairs(k, cos, sin, layout, rotary_dim, safe=safe))
+    return rotate_tensors((q, k), cos, sin, layout, rotary_dim, safe=safe)
 
 
 def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:

@@ -347,7 +347,7 @@ def test_half_precision_tables_are_rounded_once(dtype):
     m = torch.arange(2**17, dtype=torch.float64)[:, None]
     values = torch.cos(m * theta) * module.attention_scaling
     twice = values.to(dtype)
-    once = rope.apply.round_once(values, dtype)
+    once = rope.rotation.round_once(values, dtype)
     rows = torch.nonzero((twice != once).any(-1)).flatten()[:6]
     assert len(rows) >= 3  # double rounding happens at these positions
     positions = rows[None]

@@ -44,8 +44,9 @@ import torch
 
 from .. import _checks
 from ..angles import cos_sin_of_sum
-from ..apply import exact_cos_sin, rotate_pairs
+from ..apply import exact_cos_sin
 from ..layouts import check_layout, pair_indices
+from ..rotation import rotate_pairs
 
 
 def check_window(window, leaky_scale) -> tuple[int, float | None]:

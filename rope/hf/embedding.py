@@ -5,7 +5,7 @@ sections or without) and :class:`LayerTypeRotaryEmbedding` one whose ``rope_para
 by layer type (one :class:`RotaryEmbedding` per type; :func:`rotary_embedding` picks the class).
 Both return cos/sin tables laid out as the model's own module lays them out
 (:data:`TABLE_FORMS`), from exactly reduced angles, cos and sin rounded once to the model's dtype
-(:func:`rope.apply.round_once`: torch's own conversion rounds float64 to bfloat16 or float16
+(:func:`rope.rotation.round_once`: torch's own conversion rounds float64 to bfloat16 or float16
 through float32, twice). Each pair of tables records the positions and frequencies it was made
 from (:mod:`rope.hf.provenance`), from which the functions of :mod:`rope.hf.functions` rotate
 while the tables are untouched.
@@ -24,10 +24,11 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..apply import exact_cos_sin, round_once
+from ..apply import exact_cos_sin
 from ..config import parse_config
 from ..frequencies import inv_freq
 from ..mrope import mrope_cos_sin
+from ..rotation import round_once
 from . import provenance
 
 _SEQ_DEPENDENT = ("dynamic", "longrope")

@@ -43,9 +43,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import _checks
-from ..apply import apply_rotary, round_once
+from ..apply import apply_rotary
 from ..layouts import interleaved_to_half
 from ..mrope import apply_mrope
+from ..rotation import round_once
 from . import provenance
 from .provenance import TableSource
 
