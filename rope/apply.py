@@ -151,14 +151,21 @@ def _check_options(layout, attention_factor, conjugate, backend) -> float:
     return _checks.number("attention_factor", attention_factor, positive=True, minimum=MIN_ATTENTION_FACTOR)
 
 
-def _use_kernel(q, backend: str, inv_freq, attention_factor: float) -> bool:
+def use_kernel(q, backend: str, inv_freq, attention_factor: float) -> bool:
     """Whether ``backend`` ("auto", "torch" or "triton") runs the fused kernel. "auto" takes it for
     CUDA tensors the kernel can rotate: head_dim up to :data:`rope.limits.KERNEL_MAX_HEAD_DIM`, no
     float64 frequencies (:func:`rope._checks.finite_frequencies`: the kernel takes float32 theta_i)
     and attention factors in :data:`rope.limits.KERNEL_SCALE_RANGE`; it leaves the others, and
     arguments that are not tensors of four dimensions, to the torch path, which checks them. "triton"
     raises where Triton is missing or the frequencies are float64; its other limits are the
-    operator's checks (:mod:`rope.kernels.operators`)."""
+    operator's checks (:mod:`rope.kernels.operators`).
+
+    Args:
+        q: the queries (their device, shape and dtype decide "auto").
+        backend: "auto", "torch" or "triton", already checked.
+        inv_freq: the frequencies (float64 ones stay on the torch path).
+        attention_factor: the factor, a float already checked.
+    """
     if backend == "torch":
         return False
     if backend == "auto":
@@ -291,7 +298,7 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
         ``(q_out, k_out)``, as :func:`apply_rotary` returns them.
     """
     attention_factor = _check_options(layout, attention_factor, conjugate, backend)
-    if _use_kernel(q, backend, inv_freq, attention_factor):
+    if use_kernel(q, backend, inv_freq, attention_factor):
         return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
                                 attention_factor=attention_factor, conjugate=conjugate)
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)

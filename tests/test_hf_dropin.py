@@ -1,5 +1,7 @@
 """rope's drop-in pieces inside a real transformers Llama: same logits as transformers' own RoPE."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -288,3 +290,32 @@ def test_a_flat_mapping_takes_the_top_level_original_length_as_transformers_does
     with torch.no_grad():
         expected = model(tokens).logits
     torch.testing.assert_close(patched_logits(model, tokens), expected, rtol=1e-4, atol=2e-5)
+
+
+def test_the_exact_tables_are_computed_once_per_forward_for_every_layer(monkeypatch):
+    """On the CPU a patched model's layers rotate by the float64 cos and sin its rotary module
+    computed once per forward, as transformers' layers share its tables: one computation of the
+    angles for two layers, and the logits of a model whose layers recompute them."""
+    model = tiny_llama({"rope_type": "default", "rope_theta": 10000.0}, seed=3)
+    tokens = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(3))
+    exact = rope.hf.functions._exact
+
+    def per_layer(q, k, source, layout):  # each layer recomputes the angles from the source
+        positions = source.position_ids
+        fresh = rope.apply.exact_cos_sin(positions, source.inv_freq)
+        return exact(q, k, dataclasses.replace(source, exact=fresh), layout)
+
+    monkeypatch.setattr(rope.hf.functions, "_exact", per_layer)
+    expected = patched_logits(model, tokens)
+    monkeypatch.undo()
+    rope.hf.patch(model)
+    calls = []
+    cos_sin = rope.angles.cos_sin
+    monkeypatch.setattr(rope.apply, "cos_sin", lambda *a, **o: calls.append(1) or cos_sin(*a, **o))
+    try:
+        with torch.no_grad():
+            got = model(tokens).logits
+    finally:
+        rope.hf.unpatch(model)
+    assert len(calls) == 1 and model.config.num_hidden_layers == 2
+    assert torch.equal(got, expected)

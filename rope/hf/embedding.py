@@ -272,7 +272,7 @@ class RotaryEmbedding(nn.Module):
             else:
                 tables = laid_out_tables(cos, sin, attention, x.dtype, self.tables)
             provenance.attach(tables, position_ids=position_ids, inv_freq=theta, attention_factor=attention,
-                              mrope_axes=self.mrope_axes, form=self.tables)
+                              mrope_axes=self.mrope_axes, form=self.tables, exact=(cos, sin))
         return tables[0] if self.tables == "complex" else tables
 
 

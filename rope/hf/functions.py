@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _checks
-from ..apply import apply_rotary
+from ..apply import apply_rotary, check_inputs, rotate_by_cos_sin, use_kernel
 from ..layouts import interleaved_to_half
 from ..mrope import apply_mrope
 from ..rotation import round_once
@@ -391,14 +391,20 @@ def _from_source(xs: tuple, source: TableSource, *, heads_dim: int, layout: str)
 
 def _exact(q: torch.Tensor, k: torch.Tensor, source: TableSource, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k ``[batch, seq, heads, dim]`` rotated by the source's positions (one row shared
-    by the batch where the source has one) and frequencies, times its attention factor."""
-    positions = source.position_ids
+    by the batch where the source has one) and frequencies, times its attention factor. Where
+    the torch path runs, by the float64 cos and sin the tables were rounded from: computed once
+    per forward for every layer, as transformers' tables are."""
+    positions, axes, factor = source.position_ids, source.mrope_axes, source.attention_factor
     shared = positions.shape[-2] == 1 and q.shape[0] != 1  # one row of positions for the whole batch
-    if source.mrope_axes is None:
-        return apply_rotary(q, k, positions[0] if shared else positions, source.inv_freq,
-                            layout=layout, attention_factor=source.attention_factor)
-    return apply_mrope(q, k, positions[:, 0] if shared else positions, source.inv_freq, source.mrope_axes,
-                       layout=layout, attention_factor=source.attention_factor)
+    if shared:
+        positions = positions[0] if axes is None else positions[:, 0]
+    if use_kernel(q, "auto", source.inv_freq, factor):
+        if axes is None:
+            return apply_rotary(q, k, positions, source.inv_freq, layout=layout, attention_factor=factor)
+        return apply_mrope(q, k, positions, source.inv_freq, axes, layout=layout, attention_factor=factor)
+    rotary_dim = check_inputs(q, k, positions, source.inv_freq, None, axes=axes, values=False)
+    cos, sin = (table[0] for table in source.exact) if shared else source.exact  # [(batch,) seq, pairs]
+    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, attention_factor=factor)
 
 
 def _working_dtype(*tensors: torch.Tensor) -> torch.dtype:

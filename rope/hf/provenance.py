@@ -51,6 +51,9 @@ class TableSource:
         form: the :data:`rope.hf.TABLE_FORMS` entry of the tables.
         tables: weak references to the returned tensors.
         versions: their version counters when returned.
+        exact: the float64 cos and sin of every pair's angle, ``[batch, seq, pairs]``, that the
+            tables were rounded from: what the torch path rotates by in every layer, as
+            transformers' layers share its tables (computed once per forward).
     """
 
     position_ids: torch.Tensor
@@ -60,10 +63,12 @@ class TableSource:
     form: str
     tables: tuple[weakref.ref, ...]
     versions: tuple[int, ...]
+    exact: tuple[torch.Tensor, torch.Tensor]
 
 
 def attach(tables: tuple[torch.Tensor, ...], *, position_ids: torch.Tensor, inv_freq: torch.Tensor,
-           attention_factor: float, mrope_axes: torch.Tensor | None, form: str) -> None:
+           attention_factor: float, mrope_axes: torch.Tensor | None, form: str,
+           exact: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Record on ``tables[0]`` the source of the tables (``(cos, sin)``, or one complex tensor),
     with private copies of the positions and frequencies.
 
@@ -74,11 +79,13 @@ def attach(tables: tuple[torch.Tensor, ...], *, position_ids: torch.Tensor, inv_
         attention_factor: the factor they were multiplied by.
         mrope_axes: the M-RoPE axis of each pair, or ``None``.
         form: their :data:`rope.hf.TABLE_FORMS` entry.
+        exact: the float64 cos and sin they were rounded from, ``[batch, seq, pairs]``, tensors
+            no one else holds.
     """
     tables[0].rope_source = TableSource(
         position_ids=position_ids.clone(), inv_freq=inv_freq.clone(), attention_factor=attention_factor,
         mrope_axes=mrope_axes, form=form, tables=tuple(weakref.ref(t) for t in tables),
-        versions=tuple(t._version for t in tables),
+        versions=tuple(t._version for t in tables), exact=exact,
     )
 
 
