@@ -207,7 +207,11 @@ def finite_frequencies(name: str, inv_freq: torch.Tensor, *, dtypes=(torch.float
     """
     float_tensor(name, inv_freq, dtypes=dtypes, dim=1)
     if values and inv_freq.numel():
-        assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
+        if reads_are_free(inv_freq.device):  # one reduction: a float64 sum is finite iff every value is
+            if not math.isfinite(inv_freq.sum(dtype=torch.float64)):
+                raise ValueError(f"{name} must hold finite values (no NaN or inf)")
+        else:
+            assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
         if inv_freq.dtype == torch.float64:
             size = inv_freq.abs()
             low, high = _FLOAT64_FREQUENCY_RANGE

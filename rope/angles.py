@@ -460,7 +460,7 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool =
                          f"(one position per pair), got {tuple(positions.shape)}")
     _checks.flag("float64", float64)
     if float64 and _products_are_exact(positions, inv_freq):
-        angles = (positions if per_pair else positions[..., None]).to(torch.float64) * inv_freq.to(torch.float64)
+        angles = (positions if per_pair else positions[..., None]).to(torch.float64) * inv_freq  # float64, exact
         return torch.cos(angles), torch.sin(angles)
     limbs = turns(positions if per_pair else positions[..., None], turns_of_checked_frequencies(inv_freq))
     return cos_sin_of_turns(limbs) if float64 else cos_sin_of_turns_float32(limbs)
@@ -478,5 +478,9 @@ def _products_are_exact(positions: torch.Tensor, inv_freq: torch.Tensor) -> bool
     only (:func:`rope._checks.reads_are_free`: the CPU)."""
     if inv_freq.dtype != torch.float32 or positions.numel() == 0 or not _checks.reads_are_free(positions.device):
         return False
-    low, high = torch.aminmax(positions.to(torch.int64))  # every integer dtype (uint32 has no aminmax)
-    return -EXACT_PRODUCT_POSITIONS < int(low) and int(high) < EXACT_PRODUCT_POSITIONS
+    if positions.numel() <= 16:  # decoding: the values themselves, in one read
+        values = positions.flatten().tolist()
+        low, high = min(values), max(values)
+    else:
+        low, high = (int(v) for v in torch.aminmax(positions.to(torch.int64)))  # uint32 has no aminmax
+    return -EXACT_PRODUCT_POSITIONS < low and high < EXACT_PRODUCT_POSITIONS

@@ -211,13 +211,13 @@ def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *,
 
 def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
     """q and k rotated by the cos and sin of their pairs' angles, ``[seq, pairs]`` (shared by the
-    batch) or ``[batch, seq, pairs]``: times the attention factor (sin negated for the
-    conjugate), :func:`rope.rotation.rotate_tensors` on both.
+    batch) or ``[batch, seq, pairs]`` (or already ``[batch or 1, seq, 1, pairs]``): times the
+    attention factor (sin negated for the conjugate), :func:`rope.rotation.rotate_tensors` on both.
 
     Args:
         q: queries ``[batch, seq, heads_q, head_dim]``.
         k: keys ``[batch, seq, heads_k, head_dim]``.
-        cos: cos of the angles, ``[seq, pairs]`` or ``[batch, seq, pairs]``.
+        cos: cos of the angles, ``[seq, pairs]``, ``[batch, seq, pairs]`` or ``[batch or 1, seq, 1, pairs]``.
         sin: sin of the angles, of cos's shape.
         layout: ``"half"`` or ``"interleaved"``.
         rotary_dim: the rotated width.
@@ -227,7 +227,8 @@ def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.
     Returns:
         ``(q_out, k_out)``, rotated.
     """
-    cos, sin = ((t[None] if t.dim() == 2 else t)[:, :, None, :] for t in (cos, sin))  # [batch or 1, seq, 1, pairs]
+    if cos.dim() != 4:  # [batch or 1, seq, 1, pairs]
+        cos, sin = ((t[None] if t.dim() == 2 else t)[:, :, None, :] for t in (cos, sin))
     if attention_factor != 1.0 or conjugate:
         cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
     safe = q.dtype == torch.float64 or cos.dtype == torch.float32 or attention_factor > _SAFE_FACTOR
@@ -303,10 +304,13 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
                                 attention_factor=attention_factor, conjugate=conjugate)
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
     if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin
-        cos, sin = exact_cos_sin(positions, inv_freq)
+        cos, sin = exact_cos_sin(positions.reshape(*positions.shape[:-1] or (1,), positions.shape[-1], 1),
+                                 inv_freq)  # [batch or 1, seq, 1, pairs]
     else:
         check_axes(axes, rotary_dim // 2)
-        cos, sin = exact_cos_sin(per_pair_positions(positions, axes), inv_freq, per_pair=True)
+        per_pair = per_pair_positions(positions, axes)
+        cos, sin = exact_cos_sin(per_pair.reshape(*per_pair.shape[:-2] or (1,), per_pair.shape[-2], 1,
+                                                  per_pair.shape[-1]), inv_freq, per_pair=True)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
                              attention_factor=attention_factor, conjugate=conjugate)
 

@@ -355,9 +355,9 @@ def _rotate_together(xs, cos, sin, layout, rotary_dim) -> tuple[torch.Tensor, ..
     block is rounded by :func:`round_once` instead (rare: each value has a 2^-16 chance)."""
     dtype, (batch, seq) = xs[0].dtype, xs[0].shape[:2]
     x64 = torch.empty((batch, seq, sum(x.shape[2] for x in xs), rotary_dim), dtype=torch.float64)
+    torch.cat([x if rotary_dim == x.shape[3] else x[..., :rotary_dim] for x in xs], dim=2, out=x64)
     starts = [0]
     for x in xs:
-        x64.narrow(2, starts[-1], x.shape[2]).copy_(x if rotary_dim == x.shape[3] else x[..., :rotary_dim])
         starts.append(starts[-1] + x.shape[2])
     y64 = torch.empty_like(x64)
     scale = _FLOAT16_SCALE if dtype == torch.float16 else 1.0
