@@ -106,7 +106,8 @@ def test_new_positions_are_checked_in_float32_math_only(monkeypatch):
             torch.ops.rope.rotary(**step)
         work = recorder.device_work()
         assert recorder.launches == 1 and bool(work) == checked, (dtype, work)
-        assert {name.split(".")[1] for name in work} <= {"gt", "lt", "__and__", "all", "is_nonzero", "_assert_async"}, work
+        checks = {"gt", "lt", "__and__", "all", "is_nonzero", "_assert_async"}  # the range check, eager or on CUDA
+        assert {name.split(".")[1] for name in work} <= checks, work
 
 
 def test_the_backward_pass_launches_one_kernel(monkeypatch):
