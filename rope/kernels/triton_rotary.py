@@ -655,7 +655,8 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use from :data:`AUTOTUNE_FROM_TOKENS` tokens (batch x seq) up, and
     chosen by :func:`few_token_sizes` below; ``block_s``, ``block_h``, ``group`` and ``num_warps``
-    fix them. One launch, and nothing else on the device.
+    fix them. A call is one launch (after the autotuner's timed ones on a shape's first use), with
+    nothing else run on the device.
     """
     check_launch_device("q", q)
     if float64_math is None:
