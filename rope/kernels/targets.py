@@ -55,6 +55,7 @@ from .triton_rotary import (
     FLOAT64_TUNING_CANDIDATES,
     MATHS,
     TUNING_CANDIDATES,
+    candidates_of,
     default_math,
     few_token_launches,
     kernel_constants,
@@ -65,7 +66,7 @@ STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sq
 
 
 def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int,
-                    mrope: bool = False, scale_after: bool = False, float64_math: bool = False, **math_options):
+                    mrope: bool = False, scale_after: bool = False, float64_math: bool = False):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not,
     an attention factor above 1 (``scale_after``) or not, float64 math (always for "fp64", on
@@ -82,8 +83,6 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
         mrope: the M-RoPE variant (a position row per pair).
         scale_after: an attention factor above 1, applied after the rotation.
         float64_math: float64 math (always for "fp64").
-        **math_options: further arguments of ``kernel_constants`` that select a math
-            (``triton_rotary.MATHS``).
 
     Returns:
         The compiled kernel (Triton's ``CompiledKernel``).
@@ -96,7 +95,7 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
                  tokens_bucket="i32", scale="fp32", power="fp32", scale64="fp64", power64="fp64")
     types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
     constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, float64_math=float64_math,
-                                 copy_tail=True, mrope=mrope, scale_after=scale_after, **math_options)
+                                 copy_tail=True, mrope=mrope, scale_after=scale_after)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     types.update({name: "constexpr" for name in constants})
     names = rotary_kernel.arg_names  # the signature in the kernel's order
@@ -198,8 +197,7 @@ ATTENTION_VARIANTS = [
 """The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 
 
-def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True,
-                 **math_options) -> dict:
+def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
     """SASS instructions, registers, shared bytes and load order of one variant (head_dim 128,
     half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
     at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math).
@@ -209,14 +207,13 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         sizes: the launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps).
         dtype: the Triton type of q and k.
         float64_math: float64 math, else float32 math.
-        **math_options: further arguments that select a math (``triton_rotary.MATHS``).
 
     Returns:
         ``opcodes`` (:func:`executed_opcodes`), ``instructions`` (their number), ``registers``,
         ``spills``, ``shared``, ``vector_loads`` and ``loads_before_angle``.
     """
     kernel, usage = ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
-                                                        float64_math=float64_math, **math_options))
+                                                        float64_math=float64_math))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
@@ -363,13 +360,13 @@ def roofline_rows(gpus=roofline.GPUS, dtypes=ROOFLINE_DTYPES, maths=tuple(MATHS)
 
     def code(arch, dtype, math, sizes):
         if (arch, dtype, math, sizes) not in compiled:
-            compiled[arch, dtype, math, sizes] = machine_code(arch, sizes, dtype, **MATHS[math])
+            compiled[arch, dtype, math, sizes] = machine_code(arch, sizes, dtype, float64_math=math == "float64")
         return compiled[arch, dtype, math, sizes]
 
     rows = []
     for gpu, dtype, math in itertools.product(gpus, dtypes, maths):
         best = None
-        for sizes in candidates(MATHS[math].get("float64_math", False)):
+        for sizes in candidates_of(math):
             programs, threads, head_blocks = launch_grid(shape, sizes)
             grouped = roofline.pipe_counts(code(gpu.arch, dtype, math, sizes)["opcodes"])
             first = roofline.pipe_counts(code(gpu.arch, dtype, math, (*sizes[:2], 1, sizes[3]))["opcodes"])

@@ -453,21 +453,26 @@ AUTOTUNE_FROM_TOKENS = 256
 :func:`few_token_sizes`, chosen without a sweep (launch latency dominates there)."""
 
 
-MATHS = {"float32": {"float64_math": False}, "float64": {"float64_math": True}}
-"""The kernel's arithmetic variants by name (module docstring), each with the keyword arguments of
-:func:`launch` and :func:`kernel_constants` that select it; ``python -m rope.kernels.targets
---roofline`` tabulates every one."""
+MATHS = ("float32", "float64")
+"""The kernel's arithmetic variants by name (module docstring; ``launch(..., float64_math=...)``):
+``python -m rope.kernels.targets --roofline`` tabulates every one."""
 
 
 def default_math(dtype: torch.dtype) -> str:
-    """The name in :data:`MATHS` of the math :func:`launch` takes for q and k of ``dtype`` unless
-    told: float32 math for float32, float64 math (correctly rounded) for float16, bfloat16 and float64."""
+    """The math of :data:`MATHS` :func:`launch` takes for q and k of ``dtype`` unless told: float32
+    math for float32, float64 math (correctly rounded) for float16, bfloat16 and float64."""
     return "float32" if dtype == torch.float32 else "float64"
 
 
+def candidates_of(math: str) -> list[tuple[int, int, int, int]]:
+    """The launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps) the autotuner tries for ``math``, one
+    of :data:`MATHS`."""
+    return {"float32": TUNING_CANDIDATES, "float64": FLOAT64_TUNING_CANDIDATES}[math]
+
+
 def _candidates_of_the_math(configs, named_args, **kwargs):
-    """The candidates of the launch's math (float32 or float64)."""
-    sizes = FLOAT64_TUNING_CANDIDATES if kwargs["FLOAT64_MATH"] else TUNING_CANDIDATES
+    """The candidates of the launch's math (:func:`candidates_of`)."""
+    sizes = candidates_of("float64" if kwargs["FLOAT64_MATH"] else "float32")
     return [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
                                              config.kwargs["GROUP"], config.num_warps) in sizes]
 
@@ -659,9 +664,8 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     nothing else run on the device.
     """
     check_launch_device("q", q)
-    if float64_math is None:
-        float64_math = MATHS[default_math(q.dtype)]["float64_math"]
-    float64_math = _checks.flag("float64_math", float64_math)
+    float64_math = _checks.flag("float64_math", default_math(q.dtype) == "float64" if float64_math is None
+                                else float64_math)
     if q.dtype == torch.float64 and not float64_math:
         raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
     *factor, scale_after = scale_arguments(scale, float64_math=float64_math)
