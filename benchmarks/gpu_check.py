@@ -69,6 +69,7 @@ STEPS = [
     Step("facts", 5, 30, "facts.json: GPU, driver, CUDA, torch, Triton, Python, transformers, commit, date"),
     Step("wheels", 10, 60, "installs .whl/ into a temporary folder on the later steps' PYTHONPATH"),
     Step("smoke", 60, 150, "smoke.md: every kernel variant once against float64 references"),
+    Step("launches", 15, 90, "steps.log: kernels per call at decode (torch.profiler), each must be 1"),
     Step("microbench", 30, 90, "microbench.md: the rotary kernel against a copy of the same bytes"),
     Step("kernel-tests", 150, 240, "the kernel and operator test files on CUDA (pytest, xdist)"),
     Step("sanitizer", 60, 150, "compute-sanitizer memcheck over benchmarks/sanitize_rotary.py"),
@@ -136,6 +137,8 @@ def commands(step: str, ctx: Context) -> list[list[str]]:
                 [PY, "-m", "ipykernel", "install", "--prefix", str(jupyter), "--name", "python3"]]
     if step == "smoke":
         return [[PY, "benchmarks/gpu_smoke.py", "--out", str(out / "smoke.md"), *(["--tiny"] if ctx.dry_run else [])]]
+    if step == "launches":
+        return [[PY, __file__, "--launches"]]
     if step == "microbench":
         return [[PY, "benchmarks/gpu_microbench.py", "--out", str(out / "microbench.md")]]
     if step == "kernel-tests":
@@ -271,6 +274,57 @@ def facts(path: str) -> None:
           f"commit {(commit or 'unknown')[:12]}")
 
 
+DECODE_BATCHES = (1, 2, 4, 8)
+"""The decode shapes of the launches step: these batches of one token, 32 query and 8 key heads of 128."""
+
+
+def launches() -> int:
+    """The launches step (run as a subprocess): the device work of one call at decode, counted by
+    torch.profiler (every kernel, copy and fill on the GPU): ``torch.ops.rope.rotary`` and
+    ``rotary_`` must run one kernel, a forward and backward pass two, for each batch of
+    :data:`DECODE_BATCHES` and each dtype, once the frequencies were checked by an earlier call
+    (rope/kernels/operators.py checks each tensor once). float32 q and k take float32 math, which
+    checks fresh positions (a few small kernels): there the positions are those of the earlier call.
+    Prints a line per case; exits 1 if any case launched another number of kernels, 3 (skipped)
+    without CUDA (tests/test_decode_launches.py counts them in Triton's interpreter)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA (tests/test_decode_launches.py counts the launches in Triton's interpreter)")
+        return SKIPPED
+    import rope
+    import rope.kernels.operators  # registers torch.ops.rope.rotary and rotary_
+
+    inv_freq = rope.inv_freq({"rope_theta": 500000.0}, 128)[0].cuda()
+    wrong = 0
+    for dtype, batch in ((d, b) for d in (torch.bfloat16, torch.float16, torch.float32) for b in DECODE_BATCHES):
+        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=dtype)
+        k = torch.randn(batch, 1, 8, 128, device="cuda", dtype=dtype)
+        positions = torch.randint(0, 2**20, (batch, 1), device="cuda")
+        options = dict(positions=positions, inv_freq=inv_freq, interleaved=False, rotary_dim=128, scale=1.0,
+                       conjugate=False)
+        leaf_q, leaf_k = q.clone().requires_grad_(), k.clone().requires_grad_()
+        grads = torch.randn_like(q), torch.randn_like(k)
+        calls = {
+            "rotary": (1, lambda: torch.ops.rope.rotary(q=q, k=k, **options)),
+            "rotary_": (1, lambda: torch.ops.rope.rotary_(q=q, k=k, **options)),
+            "forward and backward": (2, lambda: torch.autograd.grad(
+                torch.ops.rope.rotary(q=leaf_q, k=leaf_k, **options), (leaf_q, leaf_k), grads)),
+        }
+        for name, (expected, call) in calls.items():
+            call()  # checks the tensors, compiles the kernel
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+                call()
+                torch.cuda.synchronize()
+            work = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+            wrong += len(work) != expected
+            print(f"{'ok' if len(work) == expected else 'WRONG'} {name} {str(dtype).removeprefix('torch.')} "
+                  f"batch {batch}: {len(work)} on the GPU (expected {expected}): {', '.join(work)}")
+    print(f"decode: {'every call launched its one kernel per pass' if not wrong else f'{wrong} calls launched more'}")
+    return 1 if wrong else 0
+
+
 def parse_timeouts(items: list[str]) -> dict[str, float]:
     timeouts = {}
     for item in items:
@@ -291,10 +345,13 @@ def main(argv=None) -> int:
                         help="another timeout for a step (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="on the CPU: interpreter, tiny sizes, short budget")
     parser.add_argument("--facts", metavar="PATH", help=argparse.SUPPRESS)  # the facts step's subprocess
+    parser.add_argument("--launches", action="store_true", help=argparse.SUPPRESS)  # the launches step's subprocess
     args = parser.parse_args(argv)
     if args.facts:
         facts(args.facts)
         return 0
+    if args.launches:
+        return launches()
     selected = [name.strip() for name in args.steps.split(",") if name.strip()] or [step.name for step in STEPS]
     unknown = set(selected) - {step.name for step in STEPS}
     if unknown:

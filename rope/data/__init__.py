@@ -8,6 +8,10 @@ The files are package data, so the chapters find them in a wheel install as in a
   measurement, the kernel file's path at that commit and the SHA-256 of its bytes, so that a
   reader can tell whether the kernel has changed since;
 * ``bench_torch_path.md``: the CPU table of ``python benchmarks/bench_torch_path.py``;
+* ``roofline.md``: the table written by ``python -m rope.kernels.targets --roofline --out
+  rope/data/roofline.md`` (no GPU: the rotary kernel's machine code for the T4, A100, H100 and
+  H200 and the fraction of a copy's bandwidth it permits, :mod:`rope.kernels.roofline`); rewrite
+  it when the kernel changes;
 * ``phi35_mini_longrope.json``: the rope keys of Phi-3.5-mini-instruct's ``config.json`` (the 48
   short and 48 long LongRoPE factors as that file prints them), with its pinned source (chapter 15).
 
@@ -20,7 +24,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "phi35_mini_longrope.json")
+FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "phi35_mini_longrope.json", "roofline.md")
 """The data files of this package."""
 
 

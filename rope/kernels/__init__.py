@@ -13,7 +13,9 @@
   take no tensor as a loop bound (Triton 3.6's), behind ``tl.constexpr`` switches;
 * :mod:`.targets` — compiles the kernels for GPU targets without a GPU and checks the rotary
   kernel's machine code
-  (``python -m rope.kernels.targets``).
+  (``python -m rope.kernels.targets``);
+* :mod:`.roofline` — the GPUs' specifications and the model that turns that machine code into an
+  estimated fraction of a copy's bandwidth (``python -m rope.kernels.targets --roofline``).
 
 :func:`rope.apply_rotary` imports :mod:`.operators` when it first takes the kernel path.
 Importing this package checks Triton's version (:data:`MIN_TRITON`): the kernels run on Triton 3.6

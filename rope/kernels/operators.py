@@ -32,9 +32,19 @@ first, with the errors of the package's policy (:mod:`rope._checks`, README "Err
   fake implementation, so that ``torch.compile`` and ``opcheck`` refuse a bad call while
   tracing, with the same message;
 * values (finite ``inv_freq``, below :data:`rope.limits.MAX_FREQUENCY` for float32 q and k; axes in
-  {0, 1, 2}) only exist in the real implementation: an eager ``ValueError``, or on CUDA an
-  asynchronous device assertion (:func:`rope._checks.assert_values`), also when the operator runs
-  inside a compiled graph;
+  {0, 1, 2}; for float32 q and k positions below :data:`rope.limits.MAX_POSITION` in magnitude)
+  only exist in the real implementation: an eager ``ValueError``, or on CUDA an asynchronous
+  device assertion (:func:`rope._checks.assert_values`), also when the operator runs inside a
+  compiled graph. Each tensor's values are checked once (:func:`_checked_once`): a check on CUDA
+  is several small kernels, and a decode step, which rotates one token per sequence with the same
+  frequencies every time, would otherwise launch them all before its one rotary kernel. A tensor
+  is remembered by identity (weakly, with its storage address, offset, shape, strides and dtype)
+  and PyTorch's version counter, which every in-place write through it or any view of it
+  advances: an unchanged tensor is not checked again, a changed one is. Writes that bypass the
+  counter (through ``.data``, a NumPy array or DLPack capsule sharing the memory, another
+  library's kernel) go unseen; inference tensors (created under ``torch.inference_mode``) have no
+  counter and are checked on every call. Where every tensor has been seen, the call launches one
+  kernel, its backward one more;
 * ``rotary_`` writes what it reads, so it refuses q and k that share an element, a q or k
   holding an element twice (a stride-0, expanded dimension), and a q or k sharing memory with
   the read-only inputs. Views of one buffer that do not overlap, like q and k sliced from a
@@ -48,6 +58,7 @@ from __future__ import annotations
 
 import torch
 from torch.types import Number
+from torch.utils.weak import WeakIdKeyDictionary
 
 try:
     from torch.fx.experimental.symbolic_shapes import optimization_hint as _example_value
@@ -125,23 +136,45 @@ def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags
     _checks.number("scale", scale, positive=True, minimum=KERNEL_SCALE_RANGE[0], maximum=KERNEL_SCALE_RANGE[1])
 
 
+_CHECKED = WeakIdKeyDictionary()
+"""Tensor (the base of a view) -> {(rule, address, offset, shape, strides, dtype): version}: the
+values :func:`_checked_once` has checked, and the version counter they were checked at."""
+
+
+def _checked_once(rule: str, x: torch.Tensor, check) -> None:
+    """``check()``, a check of ``x``'s values by ``rule``, unless x (the same tensor, or the same
+    view of the same base) passed it before and has not been written since (its version counter
+    is the one recorded); then nothing runs on the device. A check that raises records nothing."""
+    if x.is_inference():  # no version counter to tell a change by
+        check()
+        return
+    seen = _CHECKED.setdefault(x if x._base is None else x._base, {})
+    view = (rule, x.data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype)
+    if seen.get(view) != x._version:
+        check()
+        seen[view] = x._version
+
+
 def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                   axes: torch.Tensor | None) -> None:
-    """Finite frequencies, axes in {0, 1, 2}, and for float32 q and k (float32 math) frequencies
-    below :data:`rope.limits.MAX_FREQUENCY` and positions below
-    :data:`rope.limits.MAX_POSITION` in magnitude (float64 math takes every int64
-    position): eager off CUDA, device assertions on it."""
-    _checks.finite_frequencies("inv_freq", inv_freq)
-    if q.dtype == torch.float32 and inv_freq.numel():
-        _checks.assert_values("inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
-                             f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)")
-    if q.dtype == torch.float32 and positions.numel():
-        triton_rotary.check_positions_in_range(
+    """Finite frequencies, axes in {0, 1, 2}, and where the kernel takes float32 math (float32 q
+    and k) frequencies below :data:`rope.limits.MAX_FREQUENCY` and positions below
+    :data:`rope.limits.MAX_POSITION` in magnitude (float64 math takes every int64 position):
+    eager off CUDA, device assertions on it; each once per tensor and version (:func:`_checked_once`)."""
+    float32_math = triton_rotary.default_math(q.dtype) == "float32"
+    _checked_once("finite", inv_freq, lambda: _checks.finite_frequencies("inv_freq", inv_freq))
+    if float32_math and inv_freq.numel():
+        _checked_once("below 2^16", inv_freq, lambda: _checks.assert_values(
+            "inv_freq", (inv_freq.abs() < MAX_FREQUENCY).all(),
+            f"values below 2^16 in magnitude for {q.dtype} q and k (the kernel's float32 math)"))
+    if float32_math and positions.numel():
+        _checked_once("within 2^31", positions, lambda: triton_rotary.check_positions_in_range(
             "positions", positions, f"values in (-2^31, 2^31) for {q.dtype} q and k (the kernel's float32 math; "
-            "float64 math and the torch path take any int64 position)")
+            "float64 math and the torch path take any int64 position)"))
     if axes is not None:
-        in_range = ((axes >= 0) & (axes < POSITION_AXES)).all()
-        _checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")
+        _checked_once("axes", axes, lambda: _checks.assert_values(
+            "axes", ((axes >= 0) & (axes < POSITION_AXES)).all(),
+            "values in {0, 1, 2} (the rows t, h, w of positions)"))
 
 
 def _sum_reaches(lo: int, hi: int, terms: list[tuple[int, int, int]]) -> bool:

@@ -20,6 +20,12 @@ many of its 128-bit loads of q/k the program issues before its first use of a lo
 (the float32 to float64 conversion that starts the angle): those loads wait in memory while the
 angle is computed.
 
+    python -m rope.kernels.targets --roofline [--out rope/data/roofline.md]
+
+prints the roofline of :mod:`.roofline` for the T4, A100, H100 and H200 (:func:`roofline_report`):
+per GPU, dtype and math, the instructions and FP64 operations per element of the machine code,
+registers, spills, and the estimated fraction of a copy's bandwidth at a prefill shape.
+
     python -m rope.kernels.targets --spills 80 90
 
 prints the registers and spilled bytes (ptxas's count) of every launch size a GPU may run, the
@@ -44,8 +50,17 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import triton_attention, triton_attention_backward, triton_attention_decode
-from .triton_rotary import FLOAT64_TUNING_CANDIDATES, TUNING_CANDIDATES, kernel_constants, rotary_kernel
+from . import roofline, triton_attention, triton_attention_backward, triton_attention_decode
+from .triton_rotary import (
+    FLOAT64_TUNING_CANDIDATES,
+    MATHS,
+    TUNING_CANDIDATES,
+    candidates_of,
+    default_math,
+    few_token_launches,
+    kernel_constants,
+    rotary_kernel,
+)
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
@@ -183,7 +198,7 @@ ATTENTION_VARIANTS = [
 
 
 def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
-    """SASS instruction count, registers, shared bytes and load order of one variant (head_dim 128,
+    """SASS instructions, registers, shared bytes and load order of one variant (head_dim 128,
     half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
     at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math).
 
@@ -194,8 +209,8 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         float64_math: float64 math, else float32 math.
 
     Returns:
-        ``instructions``, ``registers``, ``spills``, ``shared``, ``vector_loads`` and
-        ``loads_before_angle``.
+        ``opcodes`` (:func:`executed_opcodes`), ``instructions`` (their number), ``registers``,
+        ``spills``, ``shared``, ``vector_loads`` and ``loads_before_angle``.
     """
     kernel, usage = ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
                                                         float64_math=float64_math))
@@ -206,14 +221,23 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         sass = subprocess.run([cuobjdump, "-sass", cubin.name], capture_output=True, text=True, check=True).stdout
         resources = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
                                    check=True).stdout
-    opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
-    angle_starts = next(i for i, opcode in enumerate(opcodes)
-                        if (opcode.startswith("DFMA") if float64_math else opcode == "F2F.F64.F32"))
+    opcodes = executed_opcodes(sass)
+    angle_starts = next((i for i, opcode in enumerate(opcodes)
+                         if (opcode.startswith("DFMA") if float64_math else opcode == "F2F.F64.F32")), len(opcodes))
     # a 128-bit global load: LDG.E.128 on sm_80+, with a suffix on others (sm_75: LDG.E.128.SYS)
     vector_loads = [i for i, opcode in enumerate(opcodes) if opcode.split(".")[:3] == ["LDG", "E", "128"]]
-    return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", resources).group(1)),
-                spills=usage["spills"], shared=kernel.metadata.shared, vector_loads=len(vector_loads),
+    return dict(opcodes=opcodes, instructions=len(opcodes),
+                registers=int(re.search(r"REG:(\d+)", resources).group(1)), spills=usage["spills"],
+                shared=kernel.metadata.shared, vector_loads=len(vector_loads),
                 loads_before_angle=sum(i < angle_starts for i in vector_loads))
+
+
+def executed_opcodes(sass: str) -> list[str]:
+    """The opcodes (with modifiers, e.g. ``DFMA`` or ``LDG.E.128``) of the instructions a thread may
+    execute, in order, from ``cuobjdump -sass`` output: those up to the last ``EXIT``. What follows
+    it, a branch to itself and ``NOP`` padding, never runs."""
+    opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
+    return opcodes[:len(opcodes) - opcodes[::-1].index("EXIT")]
 
 
 def print_machine_code(arch: int) -> None:
@@ -272,16 +296,17 @@ def candidates(float64_math: bool) -> list[tuple[int, int, int, int]]:
 
 def spill_report(arch: int) -> list[tuple[str, dict]]:
     """(label, usage) of every launch size a GPU may run, for ``arch`` (usage as :func:`ptxas_usage`
-    gives it): the rotary kernel's candidates (bfloat16, head_dim 128, the half layout) in float64
-    math (the default for 16-bit dtypes, also float64's) and float32 math, float64 in float64
-    math, and the attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
+    gives it): the rotary kernel's candidates and its few-token sizes (``few_token_launches``;
+    bfloat16, head_dim 128, the half layout) in float64 math (the default for 16-bit dtypes, also
+    float64's) and float32 math, float64 in float64 math, and the attention kernels of
+    :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
     """
     rows = []
     for dtype, float64_math in (("bf16", True), ("fp64", True), ("bf16", False)):
-        for sizes in candidates(float64_math):
+        for sizes in candidates(float64_math) + few_token_launches():
             label = f"rotary {dtype} {'float64' if float64_math else 'float32'} math sizes={sizes}"
             rows.append((label, ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
                                                                     float64_math=float64_math))[1]))
@@ -290,6 +315,98 @@ def spill_report(arch: int) -> list[tuple[str, dict]]:
             *variant)
         rows.append((label, ptxas_usage(lambda: compile_attention_variant(arch, *variant))[1]))
     return rows
+
+
+PREFILL = (1, 4096, 32, 8, 128)
+"""The shape of :func:`roofline_rows`: (batch, seq, heads_q, heads_k, head_dim), a prefill of 4096
+tokens with 32 query and 8 key heads of 128 (Llama 3 8B's)."""
+
+ROOFLINE_DTYPES = ("fp16", "bf16", "fp32")
+"""The dtypes of q and k the roofline covers."""
+
+
+def launch_grid(shape: tuple[int, int, int, int, int], sizes: tuple[int, int, int, int]) -> tuple[int, int, int]:
+    """(programs, threads per program, head blocks) of a launch of ``sizes`` (BLOCK_S, BLOCK_H,
+    GROUP, num_warps) over ``shape`` (batch, seq, heads_q, heads_k, head_dim), as ``launch`` builds
+    its grid; the head blocks are those of all programs together (up to GROUP per program)."""
+    batch, seq, heads_q, heads_k, _ = shape
+    block_s, block_h, group, warps = sizes
+    head_blocks = triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h)
+    token_blocks = triton.cdiv(seq, block_s) * batch
+    return token_blocks * triton.cdiv(head_blocks, group), 32 * warps, token_blocks * head_blocks
+
+
+def roofline_rows(gpus=roofline.GPUS, dtypes=ROOFLINE_DTYPES, maths=tuple(MATHS), shape=PREFILL) -> list[dict]:
+    """One row of :func:`rope.kernels.roofline.markdown_table` per GPU, dtype and math: the kernel
+    compiled for the GPU at each launch size the autotuner may try for the shape, and the size
+    whose estimated fraction of a copy is highest (the autotuner, which times them, keeps the
+    fastest), fewer instructions per element breaking ties. A program of GROUP > 1 head blocks
+    executes the code of its first block and, for each further block it has, the instructions
+    each adds (the difference to the same sizes with GROUP 1, over GROUP - 1: the blocks are
+    unrolled copies), so that a program at the end of the grid with fewer blocks is not charged
+    for the ones it skips. ``default`` marks the math ``launch`` takes for the dtype
+    (``triton_rotary.default_math``).
+
+    Args:
+        gpus: the GPUs (:data:`rope.kernels.roofline.GPUS`).
+        dtypes: Triton types of q and k ("fp16", "bf16", "fp32").
+        maths: names of ``triton_rotary.MATHS``.
+        shape: (batch, seq, heads_q, heads_k, head_dim); head_dim 128 is what is compiled.
+    """
+    import torch
+
+    elements = shape[0] * shape[1] * (shape[2] + shape[3]) * shape[4]
+    compiled = {}
+
+    def code(arch, dtype, math, sizes):
+        if (arch, dtype, math, sizes) not in compiled:
+            compiled[arch, dtype, math, sizes] = machine_code(arch, sizes, dtype, float64_math=math == "float64")
+        return compiled[arch, dtype, math, sizes]
+
+    rows = []
+    for gpu, dtype, math in itertools.product(gpus, dtypes, maths):
+        best = None
+        for sizes in candidates_of(math):
+            programs, threads, head_blocks = launch_grid(shape, sizes)
+            grouped = roofline.pipe_counts(code(gpu.arch, dtype, math, sizes)["opcodes"])
+            first = roofline.pipe_counts(code(gpu.arch, dtype, math, (*sizes[:2], 1, sizes[3]))["opcodes"])
+            block = {pipe: (grouped.get(pipe, 0) - first.get(pipe, 0)) / max(sizes[2] - 1, 1)
+                     for pipe in grouped.keys() | first.keys()}
+            counts = roofline.per_element(first, threads, programs, elements, block, head_blocks - programs)
+            estimate = roofline.estimate(gpu, counts, itemsize=4 if dtype == "fp32" else 2)
+            rank = (-estimate["fraction"], counts["issue"])
+            if best is None or rank < best[0]:
+                best = rank, sizes, counts, estimate
+        _, sizes, counts, estimate = best
+        chosen = code(gpu.arch, dtype, math, sizes)
+        rows.append(dict(gpu=gpu.name, dtype=dtype, math=math, sizes=sizes, issue=counts["issue"],
+                         fp64=counts.get("fp64", 0.0), registers=chosen["registers"], spills=chosen["spills"],
+                         bound=estimate["bound"], fraction=estimate["fraction"],
+                         default=default_math(getattr(torch, _TORCH_DTYPES[dtype])) == math))
+    return rows
+
+
+def roofline_report(gpus=roofline.GPUS) -> str:
+    """The markdown document ``--roofline`` prints: what was compiled and the model's inputs, then
+    the table of :func:`roofline_rows` (every dtype and math at :data:`PREFILL`)."""
+    batch, seq, heads_q, heads_k, head_dim = PREFILL
+    preamble = [
+        "# Roofline of the rotary kernel from its machine code",
+        "",
+        f"Written by `python -m rope.kernels.targets --roofline` with Triton {triton.__version__} (no GPU: "
+        "the kernel compiled for each GPU's architecture, the SASS counted).",
+        f"Shape: batch {batch}, {seq} tokens, {heads_q} + {heads_k} heads, head_dim {head_dim}, half layout, "
+        "out of place; the launch size the model rates fastest of the autotuner's candidates.",
+        "Per element of q and k: SASS instructions and FP64 operations (DADD, DMUL, DFMA, DSETP) executed, "
+        "a thread's count x threads / elements; `bound by`: the pipe of the longest time, or memory;",
+        "fraction = memory time / max(memory time, compute time), a copy of the same bytes being 1 "
+        "(rope/kernels/roofline.py: the model and what it leaves out).",
+        "",
+        *(f"* {gpu.name} ({gpu.model}, sm_{gpu.arch}): {gpu.sms} SMs at {gpu.clock_ghz} GHz, "
+          f"{gpu.bandwidth_gbs:.0f} GB/s; per clock per SM {roofline.ISSUE} instructions issued, "
+          f"{gpu.rates['fp64']} float64 and {gpu.rates['fp32']} float32 operations" for gpu in gpus),
+    ]
+    return roofline.markdown_table(roofline_rows(gpus), preamble)
 
 
 def main(arches: list[int]) -> int:
@@ -338,8 +455,18 @@ if __name__ == "__main__":
     parser.add_argument("--code", action="store_true", help="print the machine code table for each arch instead")
     parser.add_argument("--spills", action="store_true",
                         help="print registers and spilled bytes of every GPU launch size; exit non-zero if any spills")
+    parser.add_argument("--roofline", action="store_true",
+                        help="print the roofline table of the GPUs of these arches (rope/kernels/roofline.py)")
+    parser.add_argument("--out", help="with --roofline: also write the table to this file")
     args = parser.parse_args()
-    if args.spills:
+    if args.roofline:
+        warnings.filterwarnings("ignore", category=UserWarning)
+        report = roofline_report([gpu for gpu in roofline.GPUS if gpu.arch in args.arches])
+        print(report, end="")
+        if args.out:
+            with open(args.out, "w") as out:
+                out.write(report)
+    elif args.spills:
         warnings.filterwarnings("ignore", category=UserWarning)
         spilled = 0
         for arch in args.arches:

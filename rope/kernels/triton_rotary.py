@@ -82,6 +82,7 @@ rounding for speed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import struct
@@ -447,13 +448,33 @@ the tiles of :data:`TUNING_CANDIDATES`, it takes all 255 registers and 5 of thos
 memory on sm_90, 6 on sm_80 (``python -m rope.kernels.targets --spills``; untimed: no GPU ran it)."""
 
 
+AUTOTUNE_FROM_TOKENS = 256
+"""The fewest tokens (batch x seq) :func:`launch` autotunes for on a GPU; fewer take
+:func:`few_token_sizes`, chosen without a sweep (launch latency dominates there)."""
+
+
+MATHS = ("float32", "float64")
+"""The kernel's arithmetic variants by name (module docstring; ``launch(..., float64_math=...)``):
+``python -m rope.kernels.targets --roofline`` tabulates every one."""
+
+
+def default_math(dtype: torch.dtype) -> str:
+    """The math of :data:`MATHS` :func:`launch` takes for q and k of ``dtype`` unless told: float32
+    math for float32, float64 math (correctly rounded) for float16, bfloat16 and float64."""
+    return "float32" if dtype == torch.float32 else "float64"
+
+
+def candidates_of(math: str) -> list[tuple[int, int, int, int]]:
+    """The launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps) the autotuner tries for ``math``, one
+    of :data:`MATHS`."""
+    return {"float32": TUNING_CANDIDATES, "float64": FLOAT64_TUNING_CANDIDATES}[math]
+
+
 def _candidates_of_the_math(configs, named_args, **kwargs):
-    """The candidates of the launch's math (float32 or float64); below 256 tokens only the first of
-    them: launch latency dominates and the sizes hardly matter, so no sweep."""
-    sizes = FLOAT64_TUNING_CANDIDATES if kwargs["FLOAT64_MATH"] else TUNING_CANDIDATES
-    configs = [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
-                                                config.kwargs["GROUP"], config.num_warps) in sizes]
-    return configs[:1] if named_args["tokens_bucket"] < 256 else configs
+    """The candidates of the launch's math (:func:`candidates_of`)."""
+    sizes = candidates_of("float64" if kwargs["FLOAT64_MATH"] else "float32")
+    return [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
+                                             config.kwargs["GROUP"], config.num_warps) in sizes]
 
 
 tuned_kernel = triton.autotune(
@@ -478,6 +499,39 @@ def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, inter
         head_blocks = triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h)
         return min(triton.next_power_of_2(seq_len), 16), block_h, head_blocks
     return (2 if batch * seq_len >= 2048 else 1), block_h, 1
+
+
+def few_token_sizes(tokens: int, heads_q: int, heads_k: int, half_pad: int,
+                    processors: int) -> tuple[int, int, int, int]:
+    """(BLOCK_S, BLOCK_H, GROUP, num_warps) for fewer than :data:`AUTOTUNE_FROM_TOKENS` tokens (a
+    decode step: one token per sequence) on a GPU with ``processors`` SMs: deterministic, no sweep.
+
+    Such a launch is a single wave, so its time is one program's latency, which grows with the
+    instructions each thread issues. One token per program, and the largest head block (a power of
+    two up to 16) that still gives every SM a program: tokens x head blocks >= ``processors``, or
+    one head per program when even that gives fewer. Smaller blocks would only repeat the angles
+    (each program computes its token's ``half_pad`` angles once, which costs float64 arithmetic
+    where it is slow, as on a T4); larger ones leave SMs idle. Warps: ``BLOCK_H x half_pad / 64``,
+    1 to 4, which for 64 pairs a head is two pairs per thread up to 4 heads a program, then 4 and
+    (at 16 heads) 8 with 4 warps, the first of :data:`FLOAT64_TUNING_CANDIDATES`, which does not spill.
+    Decode with 32 + 8 heads of 128 on an H100 (132 SMs): one head per program, 40 programs of one warp.
+    """
+    block_h = min(triton.next_power_of_2(max(heads_q, heads_k)), 16)
+    while block_h > 1 and tokens * (triton.cdiv(heads_q, block_h) + triton.cdiv(heads_k, block_h)) < processors:
+        block_h //= 2
+    return 1, block_h, 1, max(1, min(4, block_h * half_pad // 64))
+
+
+def few_token_launches(half_pad: int = 64) -> list[tuple[int, int, int, int]]:
+    """Every launch size :func:`few_token_sizes` may choose for pairs padded to ``half_pad``
+    (what ``python -m rope.kernels.targets --spills`` compiles)."""
+    return sorted({few_token_sizes(1, heads, heads, half_pad, 1) for heads in (1, 2, 4, 8, 16)})
+
+
+@functools.cache
+def _processors(device: torch.device) -> int:
+    """The SM count of a CUDA device (asked once per device)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def interpreting() -> bool:
@@ -604,10 +658,14 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     for float32 (within the stated bound); True takes float64 math for float32 too. float64 inputs
     always take float64 math (False is refused).
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
-    widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
+    widths, layout) on first use from :data:`AUTOTUNE_FROM_TOKENS` tokens (batch x seq) up, and
+    chosen by :func:`few_token_sizes` below; ``block_s``, ``block_h``, ``group`` and ``num_warps``
+    fix them. A call is one launch (after the autotuner's timed ones on a shape's first use), with
+    nothing else run on the device.
     """
     check_launch_device("q", q)
-    float64_math = _checks.flag("float64_math", q.dtype != torch.float32 if float64_math is None else float64_math)
+    float64_math = _checks.flag("float64_math", default_math(q.dtype) == "float64" if float64_math is None
+                                else float64_math)
     if q.dtype == torch.float64 and not float64_math:
         raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
     *factor, scale_after = scale_arguments(scale, float64_math=float64_math)
@@ -630,9 +688,12 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not interpreting():
-        with launch_device(q):
-            tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
-        return
+        if batch * seq_len >= AUTOTUNE_FROM_TOKENS:
+            with launch_device(q):
+                tuned_kernel[grid](*args, **options, enable_fp_fusion=False)
+            return
+        block_s, block_h, group, num_warps = few_token_sizes(batch * seq_len, heads_q, heads_k, options["HALF_PAD"],
+                                                             _processors(q.device))
     default = _launch_sizes(batch, seq_len, heads_q, heads_k, interpreted=interpreting())
     sizes = dict(BLOCK_S=block_s or default[0], BLOCK_H=block_h or default[1], GROUP=group or default[2])
     with launch_device(q):
