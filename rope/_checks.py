@@ -206,15 +206,23 @@ def finite_frequencies(name: str, inv_freq: torch.Tensor, *, dtypes=(torch.float
     operators check them again).
     """
     float_tensor(name, inv_freq, dtypes=dtypes, dim=1)
-    if values and inv_freq.numel():
-        if reads_are_free(inv_freq.device):  # one reduction: a float64 sum is finite iff every value is
-            if not math.isfinite(inv_freq.sum(dtype=torch.float64)):
-                raise ValueError(f"{name} must hold finite values (no NaN or inf)")
-        else:
-            assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
-        if inv_freq.dtype == torch.float64:
-            size = inv_freq.abs()
-            low, high = _FLOAT64_FREQUENCY_RANGE
-            assert_values(name, ((size == 0) | ((size >= low) & (size < high))).all(),
-                          "float64 values of magnitude 0 or in [2^-100, 2^127)")
+    if values:
+        frequency_values(name, inv_freq)
     return inv_freq
+
+
+def frequency_values(name: str, inv_freq: torch.Tensor) -> None:
+    """The value half of :func:`finite_frequencies`, for frequencies whose dtype and shape are
+    checked: finite, and float64 ones of magnitude 0 or in [2^-100, 2^127)."""
+    if not inv_freq.numel():
+        return
+    if reads_are_free(inv_freq.device):  # one reduction: a float64 sum is finite iff every value is
+        if not math.isfinite(inv_freq.sum(dtype=torch.float64)):
+            raise ValueError(f"{name} must hold finite values (no NaN or inf)")
+    else:
+        assert_values(name, torch.isfinite(inv_freq).all(), "finite values (no NaN or inf)")
+    if inv_freq.dtype == torch.float64:
+        size = inv_freq.abs()
+        low, high = _FLOAT64_FREQUENCY_RANGE
+        assert_values(name, ((size == 0) | ((size >= low) & (size < high))).all(),
+                      "float64 values of magnitude 0 or in [2^-100, 2^127)")

@@ -453,12 +453,30 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool =
         ``(cos, sin)``, ``[..., pairs]``.
     """
     integer_tensor("positions", positions)
-    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES)
+    _checks.finite_frequencies("inv_freq", inv_freq, dtypes=_checks.FREQUENCY_DTYPES, values=False)  # values: below
     _checks.same_device("positions", positions, inv_freq=inv_freq)
     if _checks.flag("per_pair", per_pair) and (positions.dim() == 0 or positions.shape[-1] != inv_freq.shape[0]):
         raise ValueError(f"positions must be [..., pairs] = [..., {inv_freq.shape[0]}] with per_pair=True "
                          f"(one position per pair), got {tuple(positions.shape)}")
     _checks.flag("float64", float64)
+    return cos_sin_of_checked(positions, inv_freq, per_pair=per_pair, float64=float64)
+
+
+def cos_sin_of_checked(positions: torch.Tensor, inv_freq: torch.Tensor, *, per_pair: bool = False,
+                       float64: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cos_sin` of arguments whose types, shapes and devices the caller checked (the values
+    of the frequencies are checked here): the torch path's own call, without checking twice.
+
+    Args:
+        positions: integer ``[...]``, or with ``per_pair`` ``[..., pairs]``.
+        inv_freq: float32 or float64 frequencies theta_i ``[pairs]``.
+        per_pair: each pair has its own position (M-RoPE).
+        float64: compute in float64; False: in float32.
+
+    Returns:
+        ``(cos, sin)``, ``[..., pairs]``.
+    """
+    _checks.frequency_values("inv_freq", inv_freq)
     if float64 and _products_are_exact(positions, inv_freq):
         angles = (positions if per_pair else positions[..., None]).to(torch.float64) * inv_freq  # float64, exact
         return torch.cos(angles), torch.sin(angles)

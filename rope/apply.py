@@ -46,7 +46,7 @@ import importlib.util
 import torch
 
 from . import _checks
-from .angles import cos_sin
+from .angles import cos_sin, cos_sin_of_checked
 from .layouts import LAYOUTS
 from .limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MIN_ATTENTION_FACTOR, MROPE_AXES
 from .rotation import rotate_tensors
@@ -209,6 +209,11 @@ def exact_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, *,
     return cos_sin(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
 
 
+def _checked_cos_sin(positions, inv_freq, *, per_pair: bool = False):
+    """:func:`exact_cos_sin` of arguments :func:`check_inputs` checked (the frequencies' values aside)."""
+    return cos_sin_of_checked(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
+
+
 def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
     """q and k rotated by the cos and sin of their pairs' angles, ``[seq, pairs]`` (shared by the
     batch) or ``[batch, seq, pairs]`` (or already ``[batch or 1, seq, 1, pairs]``): times the
@@ -303,14 +308,14 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
         return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
                                 attention_factor=attention_factor, conjugate=conjugate)
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
-    if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin
-        cos, sin = exact_cos_sin(positions.reshape(*positions.shape[:-1] or (1,), positions.shape[-1], 1),
-                                 inv_freq)  # [batch or 1, seq, 1, pairs]
+    if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin_of_checked
+        cos, sin = _checked_cos_sin(positions.reshape(*positions.shape[:-1] or (1,), positions.shape[-1], 1),
+                                    inv_freq)  # [batch or 1, seq, 1, pairs]
     else:
         check_axes(axes, rotary_dim // 2)
         per_pair = per_pair_positions(positions, axes)
-        cos, sin = exact_cos_sin(per_pair.reshape(*per_pair.shape[:-2] or (1,), per_pair.shape[-2], 1,
-                                                  per_pair.shape[-1]), inv_freq, per_pair=True)
+        cos, sin = _checked_cos_sin(per_pair.reshape(*per_pair.shape[:-2] or (1,), per_pair.shape[-2], 1,
+                                                     per_pair.shape[-1]), inv_freq, per_pair=True)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
                              attention_factor=attention_factor, conjugate=conjugate)
 

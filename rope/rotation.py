@@ -199,11 +199,13 @@ def rotate_tensors(xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.T
     return _rotate_once(xs, cos, sin, layout, rotary_dim, safe)  # no autograd record to make
 
 
-def _rotate_once(xs, cos, sin, layout, rotary_dim, safe) -> tuple[torch.Tensor, ...]:
-    """Each x rotated and rounded once (no autograd)."""
+def _rotate_once(xs, cos, sin, layout, rotary_dim, safe, *, views: bool = True) -> tuple[torch.Tensor, ...]:
+    """Each x rotated and rounded once (no autograd); ``views``: small results may be views of one
+    tensor (not for autograd, which refuses in-place changes to such outputs)."""
     if all(_by_blocks(x, cos, safe) for x in xs):
-        if len(xs) > 1 and sum(x[..., :rotary_dim].numel() for x in xs) <= BLOCK_ELEMENTS and _joinable(xs):
-            return _rotate_together(xs, cos, sin, layout, rotary_dim)
+        rotated = sum(x.numel() // x.shape[3] for x in xs) * rotary_dim if xs[0].shape[3] else 0
+        if len(xs) > 1 and rotated <= BLOCK_ELEMENTS and _joinable(xs):
+            return _rotate_together(xs, cos, sin, layout, rotary_dim, views)
         return tuple(_rotate_by_blocks(x, cos, sin, layout, rotary_dim) for x in xs)
     out = []
     for x in xs:
@@ -221,7 +223,7 @@ class _Rotation(torch.autograd.Function):
         ctx.save_for_backward(cos, sin)
         ctx.options = (layout, rotary_dim, safe)
         ctx.set_materialize_grads(False)  # an output unused by the loss gives its input no gradient
-        return _rotate_once(xs, cos, sin, layout, rotary_dim, safe)
+        return _rotate_once(xs, cos, sin, layout, rotary_dim, safe, views=False)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -349,16 +351,16 @@ def _joinable(xs) -> bool:
                for x in xs)
 
 
-def _rotate_together(xs, cos, sin, layout, rotary_dim) -> tuple[torch.Tensor, ...]:
+def _rotate_together(xs, cos, sin, layout, rotary_dim, views: bool) -> tuple[torch.Tensor, ...]:
     """:func:`_rotate_by_blocks` of small tensors in one block (queries and keys at decoding): their
-    heads side by side in one float64 buffer; where a float32 value lands on a tie, the whole
-    block is rounded by :func:`round_once` instead (rare: each value has a 2^-16 chance)."""
+    heads side by side in one float64 buffer. For float16 and bfloat16 the tie test is one for the
+    whole block (:func:`_may_be_on_a_tie`), and where it fires the whole block is rounded by
+    :func:`round_once` instead (rare: a value lands on a tie with probability 2^-16)."""
     dtype, (batch, seq) = xs[0].dtype, xs[0].shape[:2]
-    x64 = torch.empty((batch, seq, sum(x.shape[2] for x in xs), rotary_dim), dtype=torch.float64)
-    torch.cat([x if rotary_dim == x.shape[3] else x[..., :rotary_dim] for x in xs], dim=2, out=x64)
-    starts = [0]
-    for x in xs:
-        starts.append(starts[-1] + x.shape[2])
+    width = xs[0].shape[3]
+    heads = [x.shape[2] for x in xs]
+    x64 = torch.empty((batch, seq, sum(heads), rotary_dim), dtype=torch.float64)
+    torch.cat(xs if rotary_dim == width else [x.narrow(3, 0, rotary_dim) for x in xs], dim=2, out=x64)
     y64 = torch.empty_like(x64)
     scale = _FLOAT16_SCALE if dtype == torch.float16 else 1.0
     if scale != 1.0:
@@ -367,21 +369,41 @@ def _rotate_together(xs, cos, sin, layout, rotary_dim) -> tuple[torch.Tensor, ..
     y = y64
     if dtype != torch.float32:
         y = y64.to(torch.float32)
-        if int(torch.bitwise_left_shift(y.view(torch.int32), _TIE_SHIFT[dtype]).amin()) == -(2**31):
+        if _may_be_on_a_tie(y, dtype):
             y = round_once(y64.mul_(1 / scale) if scale != 1.0 else y64, dtype)
         elif scale != 1.0:
             y.mul_(1 / scale)  # exact in float32, before the one rounding
+    if rotary_dim == width:
+        y = y.to(dtype)  # the one rounding, for all tensors at once
+        if views and batch * seq == 1:  # each tensor's part is contiguous: views of one result
+            return tuple(y.narrow(2, start, h) for start, h in zip(_starts(heads), heads))
     out = []
-    for x, start in zip(xs, starts):
-        part = y.narrow(2, start, x.shape[2])
-        if rotary_dim == x.shape[3]:
-            out.append(part.to(dtype, memory_format=torch.contiguous_format))
-        else:
-            rotated = torch.empty(x.shape, dtype=dtype)
-            rotated[..., :rotary_dim] = part
-            rotated[..., rotary_dim:] = x[..., rotary_dim:]
-            out.append(rotated)
+    for x, start, h in zip(xs, _starts(heads), heads):
+        rotated = torch.empty(x.shape, dtype=dtype)
+        rotated.narrow(3, 0, rotary_dim).copy_(y.narrow(2, start, h))
+        if rotary_dim < width:
+            rotated.narrow(3, rotary_dim, width - rotary_dim).copy_(x.narrow(3, rotary_dim, width - rotary_dim))
+        out.append(rotated)
     return tuple(out)
+
+
+def _may_be_on_a_tie(y32: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether a float32 value of ``y32`` may lie on a tie of ``dtype``: for bfloat16 one minimum
+    over its int16 halves, -2^15 where a low half is 0x8000 (and where a high one is: -0.0 and
+    negative float32 subnormals, which only cost the exact rounding); for float16 (values scaled
+    by 2^-112) the shifted pattern of :func:`_rotate_by_blocks`."""
+    if dtype == torch.bfloat16:
+        return int(y32.view(torch.int16).amin()) == -(2**15)
+    return int(torch.bitwise_left_shift(y32.view(torch.int32), _TIE_SHIFT[dtype]).amin()) == -(2**31)
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    """The offsets of consecutive parts of ``sizes``."""
+    starts, total = [], 0
+    for size in sizes:
+        starts.append(total)
+        total += size
+    return starts
 
 
 def _products(x64, y64, tables) -> None:
@@ -389,7 +411,7 @@ def _products(x64, y64, tables) -> None:
     two multiply-adds) or (cos + i sin,) for interleaved pairs (one complex multiply)."""
     if len(tables) == 2:
         half = x64.shape[-1] // 2
-        x_a, x_b, y_a, y_b = x64[..., :half], x64[..., half:], y64[..., :half], y64[..., half:]
+        x_a, x_b, y_a, y_b = (t.narrow(-1, start, half) for t in (x64, y64) for start in (0, half))
         torch.mul(x_a, tables[0], out=y_a).addcmul_(x_b, tables[1], value=-1)
         torch.mul(x_b, tables[0], out=y_b).addcmul_(x_a, tables[1])
     else:

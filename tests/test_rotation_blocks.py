@@ -192,3 +192,21 @@ def test_block_path_equals_the_path_without_host_reads(dtype, layout, monkeypatc
         gap = (a.to(torch.float64) - b.to(torch.float64)).abs()
         assert (gap > 0).double().mean() < 1e-4
         assert torch.all(gap <= ulp(b, dtype))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_decoding_outputs_are_independent_and_writable(grad):
+    """One token: q_out and k_out may share one result (without autograd); each is contiguous, a
+    write to one leaves the other as it was, and in-place changes work with autograd too."""
+    gen = torch.Generator().manual_seed(18)
+    q, k = random_qk(gen, 1, 1, 4, 2, 16, dtype=torch.bfloat16)
+    theta, _ = rope.inv_freq({}, 16)
+    q.requires_grad_(grad), k.requires_grad_(grad)
+    q_out, k_out = rope.apply_rotary(q, k, torch.tensor([77]), theta, backend="torch")
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    k_before = k_out.detach().clone()
+    q_out.mul_(3)  # refused by autograd for views of one result: they are not views there
+    assert torch.equal(k_out.detach(), k_before)
+    if grad:
+        (q_out.float().sum() + k_out.float().sum()).backward()
+        assert q.grad is not None and k.grad is not None
