@@ -158,8 +158,9 @@ def _turned(x, cos, sin, layout: str, rotary_dim: int):
 
 
 class _Call:
-    """One call's float32 operands: the angles (per frame, on first need), the turned keys ``[batch heads_k,
-    k_len, d]``, the values ``[batch heads_k, k_len, v_dim]`` and two tile buffers reused by every tile."""
+    """One call's float32 operands: the angles (per frame and block of tokens, on first need), the turned keys
+    ``[batch heads_k, k_len, d]``, the values ``[batch heads_k, k_len, v_dim]`` and two tile buffers reused by
+    every tile."""
 
     def __init__(self, q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, plan: Plan, tiles):
         self.q, self.k, self.options, self.plan = q, k, options, plan
@@ -176,12 +177,15 @@ class _Call:
         # one tile buffer and a spare (pass 2's logits, dP) for the whole call: no allocation per tile
         self.buffers = [torch.empty(self.bh * rows * cols, dtype=torch.float32, device=q.device) for _ in range(2)]
 
-    def angles(self, bent: bool, query: bool):
+    def angles(self, bent: bool, query: bool, t0: int, t1: int):
+        """(cos, sin) of tokens t0..t1 of the queries or keys in a frame, computed a block at a time (the exact
+        reduction's workspace stays per block) and kept for the call."""
         if not bent and not query and self.same_positions:
-            query = True  # the keys' plain angles are the queries'
-        if (bent, query) not in self._angles:
-            self._angles[bent, query] = _angles(self.positions[query], self.inv_freq, self.options, bent, query)
-        return self._angles[bent, query]
+            query = True  # the keys' plain angles are the queries' (the same blocks: multiples of block_size)
+        if (bent, query, t0, t1) not in self._angles:
+            self._angles[bent, query, t0, t1] = _angles(self.positions[query][t0:t1], self.inv_freq, self.options,
+                                                        bent, query)
+        return self._angles[bent, query, t0, t1]
 
     def _per_head(self, x, convert):
         """x ``[batch, tokens, heads_k, dim]`` as float32 ``[batch heads_k, tokens, dim]``, converted by
@@ -196,15 +200,13 @@ class _Call:
     def keys(self, frame: int) -> torch.Tensor:
         """The keys turned in the plain (0) or bent (1) frame, float32 ``[batch heads_k, k_len, d]``."""
         if frame not in self._keys:
-            cos, sin = self.angles(frame == 1, query=False)
             self._keys[frame] = self._per_head(self.k, lambda x, t0, t1: _turned(
-                x, cos[t0:t1], sin[t0:t1], self.options.layout, self.rotary_dim))
+                x, *self.angles(frame == 1, False, t0, t1), self.options.layout, self.rotary_dim))
         return self._keys[frame]
 
     def queries(self, i0: int, i1: int, frame: int) -> torch.Tensor:
         """Query rows i0..i1 turned in the frame, times their factors, float32 ``[batch heads_k, group rows, d]``."""
-        cos, sin = self.angles(frame == 1, query=True)
-        x = _turned(self.q[:, i0:i1], cos[i0:i1], sin[i0:i1], self.options.layout, self.rotary_dim)
+        x = _turned(self.q[:, i0:i1], *self.angles(frame == 1, True, i0, i1), self.options.layout, self.rotary_dim)
         x *= self.plan.row_factors(slice(i0, i1), x.shape[3], self.rotary_dim, x.device)
         batch, rows, heads_q, d = x.shape
         y = torch.empty(batch, heads_q, rows, d, dtype=torch.float32, device=x.device)
@@ -340,8 +342,8 @@ def _turned_back(call: _Call, parts: dict, tokens: slice, query: bool, rows: int
     that two frames never give inf - inf."""
     total = None
     for f, g in parts.items():
-        cos, sin = call.angles(f == 1, query)
+        cos, sin = call.angles(f == 1, query, tokens.start, tokens.stop)
         g = call.unblocked(g, rows) if rows is not None else g
-        turned = _turned(g, cos[tokens], -sin[tokens], call.options.layout, call.rotary_dim)
+        turned = _turned(g, cos, -sin, call.options.layout, call.rotary_dim)
         total = turned if total is None else total + turned
     return total
