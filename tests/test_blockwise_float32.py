@@ -256,3 +256,16 @@ def test_the_plan_reads_the_range_from_the_inputs():
     v_edge = 2.0**120 / 4  # k_len V <= 2^120
     assert fits(v=v / v.abs().max() * v_edge) and not fits(v=v / v.abs().max() * v_edge * 2)
     assert not fits(k=k * math.inf)  # not finite: the float64 path decides
+
+
+def test_the_cpu_benchmark_runs_every_contender_and_they_agree():
+    """benchmarks/bench_blockwise_cpu.py --check: SDPA, the float32 and the float64 path once at a tiny size,
+    within 1e-5 of the float64 path."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_blockwise_cpu.py"
+    spec = importlib.util.spec_from_file_location("bench_blockwise_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0
