@@ -1,11 +1,16 @@
 """Blockwise RoPE / ReRoPE attention: softmax(s L + mask) V without ever forming the q_len x k_len matrix.
 
-:func:`rotary_attention` is a float64 *reference* (exact, not fast) of what a FlashAttention-style
-kernel for RoPE, ReRoPE and Leaky ReRoPE computes (:mod:`rope.kernels.triton_attention` is one).
+:func:`rotary_attention` computes what a FlashAttention-style kernel for RoPE, ReRoPE and Leaky
+ReRoPE computes (:mod:`rope.kernels.triton_attention` is one), on any device torch runs on, in one
+of two arithmetics (``compute_dtype``): float64, the exact *reference* described below (the default
+for float64 inputs), or float32, the same tiles as float32 BLAS matmuls (the default for float16,
+bfloat16 and float32 inputs: :mod:`.blockwise_float32` states its range and its accuracy bound
+against the float64 result; on one CPU thread it takes about 1.3 times the time of torch's
+``scaled_dot_product_attention`` on pre-rotated inputs, ``rope/data/bench_blockwise.md``).
 Queries and keys are cut into blocks of ``block_size`` tokens; each (query block, key block) tile
 is rotated on the fly, its logits formed, and folded into the output with the online softmax, so
 the memory is O(block_size^2) logits per batch and head plus the output, whatever the sequence
-lengths.
+lengths. What follows describes the float64 path; the float32 path changes its arithmetic only.
 
 Online softmax (Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; Dao et
 al., "FlashAttention: fast and memory-efficient exact attention with IO-awareness", NeurIPS 2022).

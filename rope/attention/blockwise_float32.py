@@ -69,16 +69,12 @@ autograd (no bound is proved for them: the tests hold them to a multiple of the 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..angles import cos_sin_of_sum
 from ..apply import exact_cos_sin, rotate_pairs
 from .rerope import below_window, bent_frame
-
-if TYPE_CHECKING:
-    from .blockwise import AttentionOptions
 
 LIMIT = 120
 """log2 of the largest magnitude a float32 intermediate may reach (float32 reaches 2^128)."""
@@ -105,7 +101,7 @@ class Plan:
     """The range test of one call (module docstring, "Range") and its float64 factors ``rotary`` = s a^2 and
     ``tail`` = s; ``row_scale`` the float64 log-n factors c of the query rows, or None."""
 
-    def __init__(self, q, k, v, options: AttentionOptions, row_scale: torch.Tensor | None):
+    def __init__(self, q, k, v, options, row_scale: torch.Tensor | None):
         log2_c = max(_log2_max(row_scale), 0.0) if row_scale is not None else 0.0
         log2_s, log2_a2 = math.log2(options.scale), 2 * math.log2(options.attention_factor)
         self.query = _log2_max(q) + 0.5 + log2_s + log2_c + max(log2_a2, 0.0)  # log2 A
@@ -140,7 +136,7 @@ class Plan:
         return factors
 
 
-def _angles(positions, inv_freq, options: AttentionOptions, bent: bool, query: bool):
+def _angles(positions, inv_freq, options, bent: bool, query: bool):
     """float64 (cos, sin) ``[tokens, pairs]`` of the exactly reduced angles of the plain frame or, ``bent``, of
     pass 2's frame of query or key tokens (:func:`.rerope.bent_frame`), as :func:`.rerope.rotate_exactly`
     turns by them."""
@@ -162,7 +158,7 @@ class _Call:
     ``[batch heads_k, k_len, d]``, the values ``[batch heads_k, k_len, v_dim]`` and two tile buffers reused by
     every tile."""
 
-    def __init__(self, q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, plan: Plan, tiles):
+    def __init__(self, q, k, v, q_positions, k_positions, inv_freq, options, plan: Plan, tiles):
         self.q, self.k, self.options, self.plan = q, k, options, plan
         self.positions = {True: q_positions.to(torch.int64), False: k_positions.to(torch.int64)}
         self.inv_freq, self.rotary_dim = inv_freq, 2 * inv_freq.shape[0]
@@ -253,7 +249,7 @@ class _Call:
         return y.view(self.bh, self.group * rows, dim)
 
 
-def forward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, tiles: list, plan: Plan):
+def forward(q, k, v, q_positions, k_positions, inv_freq, options, tiles: list, plan: Plan):
     """The float32 blockwise loop over ``tiles`` (:func:`.blockwise._tiles`' blocks, as a list): the float32
     output ``[batch, q_len, heads_q, v_dim]`` and LSE ``[batch, heads_q, q_len]``. The call must fit
     (``plan.fits``)."""
@@ -281,7 +277,7 @@ def forward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptio
     return out, lse
 
 
-def backward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, tiles: list, plan: Plan,
+def backward(q, k, v, q_positions, k_positions, inv_freq, options, tiles: list, plan: Plan,
              out, lse, grad_out, grad_lse):
     """FlashAttention-2's backward (:mod:`.blockwise`) in float32 over the same tiles: (dq, dk, dv) in the dtypes
     of q, k and v. The sums over the turned frames are turned back in float64 (each frame by its own angles),

@@ -8,6 +8,8 @@ The files are package data, so the chapters find them in a wheel install as in a
   measurement, the kernel file's path at that commit and the SHA-256 of its bytes, so that a
   reader can tell whether the kernel has changed since;
 * ``bench_torch_path.md``: the CPU table of ``python benchmarks/bench_torch_path.py``;
+* ``bench_blockwise.md``: the CPU table of ``python benchmarks/bench_blockwise_cpu.py`` (the blockwise
+  attention's float32 and float64 paths against torch's SDPA, one thread);
 * ``phi35_mini_longrope.json``: the rope keys of Phi-3.5-mini-instruct's ``config.json`` (the 48
   short and 48 long LongRoPE factors as that file prints them), with its pinned source (chapter 15).
 
@@ -20,7 +22,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "phi35_mini_longrope.json")
+FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "bench_blockwise.md",
+         "phi35_mini_longrope.json")
 """The data files of this package."""
 
 
