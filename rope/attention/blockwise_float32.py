@@ -45,9 +45,10 @@ them; j over the keys) and::
     E_i = (d + 6) u S_i + d 2^-147 (A + K),
 
 a bound on the error of each of the row's computed scaled logits and gaps: the roundings of the
-two turned operands to float32 and the d-term float32 dot product (within ``(d + 2) u sum |q'
-k'|``, at most ``(d + 2) u S_i`` by Cauchy-Schwarz), the gap's rounding (``2 u S_i``), the float64
-steps before (far below u), and float32's underflow of tiny coordinates (the second term). With
+two turned operands to float32 and the d-term float32 dot product (within
+``(d + 2) u sum |q' k'|``, at most ``(d + 2) u S_i`` by Cauchy-Schwarz), the gap's rounding
+(``2 u S_i``), the float64 steps before (far below u), and float32's underflow of tiny
+coordinates (the second term). With
 B = ``block_size`` keys per tile, T the number of key tiles, ``p_ij`` the exact weights and each
 coordinate of ``|v_j|``::
 
