@@ -18,7 +18,7 @@ from helpers import LargestTensor
 from rope.attention import blockwise_float32
 from rope.attention.blockwise import blockwise_attention, rotary_attention
 from rope.attention.logn import logn_scale
-from strategies import seeds
+from strategies import layouts, seeds
 
 U = 2.0**-24
 METHODS = {"rope": (None, None), "rerope": (5, None), "leaky16": (5, 16.0), "leaky0.5": (5, 0.5)}
@@ -94,9 +94,9 @@ def test_the_accuracy_bound_holds(method, dtype, spread):
     window, leaky_scale = METHODS[method]
     inputs = case(100 * list(METHODS).index(method) + 10 * DTYPES.index(dtype) + int(spread), spread=spread,
                   dtype=dtype)
-    for causal, block_size in ((True, 8), (False, 64)):
+    for causal, block_size, layout in ((True, 8, "half"), (False, 64, "interleaved")):
         expected, bound = assert_within_the_bound(inputs, window=window, leaky_scale=leaky_scale, causal=causal,
-                                                  block_size=block_size)
+                                                  block_size=block_size, layout=layout)
         if spread == 1.0:  # about 1e-5 of sum p |v|: the exact result rounded to bfloat16 breaks it
             assert ((expected.to(torch.bfloat16).double() - expected).abs() > bound).any()
 
@@ -117,24 +117,23 @@ def test_positions_far_from_zero_keep_the_bound(method, offset):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_the_bound_with_the_options(method):
-    """Log-n scaling (positions past L), an attention factor, a softmax scale, GQA 6 / 2 and MQA."""
+    """Log-n scaling (positions past L), an attention factor, a softmax scale, GQA 6 / 2 and MQA, both layouts."""
     window, leaky_scale = METHODS[method]
-    for heads_k, options in ((2, dict(logn_length=8)), (1, dict(attention_factor=1.7)),
+    for heads_k, options in ((2, dict(logn_length=8)), (1, dict(attention_factor=1.7, layout="interleaved")),
                              (2, dict(softmax_scale=0.9, attention_factor=0.6, logn_length=20))):
         inputs = case(11 + heads_k, spread=2.0, heads_q=6, heads_k=heads_k, k_len=45, q_len=45)
         assert_within_the_bound(inputs, window=window, leaky_scale=leaky_scale, block_size=16, **options)
 
 
-@given(seeds, st.sampled_from(list(METHODS)), st.booleans(), st.integers(1, 20), st.integers(1, 24),
+@given(seeds, st.sampled_from(list(METHODS)), layouts, st.booleans(), st.integers(1, 20), st.integers(1, 24),
        st.integers(0, 12), st.sampled_from([(2, 1), (2, 2), (3, 1)]), st.floats(0.1, 8.0))
-def test_random_cases_hold_the_bound(seed, method, causal, block_size, k_len, extra, heads, spread):
+def test_random_cases_hold_the_bound(seed, method, layout, causal, block_size, k_len, extra, heads, spread):
     window, leaky_scale = METHODS[method]
     inputs = case(seed, spread=spread, q_len=min(k_len, 1 + extra), k_len=k_len, heads_q=heads[0],
                   heads_k=heads[1], head_dim=6, pairs=2, v_dim=3)
-    out, lse = blockwise_attention(*inputs, window=window, leaky_scale=leaky_scale, causal=causal,
-                                   block_size=block_size)
-    expected, expected_lse, weighted = exact(*inputs, window=window, leaky_scale=leaky_scale, causal=causal,
-                                             block_size=block_size)
+    options = dict(window=window, leaky_scale=leaky_scale, causal=causal, block_size=block_size, layout=layout)
+    out, lse = blockwise_attention(*inputs, **options)
+    expected, expected_lse, weighted = exact(*inputs, **options)
     (relative, absolute), (e, constant) = bounds(*inputs[:4], inputs[5], block_size=block_size)
     assert ((out.double() - expected).abs() <= relative * weighted + absolute).all()
     assert ((lse.double() - expected_lse).abs() <= e + constant + 2 * U * expected_lse.abs()).all()
@@ -162,9 +161,10 @@ def gradients(inputs, grad_out, grad_lse, **options):
     return torch.autograd.grad(total, leaves)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("method", METHODS)
-def test_gradients_match_float64_autograd(method, dtype):
+def test_gradients_match_float64_autograd(method, dtype, layout):
     """dq, dk, dv of the output and the LSE in the inputs' dtype, within a multiple of the forward's error
     (E + (B + 4 T) u, relative to the largest gradient) plus one rounding to the dtype, of float64 autograd
     through the exact path on the same values, with the float32 incoming gradients."""
@@ -174,7 +174,7 @@ def test_gradients_match_float64_autograd(method, dtype):
     grad_out = torch.randn(2, 40, 4, 5, generator=gen).double()
     grad_lse = torch.randn(2, 4, 40, generator=gen).double()
     compute = dict(compute_dtype=torch.float32) if dtype == torch.float64 else {}
-    options = dict(window=window, leaky_scale=leaky_scale, block_size=8)
+    options = dict(window=window, leaky_scale=leaky_scale, block_size=8, layout=layout)
     got = gradients(inputs, grad_out, grad_lse, **options, **compute)
     exact_inputs = [t.double() for t in inputs[:3]] + list(inputs[3:])
     expected = gradients(exact_inputs, grad_out, grad_lse, **options)
