@@ -9,7 +9,10 @@ logits lie beyond float64's range, against references written from the formula:
   maxima;
 * exact power-of-two rescalings: q 2^e, k 2^f and s 2^-(e+f) give the logits, hence the output
   and LSE, of q, k and s, and the gradients scaled by 2^-e and 2^-f (float64 autograd of the whole
-  matrix).
+  matrix);
+* the float32 path (rope.attention.blockwise_float32, the default for float16/bfloat16/float32
+  inputs): within its range the same limits in float32, beyond it the float64 path's result
+  rounded to float32 (its backward the float64 one), never NaN.
 """
 
 import math
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 import rope
-from rope.attention import rerope
+from rope.attention import blockwise_float32, rerope
 from rope.attention.blockwise import blockwise_attention, rotary_attention
 from rope.attention.logn import logn_scale
 
@@ -71,12 +74,12 @@ def hard_maximum(x, v):
     return torch.einsum("bhij,bjhd->bihd", weights, values), weights
 
 
-def assert_separated(x):
+def assert_separated(x, relative=1e-6):
     """The reference's maxima are clear: every row's largest logit exceeds the next by far more than rounding."""
     top2 = x.topk(2, dim=-1).values
     finite = torch.isfinite(top2[..., 1])
     gap = (top2[..., 0] - top2[..., 1])[finite]
-    assert (gap > 1e-6 * top2[..., 0].abs()[finite]).all()
+    assert (gap > relative * top2[..., 0].abs()[finite]).all()
 
 
 def limit_lse(x, factors):
@@ -212,22 +215,23 @@ def test_the_attention_factor_is_exact_beyond_the_range(factor_exponent):
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12 * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("scale", [2.0**1023, 2.0**100])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("method", METHODS)
-def test_gradients_in_the_hard_maximum_limit(dtype, method):
-    """s = 2^1023: the output's gradient is 0 in q and k (the softmax is saturated) and dO on each row's
-    maximum in v; the LSE's is s dL d(max L), ±inf beyond the dtype's range, never NaN (rows with an LSE of
-    ±inf included)."""
+def test_gradients_in_the_hard_maximum_limit(dtype, method, scale):
+    """s = 2^1023 (the float64 path for every dtype) and s = 2^100 (the float32 path for float16, bfloat16 and
+    float32 inputs: logits of about 2^102 fit float32): the output's gradient is 0 in q and k (the softmax is
+    saturated) and dO on each row's maximum in v; the LSE's is s dL d(max L), ±inf beyond the dtype's range,
+    never NaN (rows with an LSE of ±inf included)."""
     window, leaky_scale = METHODS[method]
     q, k, v, q_positions, k_positions, theta = negative_first_row(6, dtype=dtype)
-    scale = 2.0**1023
     x = masked(logits(q, k, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale),
                q_positions, k_positions)
     assert_separated(x)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out, lse = blockwise_attention(*leaves, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
                                    softmax_scale=scale, block_size=3)
-    assert lse.isinf().any()
+    assert lse.isinf().any() == (scale > 2.0**128)
     gen = torch.Generator().manual_seed(7)
     d_out = torch.randint(-4, 5, out.shape, generator=gen).double()
     (out * d_out).sum().backward(retain_graph=True)
@@ -417,3 +421,79 @@ def test_float16_inputs_near_the_largest_value(attention_factor, method):
     for got, exact in zip(grads, expected_grads):
         assert got.isfinite().all()
         assert (got.cpu().double() - exact).abs().max() <= 8 * logit_error * exact.abs().max() + 1e-3
+
+
+# --- the float32 path (rope.attention.blockwise_float32): its range, and the float64 path beyond it -----------------
+
+
+@pytest.fixture
+def float32_calls(monkeypatch):
+    """The calls that took the float32 path's forward (a list, one entry per call)."""
+    calls, forward = [], blockwise_float32.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(blockwise_float32, "forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("softmax_scale", [2.0**100, 2.0**110, 1e37, 1e308])
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_inputs_under_a_huge_scale_give_the_hard_maximum(method, softmax_scale, float32_calls):
+    """float32 inputs, the default float32 path: scales whose logits fit its range (d A K <= 2^120: logits of
+    about 2^102 and 2^112) run in float32, the others (2^123, 2^1023) in float64, rounded: either way the hard
+    maximum bit for bit (integer values) and the LSE s max L (float32's rounding of the logits: a few ulps of
+    S_i), ±inf beyond float32's range, never NaN."""
+    window, leaky_scale = METHODS[method]
+    q, k, v, q_positions, k_positions, theta = negative_first_row(1, dtype=torch.float32)
+    x = masked(logits(q, k, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale),
+               q_positions, k_positions)
+    assert_separated(x, 1e-4)  # far beyond float32's rounding of the logits
+    out, lse = blockwise_attention(q, k, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
+                                   softmax_scale=softmax_scale, block_size=3)
+    assert out.dtype == lse.dtype == torch.float32
+    assert len(float32_calls) == (softmax_scale < 2.0**115)
+    torch.testing.assert_close(out.double(), hard_maximum(x, v)[0], rtol=0, atol=0)
+    expected_lse = limit_lse(x, [softmax_scale] * x.shape[2]).to(torch.float32)  # ±inf beyond float32's range
+    assert not lse.isnan().any() and torch.equal(lse.isinf(), expected_lse.isinf())
+    torch.testing.assert_close(lse, expected_lse, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("magnitude", [1e19, 1e30, 3e38])
+def test_float32_inputs_near_the_largest_value_never_give_nan(magnitude, float32_calls):
+    """float32 q and k from 1e19 up to float32's largest value (logits beyond 2^120: the float64 path, the hard
+    maximum), and values of 1e17, 1e28 (the float32 path) and 3e36, whose sum over the 9 keys could pass 2^120
+    (the float64 path: its output rounded once)."""
+    q, k, v, q_positions, k_positions, theta = case(9, dtype=torch.float32)
+    big_q, big_k = ((t / t.abs().max() * magnitude).to(torch.float32) for t in (q, k))
+    out = rotary_attention(big_q, big_k, v, q_positions, k_positions, theta, block_size=4)
+    x = masked(logits(big_q, big_k, q_positions, k_positions, theta), q_positions, k_positions)
+    assert not float32_calls and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), hard_maximum(x, v)[0], rtol=0, atol=0)
+    big_v = (v / v.abs().max() * magnitude * 1e-2).to(torch.float32)
+    out = rotary_attention(q, k, big_v, q_positions, k_positions, theta, block_size=4)
+    exact = rotary_attention(q, k, big_v, q_positions, k_positions, theta, block_size=4, compute_dtype=torch.float64)
+    assert len(float32_calls) == (magnitude < 1e36)
+    if float32_calls:  # within float32's rounding
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    else:
+        assert torch.equal(out, exact.to(torch.float32))
+
+
+def test_the_float32_backward_takes_the_float64_path_beyond_its_range():
+    """dO of 1e36 against values of 8: dO . v beyond 2^120, so the float64 backward (of the float64 forward,
+    recomputed): the float64 path's gradients for the same incoming gradient, rounded once, no NaN."""
+    q, k, v, q_positions, k_positions, theta = case(10, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(10)
+    grad_out = (torch.randn(2, 7, 2, 3, generator=gen) * 1e36).to(torch.float32)
+    results = []
+    for compute_dtype in (None, torch.float64):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = rotary_attention(*leaves, q_positions, k_positions, theta, window=3, block_size=3,
+                               compute_dtype=compute_dtype)
+        results.append(torch.autograd.grad(out, leaves, grad_out.to(out.dtype)))
+    for got, expected in zip(*results):
+        assert got.dtype == torch.float32 and not got.isnan().any()
+        assert torch.equal(got, expected)

@@ -181,9 +181,11 @@ def test_window_bends_distant_pairs_only():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("method", METHODS)
 def test_low_precision_inputs_give_a_float64_output_of_those_inputs(dtype, method):
+    """compute_dtype=torch.float64: the exact path for any inputs (their default is the float32 path)."""
     window, leaky_scale = METHODS[method]
     inputs = case(7, dtype=dtype)
-    out = check(inputs, 5, window=window, leaky_scale=leaky_scale)
+    out = rotary_attention(*inputs, block_size=5, window=window, leaky_scale=leaky_scale, compute_dtype=torch.float64)
+    assert_matches(out, reference(*inputs, window=window, leaky_scale=leaky_scale))
     exact = tuple(t.to(torch.float64) if t.is_floating_point() and t.dim() == 4 else t for t in inputs)
     assert_matches(out, rotary_attention(*exact, block_size=5, window=window, leaky_scale=leaky_scale))
 
@@ -377,6 +379,10 @@ BAD = [
     (dict(attention_factor=math.nan), ValueError, "attention_factor"),
     (dict(attention_factor="2"), TypeError, "attention_factor"),
     (dict(attention_factor=True), TypeError, "attention_factor"),
+    (dict(compute_dtype="float32"), TypeError, "compute_dtype must be a torch.dtype"),
+    (dict(compute_dtype=True), TypeError, "compute_dtype must be a torch.dtype"),
+    (dict(compute_dtype=torch.float16), ValueError, "compute_dtype must be one of float32, float64"),
+    (dict(compute_dtype=torch.int64), ValueError, "compute_dtype must be one of"),
     (dict(logn_length=16.0), TypeError, "logn_length"),
     (dict(logn_length=False), TypeError, "logn_length"),
     (dict(q_positions=lambda p: p - 30, k_positions=lambda p: p - 30, logn_length=8), ValueError,
@@ -463,7 +469,7 @@ def test_low_precision_inputs_get_the_float64_gradient_rounded_once(dtype, metho
     inputs = case(18, dtype=dtype)
     grad_out = torch.randn(2, 11, 4, 10, generator=torch.Generator().manual_seed(18), dtype=torch.float64)
     options = dict(window=window, leaky_scale=leaky_scale)
-    got = gradients(rotary_attention, inputs, grad_out, block_size=5, **options)
+    got = gradients(rotary_attention, inputs, grad_out, block_size=5, compute_dtype=torch.float64, **options)
     expected = gradients(reference, inputs, grad_out, dtype=torch.float64, **options)
     eps = torch.finfo(dtype).eps
     for g, e in zip(got, expected):
@@ -503,25 +509,29 @@ def test_return_stats_keeps_the_output_differentiable():
 # --- the operators torch.ops.rope.blockwise_attention and blockwise_attention_backward ----------------------------
 
 
+@pytest.mark.parametrize("compute_dtype", [None, torch.float64])
 @pytest.mark.parametrize("method", SLOW_METHODS)
-def test_opcheck_the_forward_operator(method):
+def test_opcheck_the_forward_operator(method, compute_dtype):
     window, leaky_scale = METHODS[method]
     q, k, v, q_positions, k_positions, theta = case(20, q_len=5, k_len=6, heads_q=2, heads_k=1, head_dim=4, pairs=2,
                                                     dtype=torch.float32)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     options = dict(layout="interleaved", causal=True, window=None if window is None else 2, leaky_scale=leaky_scale,
-                   softmax_scale=None, block_size=2)
+                   softmax_scale=None, block_size=2, compute_dtype=compute_dtype)
     torch.library.opcheck(torch.ops.rope.blockwise_attention.default, (q, k, v, q_positions, k_positions, theta),
                           options)
 
 
-def test_opcheck_the_backward_operator():
+@pytest.mark.parametrize("compute_dtype", [None, torch.float64])
+def test_opcheck_the_backward_operator(compute_dtype):
     q, k, v, q_positions, k_positions, theta = case(21, q_len=5, k_len=6, heads_q=2, heads_k=1, head_dim=4, pairs=2,
                                                     dtype=torch.float32)
-    options = dict(layout="half", causal=False, window=2, leaky_scale=None, softmax_scale=0.3, block_size=2)
+    options = dict(layout="half", causal=False, window=2, leaky_scale=None, softmax_scale=0.3, block_size=2,
+                   compute_dtype=compute_dtype)
     out, lse = torch.ops.rope.blockwise_attention(q, k, v, q_positions, k_positions, theta, **options)
+    assert out.dtype == lse.dtype == (compute_dtype or torch.float32)
     gen = torch.Generator().manual_seed(21)
-    grad_out, grad_lse = (torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (out, lse))
+    grad_out, grad_lse = (torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype) for t in (out, lse))
     torch.library.opcheck(torch.ops.rope.blockwise_attention_backward.default,
                           (q, k, v, q_positions, k_positions, theta, out, lse, grad_out, grad_lse), options)
 
@@ -543,7 +553,8 @@ def test_the_operator_refuses_what_rotary_attention_refuses():
     for options, error, message in [(dict(causal=1), TypeError, "causal"), (dict(window=2.0), TypeError, "window"),
                                     (dict(window=True), TypeError, "window"), (dict(block_size=0), ValueError,
                                                                                "block_size"),
-                                    (dict(leaky_scale=4.0), ValueError, "needs a window")]:
+                                    (dict(leaky_scale=4.0), ValueError, "needs a window"),
+                                    (dict(compute_dtype=torch.bfloat16), ValueError, "compute_dtype")]:
         with pytest.raises(error, match=message):
             op(q, k, v, q_positions, k_positions, theta, **options)
     with pytest.raises(ValueError, match="precedes every key"):  # a value: the real implementation only
@@ -553,15 +564,16 @@ def test_the_operator_refuses_what_rotary_attention_refuses():
         op(*(fake.from_tensor(t) for t in (q, k, v, q_positions, k_positions, theta)), causal=0)
 
 
+@pytest.mark.parametrize("compute_dtype", [None, torch.float64])
 @pytest.mark.parametrize("method", ["rope", "rerope", "leaky16"])
-def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients(method):
+def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients(method, compute_dtype):
     window, leaky_scale = METHODS[method]
     inputs = case(24, q_len=7, k_len=9, dtype=torch.float32)
     q_positions, k_positions, theta = inputs[3:]
 
     def function(q, k, v):
         out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
-                               block_size=4)
+                               block_size=4, compute_dtype=compute_dtype)
         return out, out.sum()
 
     torch._dynamo.reset()
@@ -571,6 +583,7 @@ def test_torch_compile_fullgraph_gives_the_eager_output_and_gradients(method):
         leaves = [t.detach().requires_grad_() for t in inputs[:3]]
         out, total = f(*leaves)
         results.append((out, *torch.autograd.grad(total, leaves)))
+    assert results[0][0].dtype == (compute_dtype or torch.float32)
     for got, expected in zip(*results):
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, rtol=0, atol=0)

@@ -9,8 +9,9 @@ sizes. Two references, both float64 and built from the library's exactly reduced
   rotated value to the neighbouring number of its dtype when it lies near a tie), P rounded to
   v's dtype (at most u relative per weight, so u max|v| on the output) and float32 accumulation:
   :data:`SLACK` u max |v| holds that with room, u the unit roundoff of the dtype.
-* :func:`rope.attention.blockwise.blockwise_attention`, the exact result (tested against the
-  whole matrix in tests/test_blockwise_attention.py): float32 inputs are held to it too.
+* :func:`rope.attention.blockwise.blockwise_attention` with ``compute_dtype=torch.float64``, the exact
+  result (tested against the whole matrix in tests/test_blockwise_attention.py): float32 inputs are
+  held to it too.
 """
 
 import math
@@ -109,7 +110,7 @@ def check(inputs, launcher=launch, **options):
     lse_err = ((lse.cpu().double() - expected_lse).abs() / (1 + expected_lse.abs())).max().item()
     assert lse_err <= SLACK[q.dtype] * UNIT[q.dtype], f"lse error {lse_err:.3g}"
     if q.dtype == torch.float32:
-        exact, exact_lse = blockwise_attention(*cpu, **reference)
+        exact, exact_lse = blockwise_attention(*cpu, **reference, compute_dtype=torch.float64)
         assert (out.cpu().double() - exact).abs().max().item() <= 4 * bound
         assert ((lse.cpu().double() - exact_lse).abs() / (1 + exact_lse.abs())).max().item() <= 64 * UNIT[q.dtype]
     return out, expected
@@ -118,10 +119,11 @@ def check(inputs, launcher=launch, **options):
 def test_the_tolerance_is_below_what_a_wrong_angle_costs():
     """A kernel that rotated keys one position off, bent at the wrong window or not at all would fail check()."""
     q, k, v, q_positions, k_positions, theta = case(0)
-    right = blockwise_attention(q, k, v, q_positions, k_positions, theta, window=5)[0]
-    for wrong in (blockwise_attention(q, k, v, q_positions, k_positions + 1, theta, window=5)[0],
-                  blockwise_attention(q, k, v, q_positions, k_positions, theta, window=6)[0],
-                  blockwise_attention(q, k, v, q_positions, k_positions, theta)[0]):
+    exact = dict(compute_dtype=torch.float64)
+    right = blockwise_attention(q, k, v, q_positions, k_positions, theta, window=5, **exact)[0]
+    for wrong in (blockwise_attention(q, k, v, q_positions, k_positions + 1, theta, window=5, **exact)[0],
+                  blockwise_attention(q, k, v, q_positions, k_positions, theta, window=6, **exact)[0],
+                  blockwise_attention(q, k, v, q_positions, k_positions, theta, **exact)[0]):
         for dtype in UNIT:
             assert (wrong - right).abs().max().item() > 10 * tolerance(q.to(dtype), k.to(dtype), v.to(dtype))
 
@@ -303,7 +305,7 @@ def test_decoding_shapes_with_a_dimension_of_size_zero_give_empty_outputs(empty,
         if empty == "q_len and k_len":
             k, v, k_positions = k[:, :0], v[:, :0], k_positions[:0]
     inputs = (q, k, v, q_positions, k_positions, theta)
-    expected, expected_lse = blockwise_attention(*[t.cpu() for t in inputs], window=5)
+    expected, expected_lse = blockwise_attention(*[t.cpu() for t in inputs], window=5, compute_dtype=torch.float64)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     results = [launch(*inputs, window=5), launch_decode(*inputs, window=5), launch_decode(*inputs, splits=1),
                fused_attention(*leaves, q_positions, k_positions, theta, "half", True, 5)]
@@ -467,7 +469,7 @@ def test_positions_of_every_integer_dtype(dtype):
         out, lse = launch(*narrow, window=3)
         expected, expected_lse = launch(*inputs, window=3)
         assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
-        exact = rotary_attention(*[t.cpu() for t in inputs], window=3)
+        exact = rotary_attention(*[t.cpu() for t in inputs], window=3, compute_dtype=torch.float64)
         assert (out.cpu().double() - exact).abs().max().item() <= 4 * tolerance(*inputs[:3])
 
 
@@ -781,7 +783,7 @@ def test_decoding_from_an_unrotated_cache_follows_the_frequencies_of_each_step(n
         positions = torch.arange(t + 1, device=DEVICE)
         step = q[:, t:t + 1], k[:, :t + 1], v[:, :t + 1], positions[-1:], positions, theta
         out, _ = launch(*step, attention_factor=factor)
-        expected = rotary_attention(*step, attention_factor=factor)
+        expected = rotary_attention(*step, attention_factor=factor, compute_dtype=torch.float64)
         assert (out.double() - expected).abs().max() <= tolerance(q, k, v, factor=factor**2)
         # the same step from keys rotated when they were cached (attention factor 1 on both sides)
         stale_keys.append(rope.apply_rotary(k[:, t:t + 1], k[:, t:t + 1], positions[-1:], theta, backend="torch")[0])
@@ -790,9 +792,9 @@ def test_decoding_from_an_unrotated_cache_follows_the_frequencies_of_each_step(n
             q_rot = rope.apply_rotary(q[:, t:t + 1], q[:, t:t + 1], positions[-1:], theta, backend="torch")[0]
             stale = rotary_attention(q_rot, cached, v[:, first:t + 1], torch.zeros(1, dtype=torch.int64, device=DEVICE),
                                      torch.zeros(t + 1 - first, dtype=torch.int64, device=DEVICE),
-                                     torch.zeros_like(theta), causal=False)
+                                     torch.zeros_like(theta), causal=False, compute_dtype=torch.float64)
             fresh = rotary_attention(q[:, t:t + 1], k[:, first:t + 1], v[:, first:t + 1], positions[-1:],
-                                     positions[first:], theta)
+                                     positions[first:], theta, compute_dtype=torch.float64)
             stale_gap = max(stale_gap, (stale - fresh).abs().max().item())
     assert stale_gap > 100 * tolerance(q, k, v)
 

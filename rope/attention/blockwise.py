@@ -1,11 +1,16 @@
 """Blockwise RoPE / ReRoPE attention: softmax(s L + mask) V without ever forming the q_len x k_len matrix.
 
-:func:`rotary_attention` is a float64 *reference* (exact, not fast) of what a FlashAttention-style
-kernel for RoPE, ReRoPE and Leaky ReRoPE computes (:mod:`rope.kernels.triton_attention` is one).
+:func:`rotary_attention` computes what a FlashAttention-style kernel for RoPE, ReRoPE and Leaky
+ReRoPE computes (:mod:`rope.kernels.triton_attention` is one), on any device torch runs on, in one
+of two arithmetics (``compute_dtype``): float64, the exact *reference* described below (the default
+for float64 inputs), or float32, the same tiles as float32 BLAS matmuls (the default for float16,
+bfloat16 and float32 inputs: :mod:`.blockwise_float32` states its range and its accuracy bound
+against the float64 result; on one CPU thread it takes about 1.3 times the time of torch's
+``scaled_dot_product_attention`` on pre-rotated inputs, ``rope/data/bench_blockwise.md``).
 Queries and keys are cut into blocks of ``block_size`` tokens; each (query block, key block) tile
 is rotated on the fly, its logits formed, and folded into the output with the online softmax, so
 the memory is O(block_size^2) logits per batch and head plus the output, whatever the sequence
-lengths.
+lengths. What follows describes the float64 path; the float32 path changes its arithmetic only.
 
 Online softmax (Milakov and Gimelshein, "Online normalizer calculation for softmax", 2018; Dao et
 al., "FlashAttention: fast and memory-efficient exact attention with IO-awareness", NeurIPS 2022).
@@ -109,6 +114,7 @@ from torch.types import Number
 
 from .. import _checks
 from ..layouts import check_layout
+from . import blockwise_float32
 from .rerope import below_window, bent_frame, check_qk, check_window, head_logits, rotate_exactly
 
 
@@ -183,9 +189,22 @@ def _check_tensors(q, k, v, q_positions, k_positions, inv_freq) -> None:
     _checks.same_device("q", q, v=v)
 
 
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+"""The dtypes ``compute_dtype`` takes: float32 (:mod:`.blockwise_float32`) and float64 (the exact path)."""
+
+
+def compute_dtype_of(compute_dtype, *tensors: torch.Tensor) -> torch.dtype:
+    """``compute_dtype`` checked (None, or one of :data:`COMPUTE_DTYPES`) and resolved: None is float64 where
+    q, k or v is float64, float32 otherwise (float16, bfloat16 and float32 inputs)."""
+    if compute_dtype is not None:
+        return _checks.dtype_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
 def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale, block_size,
-                   logn_length=None, attention_factor=1.0) -> AttentionOptions:
-    """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim))."""
+                   logn_length=None, attention_factor=1.0, compute_dtype=torch.float64) -> AttentionOptions:
+    """The options, checked (the package's errors) and completed (the default scale 1 / sqrt(head_dim));
+    ``compute_dtype`` already resolved (:func:`compute_dtype_of`)."""
     check_layout(layout)
     _checks.flag("causal", causal)
     if window is not None:
@@ -202,15 +221,18 @@ def _check_options(head_dim, layout, causal, window, leaky_scale, softmax_scale,
     # ln L > 0; the integer options are at most INT64_MAX: the operators take int64 scalars
     logn_length = _checks.optional_integer("logn_length", logn_length, minimum=2, maximum=_checks.INT64_MAX)
     attention_factor = _checks.number("attention_factor", attention_factor, positive=True)
-    return AttentionOptions(layout, causal, window, leaky_scale, scale, block_size, logn_length, attention_factor)
+    return AttentionOptions(layout, causal, window, leaky_scale, scale, block_size, logn_length, attention_factor,
+                            compute_dtype)
 
 
 def check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                    softmax_scale, block_size, logn_length=None, attention_factor=1.0) -> AttentionOptions:
-    """Everything but tensor values (the real and the fake implementations alike); return the options."""
+                    softmax_scale, block_size, logn_length=None, attention_factor=1.0,
+                    compute_dtype=None) -> AttentionOptions:
+    """Everything but tensor values (the real and the fake implementations alike); return the options,
+    ``compute_dtype`` resolved from the dtypes of q, k and v where it is None."""
     _check_tensors(q, k, v, q_positions, k_positions, inv_freq)
     return _check_options(q.shape[3], layout, causal, window, leaky_scale, softmax_scale, block_size, logn_length,
-                          attention_factor)
+                          attention_factor, compute_dtype_of(compute_dtype, q, k, v))
 
 
 def _check_values(q_positions, k_positions, inv_freq, causal: bool, logn_length=None) -> None:
@@ -254,9 +276,10 @@ def rotary_attention(
     q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
     window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
     block_size: int = 128, return_stats: bool = False, logn_length: int | None = None,
-    attention_factor: float = 1.0,
+    attention_factor: float = 1.0, compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, TileStats]:
-    """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, block by block, in float64.
+    """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, block by block, in float32
+    or, exactly, in float64.
 
     Shapes::
 
@@ -266,7 +289,7 @@ def rotary_attention(
         q_positions  [q_len] or [batch, q_len]          integers: any order, gaps, offsets
         k_positions  [k_len] or [batch, k_len]          (shared, or one row each)
         inv_freq     [rotary_dim / 2]                   float32/float64, rotary_dim <= d
-        returns      [batch, q_len, heads_q, v_dim]     float64
+        returns      [batch, q_len, heads_q, v_dim]     compute_dtype: float32 or float64
 
     L is the plain RoPE logit (``window=None``), ReRoPE's (``window=w``) or Leaky ReRoPE's
     (``window=w, leaky_scale=k``) exactly as :func:`.rerope.rerope_scores_two_pass` defines it,
@@ -276,9 +299,19 @@ def rotary_attention(
     ``attention_factor`` a (YaRN's, :func:`rope.inv_freq`'s second value) scales the rotated
     coordinates of q and k, as transformers' cos and sin tables carry it: the rotary part of each
     logit by a^2, the unrotated tail not at all.
-    ``causal`` masks every key whose position exceeds the query's. The output is float64 whatever
-    the inputs' dtype: the inputs are taken exactly as given and every operation is float64, which
-    makes this a reference for kernels, not a fast path.
+    ``causal`` masks every key whose position exceeds the query's.
+
+    ``compute_dtype`` chooses the arithmetic, and the output's dtype:
+
+    * ``torch.float64``, the default for float64 inputs: the inputs are taken exactly as given and
+      every operation is float64 (the power-of-two frames of the module docstring), which makes
+      this the reference for kernels (and for the float32 path), not a fast path;
+    * ``torch.float32``, the default for float16, bfloat16 and float32 inputs: the same tiles as
+      float32 BLAS matmuls, the angles still exactly reduced and each turned coordinate rounded to
+      float32 once (:mod:`.blockwise_float32`, which states its range and its accuracy bound
+      against the float64 result: about 1e-5 of ``sum p |v|`` for logits of tens). Calls beyond
+      its range (a scale, attention factor or input magnitude that float32 logits cannot hold)
+      are computed by the float64 path and rounded to float32, never returned overflowed.
 
     Memory: at most a ``block_size x block_size`` tile of logits per batch and head exists at a
     time (see the module docstring for the online softmax and the tile rule); ``return_stats=True``
@@ -291,7 +324,7 @@ def rotary_attention(
 
     Differentiable in q, k and v: the backward recomputes the tiles (FlashAttention-2, see the
     module docstring) instead of storing them, so it too holds O(block_size^2) logits at a time,
-    and returns the float64 gradients rounded once to the inputs' dtypes.
+    in the same ``compute_dtype``, and returns the gradients rounded once to the inputs' dtypes.
 
     A query row with no key to attend to (no keys at all, or ``causal`` with a query position
     below every key position) raises ``ValueError``, where ``torch.nn.functional.
@@ -300,15 +333,21 @@ def rotary_attention(
     Finite inputs never give NaN, at any ``softmax_scale``, ``attention_factor`` and magnitude of q,
     k and v (module docstring, "Range"): where s a^2 ``|q . k|`` is beyond float64's range the output is
     the limit of the softmax, the mean of v over each row's largest logits, as exact as the logits'
-    float64 rounding allows; LSE and the gradients are ±inf where they are beyond float64's range.
+    float64 rounding allows; LSE and the gradients are ±inf where they are beyond the range of
+    their dtype (float32's for the LSE of ``compute_dtype=torch.float32``).
+
+    Raises:
+        TypeError, ValueError: for any bad argument, naming it (``compute_dtype``: a ``torch.dtype``,
+            float32 or float64, or None).
     """
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                              softmax_scale, block_size, logn_length, attention_factor)
+                              softmax_scale, block_size, logn_length, attention_factor, compute_dtype)
     _checks.flag("return_stats", return_stats)
     out, _ = blockwise_attention(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal,
                                  window=options.window, leaky_scale=options.leaky_scale,
                                  softmax_scale=options.scale, block_size=options.block_size,
-                                 logn_length=options.logn_length, attention_factor=options.attention_factor)
+                                 logn_length=options.logn_length, attention_factor=options.attention_factor,
+                                 compute_dtype=options.compute_dtype)
     if not return_stats:
         return out
     stats = TileStats()  # counted on the host from the positions alone (a graph break under torch.compile)
@@ -336,6 +375,7 @@ class AttentionOptions:
     block_size: int
     logn_length: int | None = None
     attention_factor: float = 1.0
+    compute_dtype: torch.dtype = torch.float64
 
 
 def _tiles(q_positions, k_positions, options: AttentionOptions, stats: TileStats | None = None):
@@ -544,6 +584,42 @@ def _forward(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOpti
     return out, lse
 
 
+def _float32_plan(q, k, v, q_positions, options: AttentionOptions) -> blockwise_float32.Plan:
+    """The float32 path's range test and factors for one call (:class:`.blockwise_float32.Plan`)."""
+    row_scale = None
+    if options.logn_length is not None:
+        row_scale = logn_factors(q_positions.to(torch.int64), options.logn_length)
+    return blockwise_float32.Plan(q, k, v, options, row_scale)
+
+
+def _forward_in(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions):
+    """(out, lse) in ``options.compute_dtype``: the float64 loop, or the float32 one where the call fits its range
+    (else the float64 result rounded to float32)."""
+    if options.compute_dtype == torch.float64:
+        return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
+    plan = _float32_plan(q, k, v, q_positions, options)
+    if not plan.fits:
+        return tuple(t.to(torch.float32) for t in _forward(q, k, v, q_positions, k_positions, inv_freq, options, None))
+    tiles = list(_tiles(q_positions.to(torch.int64), k_positions.to(torch.int64), options))
+    return blockwise_float32.forward(q, k, v, q_positions, k_positions, inv_freq, options, tiles, plan)
+
+
+def _backward_in(q, k, v, q_positions, k_positions, inv_freq, options: AttentionOptions, out, lse, grad_out,
+                 grad_lse):
+    """(dq, dk, dv) in ``options.compute_dtype``'s arithmetic: float64, or float32 where the call fits the float32
+    path's range (else the float64 forward recomputed and differentiated in float64)."""
+    if options.compute_dtype == torch.float64:
+        return _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
+    plan = _float32_plan(q, k, v, q_positions, options)
+    if plan.fits_backward(q.shape[1], grad_out, grad_lse, lse):
+        tiles = list(_tiles(q_positions.to(torch.int64), k_positions.to(torch.int64), options))
+        return blockwise_float32.backward(q, k, v, q_positions, k_positions, inv_freq, options, tiles, plan, out, lse,
+                                          grad_out, grad_lse)
+    out, lse = _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
+    return _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out.to(torch.float64),
+                     grad_lse.to(torch.float64))
+
+
 def _group_sum(g, group):
     """[batch, seq, heads_q, dim] -> [batch, seq, heads_k, dim]: sum over the query heads of each key head."""
     return g.unflatten(2, (g.shape[2] // group, group)).sum(dim=3)
@@ -643,43 +719,44 @@ def blockwise_attention(
     block_size: Number = 128,
     logn_length: Number | None = None,
     attention_factor: Number = 1.0,
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): the float64 output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the
-    float64 row logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]`` (±inf where it is beyond
-    float64's range). Differentiable in q, k and v (and through lse): the backward is
-    :func:`blockwise_attention_backward`.
+    """(out, lse): the output ``[batch, q_len, heads_q, v_dim]`` of :func:`rotary_attention` and the row
+    logsumexp of the scaled, masked logits ``[batch, heads_q, q_len]`` (±inf where it is beyond the range of
+    its dtype), both in ``compute_dtype`` (None: float64 for float64 inputs, float32 otherwise).
+    Differentiable in q, k and v (and through lse): the backward is :func:`blockwise_attention_backward`.
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (as :func:`rotary_attention`).
     """
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                              softmax_scale, block_size, logn_length, attention_factor)
+                              softmax_scale, block_size, logn_length, attention_factor, compute_dtype)
     _check_values(q_positions, k_positions, inv_freq, causal, options.logn_length)
     with torch.no_grad():
         if q_positions.dim() == k_positions.dim() == 1:
-            return _forward(q, k, v, q_positions, k_positions, inv_freq, options, None)
-        rows = [_forward(q[b:b + 1], k[b:b + 1], v[b:b + 1], _row(q_positions, b), _row(k_positions, b), inv_freq,
-                         options, None) for b in range(q.shape[0])]
-        return _stacked(rows, q.new_empty(0, q.shape[1], q.shape[2], v.shape[3], dtype=torch.float64),
-                        q.new_empty(0, q.shape[2], q.shape[1], dtype=torch.float64))
+            return _forward_in(q, k, v, q_positions, k_positions, inv_freq, options)
+        rows = [_forward_in(q[b:b + 1], k[b:b + 1], v[b:b + 1], _row(q_positions, b), _row(k_positions, b), inv_freq,
+                            options) for b in range(q.shape[0])]
+        return _stacked(rows, q.new_empty(0, q.shape[1], q.shape[2], v.shape[3], dtype=options.compute_dtype),
+                        q.new_empty(0, q.shape[2], q.shape[1], dtype=options.compute_dtype))
 
 
 @blockwise_attention.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, layout="half", causal=True, window=None, leaky_scale=None,
-      softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0):
-    check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                    softmax_scale, block_size, logn_length, attention_factor)
+      softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0, compute_dtype=None):
+    options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                              softmax_scale, block_size, logn_length, attention_factor, compute_dtype)
     batch, q_len, heads_q, _ = q.shape
-    return (q.new_empty(batch, q_len, heads_q, v.shape[3], dtype=torch.float64),
-            q.new_empty(batch, heads_q, q_len, dtype=torch.float64))
+    return (q.new_empty(batch, q_len, heads_q, v.shape[3], dtype=options.compute_dtype),
+            q.new_empty(batch, heads_q, q_len, dtype=options.compute_dtype))
 
 
-def _check_saved(q, v, out, lse, grad_out, grad_lse) -> None:
-    """The forward's outputs and their gradients: float64, of the forward's shapes, on q's device."""
+def _check_saved(q, v, out, lse, grad_out, grad_lse, dtype: torch.dtype) -> None:
+    """The forward's outputs and their gradients: of the compute dtype, of the forward's shapes, on q's device."""
     batch, q_len, heads_q, _ = q.shape
     shapes = dict(out=(batch, q_len, heads_q, v.shape[3]), lse=(batch, heads_q, q_len))
     for name, t in dict(out=out, lse=lse, grad_out=grad_out, grad_lse=grad_lse).items():
-        _checks.float_tensor(name, t, dtypes=(torch.float64,))
+        _checks.float_tensor(name, t, dtypes=(dtype,))
         expected = shapes[name.removeprefix("grad_")]
         if tuple(t.shape) != expected:
             raise ValueError(f"{name} must have shape {list(expected)}, got {list(t.shape)}")
@@ -706,22 +783,25 @@ def blockwise_attention_backward(
     block_size: Number = 128,
     logn_length: Number | None = None,
     attention_factor: Number = 1.0,
+    compute_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the dtypes of q, k and v: the FlashAttention-2 backward of :func:`blockwise_attention`
     (module docstring) for its saved ``out``, ``lse`` (an LSE of ±inf included: those rows are recomputed)
-    and the incoming ``grad_out``, ``grad_lse``. Finite inputs give finite gradients, or ±inf beyond the
-    range of their dtype, never NaN."""
+    and the incoming ``grad_out``, ``grad_lse``, all four in the forward's compute dtype, computed in it
+    (the float32 path's range is :mod:`.blockwise_float32`'s: beyond it the float64 forward is recomputed
+    and differentiated in float64). Finite inputs give finite gradients, or ±inf beyond the range of their
+    dtype, never NaN."""
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                              softmax_scale, block_size, logn_length, attention_factor)
-    _check_saved(q, v, out, lse, grad_out, grad_lse)
+                              softmax_scale, block_size, logn_length, attention_factor, compute_dtype)
+    _check_saved(q, v, out, lse, grad_out, grad_lse, options.compute_dtype)
     with torch.no_grad():
         if q_positions.dim() == k_positions.dim() == 1:
-            grads = _backward(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
+            grads = _backward_in(q, k, v, q_positions, k_positions, inv_freq, options, out, lse, grad_out, grad_lse)
         else:  # row by row: each batch row has its own tiles
-            rows = [_backward(q[b:b + 1], k[b:b + 1], v[b:b + 1], _row(q_positions, b), _row(k_positions, b),
-                              inv_freq, options, out[b:b + 1], lse[b:b + 1], grad_out[b:b + 1], grad_lse[b:b + 1])
-                    for b in range(q.shape[0])]
-            grads = _stacked(rows, *(torch.zeros_like(t, dtype=torch.float64) for t in (q, k, v)))
+            rows = [_backward_in(q[b:b + 1], k[b:b + 1], v[b:b + 1], _row(q_positions, b), _row(k_positions, b),
+                                 inv_freq, options, out[b:b + 1], lse[b:b + 1], grad_out[b:b + 1],
+                                 grad_lse[b:b + 1]) for b in range(q.shape[0])]
+            grads = _stacked(rows, *(torch.zeros_like(t) for t in (q, k, v)))
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
 
 
@@ -733,10 +813,11 @@ def _stacked(rows: list[tuple], *empty: torch.Tensor) -> tuple:
 
 @blockwise_attention_backward.register_fake
 def _(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout="half", causal=True,
-      window=None, leaky_scale=None, softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0):
-    check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
-                    softmax_scale, block_size, logn_length, attention_factor)
-    _check_saved(q, v, out, lse, grad_out, grad_lse)
+      window=None, leaky_scale=None, softmax_scale=None, block_size=128, logn_length=None, attention_factor=1.0,
+      compute_dtype=None):
+    options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
+                              softmax_scale, block_size, logn_length, attention_factor, compute_dtype)
+    _check_saved(q, v, out, lse, grad_out, grad_lse, options.compute_dtype)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

@@ -12,6 +12,8 @@ The files are package data, so the chapters find them in a wheel install as in a
   rope/data/roofline.md`` (no GPU: the rotary kernel's machine code for the T4, A100, H100 and
   H200 and the fraction of a copy's bandwidth it permits, :mod:`rope.kernels.roofline`); rewrite
   it when the kernel changes;
+* ``bench_blockwise.md``: the CPU table of ``python benchmarks/bench_blockwise_cpu.py`` (the blockwise
+  attention's float32 and float64 paths against torch's SDPA, one thread);
 * ``phi35_mini_longrope.json``: the rope keys of Phi-3.5-mini-instruct's ``config.json`` (the 48
   short and 48 long LongRoPE factors as that file prints them), with its pinned source (chapter 15).
 
@@ -24,7 +26,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "phi35_mini_longrope.json", "roofline.md")
+FILES = ("bench_rotary.md", "bench_rotary.json", "bench_torch_path.md", "bench_blockwise.md",
+         "phi35_mini_longrope.json", "roofline.md")
 """The data files of this package."""
 
 

@@ -160,8 +160,9 @@ class ReRoPE(PositionScheme):
             return fused_rotary_attention(q, k, v, positions, positions, frequencies, **options)
         from ..attention.blockwise import rotary_attention
 
+        # the exact float64 path, whatever q's dtype: the committed runs were computed by it
         out = rotary_attention(q, k, v, positions, positions, self.frequencies.to(q.device),
-                               block_size=BLOCK_SIZE, **options)
+                               block_size=BLOCK_SIZE, compute_dtype=torch.float64, **options)
         return out.to(q.dtype)
 
 
