@@ -46,10 +46,10 @@ import importlib.util
 import torch
 
 from . import _checks
-from .angles import cos_sin, cos_sin_of_checked
+from .angles import EXACT_PRODUCT_POSITIONS, cos_sin, cos_sin_of_checked
 from .layouts import LAYOUTS
 from .limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MIN_ATTENTION_FACTOR, MROPE_AXES
-from .rotation import rotate_tensors
+from .rotation import BLOCK_ELEMENTS, rotate_small, rotate_tensors
 
 BACKENDS = ("auto", "torch", "triton")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -308,6 +308,11 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
         return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
                                 attention_factor=attention_factor, conjugate=conjugate)
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
+    if axes is None and positions.numel() <= _FEW_POSITIONS and _decoding_on_the_cpu(q, k, rotary_dim, inv_freq,
+                                                                                    attention_factor):
+        rotated = _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate)
+        if rotated is not None:
+            return rotated
     if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin_of_checked
         cos, sin = _checked_cos_sin(positions.reshape(*positions.shape[:-1] or (1,), positions.shape[-1], 1),
                                     inv_freq)  # [batch or 1, seq, 1, pairs]
@@ -318,6 +323,36 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
                                                      per_pair.shape[-1]), inv_freq, per_pair=True)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
                              attention_factor=attention_factor, conjugate=conjugate)
+
+
+_FEW_POSITIONS = 16
+
+
+def _decoding_on_the_cpu(q, k, rotary_dim: int, inv_freq, attention_factor: float) -> bool:
+    """Whether q and k take :func:`_rotate_few_tokens`: float32, float16 or bfloat16 on the CPU
+    (:func:`rope._checks.reads_are_free`), float32 frequencies, no gradient to record, and few
+    enough coordinates for one block (:func:`rope.rotation.rotate_tensors`)."""
+    return (q.dtype in (torch.float32, torch.float16, torch.bfloat16) and inv_freq.dtype == torch.float32
+            and attention_factor <= _SAFE_FACTOR and _checks.reads_are_free(q.device)
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+            and (q.numel() // q.shape[3] + k.numel() // k.shape[3]) * rotary_dim <= BLOCK_ELEMENTS
+            if q.shape[3] else False)
+
+
+def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate):
+    """Decoding's torch path in one step, for the arguments :func:`_decoding_on_the_cpu` takes and
+    positions below 2^29 (else ``None``): the angles as exact float64 products m theta_i
+    (:func:`rope.angles.cos_sin_of_checked`'s fast case), q and k in one block
+    (:func:`rope.rotation.rotate_tensors`); the same numbers, without the layers between."""
+    values = positions.flatten().tolist()
+    if not values or not -EXACT_PRODUCT_POSITIONS < min(values) <= max(values) < EXACT_PRODUCT_POSITIONS:
+        return None
+    _checks.frequency_values("inv_freq", inv_freq)
+    angles = positions.to(torch.float64).view(-1, positions.shape[-1], 1, 1) * inv_freq  # exact
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if attention_factor != 1.0 or conjugate:
+        cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
+    return rotate_small(q, k, cos, sin, layout, rotary_dim)
 
 
 def apply_rotary(

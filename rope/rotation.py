@@ -351,6 +351,25 @@ def _joinable(xs) -> bool:
                for x in xs)
 
 
+def rotate_small(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated together in one block on the CPU, for callers that checked what
+    :func:`rotate_tensors` checks: float32, float16 or bfloat16 ``[batch, seq, heads, head_dim]``
+    of one dtype, batch and seq, at most :data:`BLOCK_ELEMENTS` rotated coordinates in all, cos and
+    sin float64 ``[batch or 1, seq, 1, pairs]`` of at most 2^512, no gradient to record. The
+    outputs may be views of one tensor (one token).
+
+    Args:
+        q: queries ``[batch, seq, heads_q, head_dim]``.
+        k: keys ``[batch, seq, heads_k, head_dim]``.
+        cos: float64 cos of the angles.
+        sin: float64 sin of the angles.
+        layout: ``"half"`` or ``"interleaved"``.
+        rotary_dim: the rotated width.
+    """
+    return _rotate_together((q, k), cos, sin, layout, rotary_dim, True)
+
+
 def _rotate_together(xs, cos, sin, layout, rotary_dim, views: bool) -> tuple[torch.Tensor, ...]:
     """:func:`_rotate_by_blocks` of small tensors in one block (queries and keys at decoding): their
     heads side by side in one float64 buffer. For float16 and bfloat16 the tie test is one for the
