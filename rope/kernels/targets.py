@@ -45,19 +45,34 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import triton_attention, triton_attention_backward, triton_attention_decode
-from .triton_rotary import FLOAT64_TUNING_CANDIDATES, TUNING_CANDIDATES, kernel_constants, rotary_kernel
+from .triton_rotary import (
+    FLOAT64_TUNING_CANDIDATES,
+    TUNING_CANDIDATES,
+    candidates_of,
+    kernel_constants,
+    rotary_kernel,
+)
 
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
 
+def default_arithmetic(dtype: str) -> str:
+    """The math ``launch`` takes by default for q/k of Triton type ``dtype``
+    (:func:`rope.kernels.triton_rotary.default_math`): "float32" for "fp32", "float64" for "fp64",
+    "float-float" for "fp16" and "bf16"."""
+    return {"fp32": "float32", "fp64": "float64"}.get(dtype, "float-float")
+
+
 def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int,
-                    mrope: bool = False, scale_after: bool = False, float64_math: bool = False):
+                    mrope: bool = False, scale_after: bool | None = None, arithmetic: str | None = None):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not,
-    an attention factor above 1 (``scale_after``) or not, float64 math (always for "fp64", on
-    request for the others: ``launch`` takes it by default for "fp16" and "bf16") or float32 math;
-    compiled as ``launch`` compiles it, with no contraction of multiplies and adds into fused
-    multiply-adds.
+    with the attention factor's power of two applied after the rotation (``scale_after``; None:
+    as ``launch`` does for attention factor 1, which bfloat16 in float-float math applies
+    after), in ``arithmetic`` (one of
+    :data:`rope.kernels.triton_rotary.MATHS`; None: ``launch``'s default for the dtype,
+    :func:`default_arithmetic`; "fp64" always takes "float64"); compiled as ``launch`` compiles it,
+    with no contraction of multiplies and adds into fused multiply-adds.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
@@ -66,27 +81,31 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
         interleaved: the interleaved layout, else the half layout.
         tail: the unrotated coordinates of the 128.
         mrope: the M-RoPE variant (a position row per pair).
-        scale_after: an attention factor above 1, applied after the rotation.
-        float64_math: float64 math (always for "fp64").
+        scale_after: the attention factor's power of two applied after the rotation (a factor above
+            1, or for bfloat16 in float-float math above 1/2), or None for factor 1.
+        arithmetic: "float32", "float-float" or "float64" math, or None for the dtype's default.
 
     Returns:
         The compiled kernel (Triton's ``CompiledKernel``).
     """
     block_s, block_h, group, warps = sizes
-    float64_math = float64_math or dtype == "fp64"
+    arithmetic = "float64" if dtype == "fp64" else arithmetic or default_arithmetic(dtype)
+    if scale_after is None:
+        scale_after = dtype == "bf16" and arithmetic == "float-float"
     types = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
     types.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32",
-                 WINDOWS="*i64" if float64_math else "*fp32", seq_len="i32", heads_q="i32", heads_k="i32",
-                 tokens_bucket="i32", scale="fp32", power="fp32", scale64="fp64", power64="fp64")
+                 WINDOWS="*fp32" if arithmetic == "float32" else "*i64", TABLE="*fp32", seq_len="i32",
+                 heads_q="i32", heads_k="i32", tokens_bucket="i32", scale="fp32", scale_lo="fp32", power="fp32",
+                 scale64="fp64", power64="fp64")
     types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
-    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, float64_math=float64_math,
+    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, arithmetic=arithmetic,
                                  copy_tail=True, mrope=mrope, scale_after=scale_after)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     types.update({name: "constexpr" for name in constants})
     names = rotary_kernel.arg_names  # the signature in the kernel's order
     signature = {name: types[name] for name in names}
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
-    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "WINDOWS"] + STRIDES
+    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "WINDOWS", "TABLE"] + STRIDES
     source = ASTSource(
         fn=rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
@@ -182,23 +201,39 @@ ATTENTION_VARIANTS = [
 """The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 
 
-def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
-    """SASS instruction count, registers, shared bytes and load order of one variant (head_dim 128,
-    half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
-    at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math).
+_ANGLE_STARTS = {"float32": lambda opcode: opcode == "F2F.F64.F32", "float64": lambda opcode: opcode.startswith("DFMA"),
+                 "float-float": lambda opcode: opcode.startswith("I2F")}
+"""The first instruction of the angle's floating-point part in each math: the conversion of theta to
+float64 (float32 math), the first float64 fused multiply-add, the cos/sin polynomial after the
+integer turns (float64 math), the conversion of the rest of the turns to float32 (float-float math)."""
+
+
+def _is_float64(opcode: str) -> bool:
+    """Whether a SASS instruction runs float64 arithmetic or converts to or from float64 (the
+    DADD/DMUL/DFMA/DSETP/DMNMX family and F2F/F2I/I2F with an F64 operand)."""
+    return opcode.split(".")[0] in ("DADD", "DMUL", "DFMA", "DSETP", "DMNMX", "DSET") or (
+        opcode.split(".")[0] in ("F2F", "F2I", "I2F", "FRND") and "F64" in opcode.split("."))
+
+
+def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16",
+                 arithmetic: str | None = None) -> dict:
+    """SASS instruction count, float64 instructions, registers, shared bytes and load order of one
+    variant (head_dim 128, half layout, no tail), and the elements (q/k coordinates) each thread
+    rotates. The angle starts as :data:`_ANGLE_STARTS` says.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
         sizes: the launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps).
         dtype: the Triton type of q and k.
-        float64_math: float64 math, else float32 math.
+        arithmetic: "float32", "float-float" or "float64" math, or None for the dtype's default.
 
     Returns:
-        ``instructions``, ``registers``, ``spills``, ``shared``, ``vector_loads`` and
-        ``loads_before_angle``.
+        ``instructions``, ``float64``, ``elements``, ``registers``, ``spills``, ``shared``,
+        ``vector_loads`` and ``loads_before_angle``.
     """
+    arithmetic = arithmetic or default_arithmetic(dtype)
     kernel, usage = ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
-                                                        float64_math=float64_math))
+                                                        arithmetic=arithmetic))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
@@ -207,31 +242,38 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         resources = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
                                    check=True).stdout
     opcodes = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)]
-    angle_starts = next(i for i, opcode in enumerate(opcodes)
-                        if (opcode.startswith("DFMA") if float64_math else opcode == "F2F.F64.F32"))
+    angle_starts = next(i for i, opcode in enumerate(opcodes) if _ANGLE_STARTS[arithmetic](opcode))
     # a 128-bit global load: LDG.E.128 on sm_80+, with a suffix on others (sm_75: LDG.E.128.SYS)
     vector_loads = [i for i, opcode in enumerate(opcodes) if opcode.split(".")[:3] == ["LDG", "E", "128"]]
-    return dict(instructions=len(opcodes), registers=int(re.search(r"REG:(\d+)", resources).group(1)),
+    block_s, block_h, group, warps = sizes
+    return dict(instructions=len(opcodes), float64=sum(map(_is_float64, opcodes)),
+                elements=block_s * block_h * group * 128 // (32 * warps),
+                registers=int(re.search(r"REG:(\d+)", resources).group(1)),
                 spills=usage["spills"], shared=kernel.metadata.shared, vector_loads=len(vector_loads),
                 loads_before_angle=sum(i < angle_starts for i in vector_loads))
 
 
 def print_machine_code(arch: int) -> None:
-    """The table of :func:`machine_code` for bfloat16 in float64 math (``launch``'s default for
-    it) and in float32 math, for every launch size the autotuner may pick in each.
+    """The table of :func:`machine_code` for bfloat16 in float-float math (``launch``'s default for
+    it), float64 math and float32 math, for every launch size the autotuner may pick in each: SASS
+    instructions and float64 instructions per thread and per element (a thread's share of q/k
+    coordinates; there are no loops, so a thread executes each instruction at most once).
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
     """
-    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions | registers | spilled bytes | shared bytes "
-          "| q/k loads before the angle |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for float64_math in (True, False):
-        for sizes in candidates(float64_math):
-            code = machine_code(arch, sizes, float64_math=float64_math)
-            print(f"| {', '.join(map(str, sizes))} | {'float64' if float64_math else 'float32'} "
-                  f"| {code['instructions']} | {code['registers']} | {code['spills']} | {code['shared']} "
-                  f"| {code['loads_before_angle']} of {code['vector_loads']} |")
+    print(f"sm_{arch}, bfloat16, head_dim 128:")
+    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions (per element) | float64 (per element) "
+          "| registers | spilled bytes | shared bytes | q/k loads before the angle |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for arithmetic in ("float-float", "float64", "float32"):
+        for sizes in candidates_of(arithmetic):
+            code = machine_code(arch, sizes, arithmetic=arithmetic)
+            per = code["elements"]
+            print(f"| {', '.join(map(str, sizes))} | {arithmetic} "
+                  f"| {code['instructions']} ({code['instructions'] / per:.1f}) "
+                  f"| {code['float64']} ({code['float64'] / per:.2f}) | {code['registers']} | {code['spills']} "
+                  f"| {code['shared']} | {code['loads_before_angle']} of {code['vector_loads']} |")
 
 
 def ptxas_usage(build) -> tuple:
@@ -261,30 +303,22 @@ def ptxas_usage(build) -> tuple:
     return kernel, dict(registers=int(re.search(r"Used (\d+) registers", text).group(1)), spills=stores + loads)
 
 
-def candidates(float64_math: bool) -> list[tuple[int, int, int, int]]:
-    """The launch sizes the autotuner may pick for float64 or float32 math.
-
-    Args:
-        float64_math: float64 math, else float32 math.
-    """
-    return FLOAT64_TUNING_CANDIDATES if float64_math else TUNING_CANDIDATES
-
-
 def spill_report(arch: int) -> list[tuple[str, dict]]:
     """(label, usage) of every launch size a GPU may run, for ``arch`` (usage as :func:`ptxas_usage`
-    gives it): the rotary kernel's candidates (bfloat16, head_dim 128, the half layout) in float64
-    math (the default for 16-bit dtypes, also float64's) and float32 math, float64 in float64
-    math, and the attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
+    gives it): the rotary kernel's candidates (bfloat16, head_dim 128, the half layout) in
+    float-float math (the default for 16-bit dtypes), float64 math (on request) and float32 math
+    (on request), float64 in float64 math, and the attention kernels of :data:`ATTENTION_VARIANTS`
+    at their launchers' GPU sizes.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
     """
     rows = []
-    for dtype, float64_math in (("bf16", True), ("fp64", True), ("bf16", False)):
-        for sizes in candidates(float64_math):
-            label = f"rotary {dtype} {'float64' if float64_math else 'float32'} math sizes={sizes}"
+    for dtype, arithmetic in (("bf16", "float-float"), ("bf16", "float64"), ("fp64", "float64"), ("bf16", "float32")):
+        for sizes in candidates_of(arithmetic):
+            label = f"rotary {dtype} {arithmetic} math sizes={sizes}"
             rows.append((label, ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
-                                                                    float64_math=float64_math))[1]))
+                                                                    arithmetic=arithmetic))[1]))
     for variant in ATTENTION_VARIANTS:
         label = "attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} logn={}".format(
             *variant)
@@ -295,24 +329,30 @@ def spill_report(arch: int) -> list[tuple[str, dict]]:
 def main(arches: list[int]) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     failures = 0
-    # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): each dtype in the math
-    # `launch` gives it by default (float64 for all but float32), float32 math with a tail also
-    # with an attention factor above 1; then float32 math for bfloat16, float64 math for float32.
-    # The first and last candidate of the math's list each time.
-    variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype == "fp32", dtype != "fp32")
+    # (dtype, sizes, interleaved, tail, mrope, scale_after, arithmetic): each dtype in the math
+    # `launch` gives it by default (float-float for 16-bit dtypes, float32 and float64 for theirs)
+    # at attention factor 1 (bfloat16 in float-float math applies its power of two after), float32
+    # math with a tail also with an attention factor above 1; then M-RoPE; float32 and float64 math
+    # for bfloat16, float64 math for float32, float-float math for float16 with a factor above 1
+    # and for bfloat16 with one below 1/2. The first and last candidate of the math's list each time.
+    variants = [(dtype, sizes, interleaved, tail, False, True if tail > 0 and dtype == "fp32" else None,
+                 default_arithmetic(dtype))
                 for dtype, end, interleaved, tail in itertools.product(
                     ("bf16", "fp16", "fp32", "fp64"), (0, -1), (False, True), (0, 64))
-                for sizes in [candidates(dtype != "fp32")[end]]]
-    variants += [(dtype, candidates(dtype != "fp32")[-1], False, 0, True, False, dtype != "fp32")
+                for sizes in [candidates_of(default_arithmetic(dtype))[end]]]
+    variants += [(dtype, candidates_of(default_arithmetic(dtype))[-1], False, 0, True, None, default_arithmetic(dtype))
                  for dtype in ("bf16", "fp16", "fp32")]
-    variants += [("bf16", TUNING_CANDIDATES[-1], False, 0, False, True, False),
-                 ("fp32", FLOAT64_TUNING_CANDIDATES[-1], False, 0, True, False, True)]
-    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math) in itertools.product(arches,
-                                                                                                        variants):
+    variants += [("bf16", TUNING_CANDIDATES[-1], False, 0, False, True, "float32"),
+                 ("bf16", FLOAT64_TUNING_CANDIDATES[-1], False, 64, False, False, "float64"),
+                 ("fp32", FLOAT64_TUNING_CANDIDATES[-1], False, 0, True, False, "float64"),
+                 ("fp16", candidates_of("float-float")[-1], True, 0, False, True, "float-float"),
+                 ("bf16", candidates_of("float-float")[0], False, 64, False, False, "float-float")]
+    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, arithmetic) in itertools.product(arches,
+                                                                                                      variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
-                 + " scale_after=True" * scale_after + " float64_math=True" * float64_math)
+                 + f" scale_after={scale_after}" * (scale_after is not None) + f" {arithmetic} math")
         failures += _report(label, lambda: compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after,
-                                                           float64_math))
+                                                           arithmetic))
     for arch, variant in itertools.product(arches, ATTENTION_VARIANTS):
         label = ("sm_{} attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} "
                  "logn={}").format(arch, *variant)

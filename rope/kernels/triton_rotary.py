@@ -96,6 +96,7 @@ from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
 from ..limits import KERNEL_SCALE_RANGE, MAX_POSITION
 from .emulation import fma, interpreter_rounds_fma_twice
 from .exact_turns import by_quadrant, exact_cos_sin
+from .float_float import cos_sin_table, rotated_pair, scaled_cos_sin
 
 
 def _float32(value) -> float:
@@ -286,17 +287,27 @@ def pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.con
 @triton.jit
 def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64,
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
+                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, MATH: tl.constexpr,
                       SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail.
 
     float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
-    SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
+    SCALE_AFTER. float-float math: :func:`.float_float.rotated_pair` (rounded to odd), times 2^k
+    with SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
     c_hi + c_lo, s_hi + s_lo, times 2^k."""
     a, b, j_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
     mask = row_mask & j_mask
-    if FLOAT64_MATH:
+    if MATH == "float-float":
+        ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
+        xa32 = widened(xa, tl.float32, BF16_BY_BITS)
+        xb32 = widened(xb, tl.float32, BF16_BY_BITS)
+        ya = rotated_pair(xa32, xb32, ca, cb, sa, sb, FMA_BY_PARTS)
+        yb = rotated_pair(xb32, -xa32, ca, cb, sa, sb, FMA_BY_PARTS)
+        if SCALE_AFTER:
+            ya = ya * power  # 2^k: exact, or beyond the range (then so is y)
+            yb = yb * power
+    elif MATH == "float64":
         ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
         xa64 = widened(xa, tl.float64, BF16_BY_BITS)
         xb64 = widened(xb, tl.float64, BF16_BY_BITS)
@@ -346,14 +357,19 @@ def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr
 
 
 @triton.jit
-def _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a, scale, scale64,
-                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, FLOAT64_MATH: tl.constexpr,
+def _coefficients(POS, FREQ, AXES, WINDOWS, TABLE, batch, s, s_mask, sp_b, sp_s, sp_a, scale, scale_lo, scale64,
+                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, MATH: tl.constexpr,
                   MROPE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """(c_hi, c_lo, s_hi, s_lo), [BLOCK_S, HALF_PAD]: the attention factor's sigma times cos and
     (negated for the conjugate) sin. float32 math: RN(sigma cos) and RN(sigma sin), the low parts
-    unused; float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
+    unused; float-float math: float32 pairs within 2^-46 sigma (:func:`.float_float.scaled_cos_sin`,
+    sigma = scale + scale_lo); float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
     pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
-    if FLOAT64_MATH:
+    if MATH == "float-float":
+        j = tl.arange(0, HALF_PAD)
+        theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32)
+        c_hi, c_lo, s_hi, s_lo = scaled_cos_sin(pos, theta[None, :], WINDOWS, TABLE, scale, scale_lo, FMA_BY_PARTS)
+    elif MATH == "float64":
         j = tl.arange(0, HALF_PAD)
         theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32)
         cos, sin = exact_cos_sin(pos, theta[None, :], WINDOWS, FMA_BY_PARTS)
@@ -379,7 +395,7 @@ def rotary_kernel(
     Q, K,
     QO, KO,
     POS, FREQ, AXES,
-    WINDOWS,
+    WINDOWS, TABLE,
     # Strides (batch, token, head) of q, k, q_out and k_out, in elements; their last dimension is contiguous
     sq_b, sq_s, sq_h,
     sk_b, sk_s, sk_h,
@@ -390,12 +406,13 @@ def rotary_kernel(
     # Sizes
     seq_len, heads_q, heads_k,
     tokens_bucket,  # batch * seq_len rounded up to a power of two: only keys the autotuning cache
-    # The attention factor: float32 math (scale, power = 2^k), float64 math (scale64, power64)
-    scale, power,
+    # The attention factor: float32 math (scale, power = 2^k), float-float math (scale + scale_lo,
+    # power = 2^k), float64 math (scale64, power64)
+    scale, scale_lo, power,
     scale64: tl.float64, power64: tl.float64,
     # Compile time: widths, layout, variants of the arithmetic (kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, MATH: tl.constexpr,
     SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
     # Launch sizes (autotuned on a GPU)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
@@ -403,8 +420,10 @@ def rotary_kernel(
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
     [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
     issued before the angle arithmetic, so that memory latency and the math overlap. Both reads
-    POS, FREQ (and AXES with MROPE); float32 math takes the float32 ``scale`` and ``power``, float64
-    math (FLOAT64_MATH) the WINDOWS of 1/(2 pi) and the float64 ``scale64`` and ``power64``.
+    POS, FREQ (and AXES with MROPE); float32 math (MATH "float32") takes the float32 ``scale`` and
+    ``power``, float-float math ("float-float") the WINDOWS of 1/(2 pi), the cos/sin TABLE and the
+    float32 ``scale``, ``scale_lo`` and ``power``, float64 math ("float64") the WINDOWS and the
+    float64 ``scale64`` and ``power64``.
     Launched by :func:`launch`, which documents the arguments."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -418,10 +437,11 @@ def rotary_kernel(
                                          sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
-    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a,
-                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, FLOAT64_MATH, MROPE, FMA_BY_PARTS)
+    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, TABLE, batch, s, s_mask, sp_b, sp_s, sp_a,
+                                           scale, scale_lo, scale64, HALF, HALF_PAD, CONJUGATE, MATH, MROPE,
+                                           FMA_BY_PARTS)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF, HALF_PAD,
-                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS)
+                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS)
     for i in tl.static_range(1, GROUP):
         if first + i < blocks:
             x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
@@ -429,7 +449,7 @@ def rotary_kernel(
                                                  sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
             xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
             _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF,
-                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER,
+                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER,
                               BF16_BY_BITS, FMA_BY_PARTS)
 
 
@@ -447,10 +467,40 @@ the tiles of :data:`TUNING_CANDIDATES`, it takes all 255 registers and 5 of thos
 memory on sm_90, 6 on sm_80 (``python -m rope.kernels.targets --spills``; untimed: no GPU ran it)."""
 
 
+FLOAT_FLOAT_TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (1, 8, 5, 2), (2, 16, 1, 4), (1, 16, 2, 2),
+                                 (2, 8, 5, 4), (4, 8, 1, 4), (1, 32, 1, 4)]
+"""The candidates for float-float math: the per-(token, pair) work (exact turns, the cos/sin pairs) is
+shared by the BLOCK_H x GROUP heads of a program, so larger head groups (8 x 5 = the 32 + 8 heads of
+a GQA model) join float32 math's tiles (untimed: no GPU ran it)."""
+
+MATHS = ("float32", "float-float", "float64")
+"""The kernel's arithmetic (its ``MATH`` constexpr; module docstring)."""
+
+
+def default_math(dtype: torch.dtype, float64_math: bool | None = None) -> str:
+    """The math :func:`launch` takes for q/k of ``dtype``: with ``float64_math`` None, float32 math
+    for float32, float-float math for float16 and bfloat16, float64 math for float64; True takes
+    float64 math and False float32 math for any of them but float64 (refused: ``ValueError``)."""
+    if float64_math is None:
+        return {torch.float32: "float32", torch.float64: "float64"}.get(dtype, "float-float")
+    if _checks.flag("float64_math", float64_math):
+        return "float64"
+    if dtype == torch.float64:
+        raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
+    return "float32"
+
+
+def candidates_of(arithmetic: str) -> list[tuple[int, int, int, int]]:
+    """The launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps) the autotuner tries for ``arithmetic``,
+    one of :data:`MATHS`."""
+    return {"float32": TUNING_CANDIDATES, "float-float": FLOAT_FLOAT_TUNING_CANDIDATES,
+            "float64": FLOAT64_TUNING_CANDIDATES}[arithmetic]
+
+
 def _candidates_of_the_math(configs, named_args, **kwargs):
-    """The candidates of the launch's math (float32 or float64); below 256 tokens only the first of
+    """The candidates of the launch's math (:func:`candidates_of`); below 256 tokens only the first of
     them: launch latency dominates and the sizes hardly matter, so no sweep."""
-    sizes = FLOAT64_TUNING_CANDIDATES if kwargs["FLOAT64_MATH"] else TUNING_CANDIDATES
+    sizes = candidates_of(kwargs["MATH"])
     configs = [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
                                                 config.kwargs["GROUP"], config.num_warps) in sizes]
     return configs[:1] if named_args["tokens_bucket"] < 256 else configs
@@ -458,14 +508,15 @@ def _candidates_of_the_math(configs, named_args, **kwargs):
 
 tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w)
-             for s, h, g, w in TUNING_CANDIDATES + FLOAT64_TUNING_CANDIDATES],
-    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FLOAT64_MATH", "MROPE"],
+             for s, h, g, w in dict.fromkeys(TUNING_CANDIDATES + FLOAT_FLOAT_TUNING_CANDIDATES
+                                             + FLOAT64_TUNING_CANDIDATES)],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "MATH", "MROPE"],
     prune_configs_by={"early_config_prune": _candidates_of_the_math},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(rotary_kernel)
 """:func:`rotary_kernel` with its launch sizes autotuned over :data:`TUNING_CANDIDATES` (float32
-math) or :data:`FLOAT64_TUNING_CANDIDATES` (float64 math) on a GPU; ``tuned_kernel.best_config``
-is the last choice."""
+math), :data:`FLOAT_FLOAT_TUNING_CANDIDATES` (float-float math) or :data:`FLOAT64_TUNING_CANDIDATES`
+(float64 math) on a GPU; ``tuned_kernel.best_config`` is the last choice."""
 
 
 def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, interpreted: bool) -> tuple[int, int, int]:
@@ -516,35 +567,52 @@ def launch_device(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
+def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, arithmetic: str,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
                      bf16_by_bits: bool = False, fma_by_parts: bool = False) -> dict:
-    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes."""
+    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes;
+    ``arithmetic`` is one of :data:`MATHS`."""
+    if arithmetic not in MATHS:
+        raise ValueError(f"arithmetic={arithmetic!r}: expected one of {MATHS}")
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
-        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, FLOAT64_MATH=float64_math,
-        SCALE_AFTER=scale_after and not float64_math, MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, MATH=arithmetic,
+        SCALE_AFTER=scale_after and arithmetic != "float64", MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
         FMA_BY_PARTS=fma_by_parts,
     )
 
 
-def scale_arguments(scale: float, *, float64_math: bool) -> tuple[float, float, float, float, bool]:
-    """(scale, power, scale64, power64, scale_after): the attention factor s as the kernel takes it.
+def scale_arguments(scale: float, *, arithmetic: str,
+                    bfloat16: bool = False) -> tuple[float, float, float, float, float, bool]:
+    """(scale, scale_lo, power, scale64, power64, scale_after): the attention factor s as the kernel
+    takes it, for ``arithmetic`` one of :data:`MATHS` and q/k of bfloat16 or not.
 
     float32 math: s <= 1 is the float32 ``scale`` RN(s), folded into cos and sin; s > 1 is
     RN(s 2^-k) in [1/2, 1] and ``power`` = 2^k applied to the result (``scale_after``), so that
-    no intermediate overflows. float64 math: s = ``scale64`` * ``power64`` exactly, with
-    ``scale64`` in [1/4, 1/2) (the exact products then stay finite too).
+    no intermediate overflows. float-float math: s = sigma 2^k, sigma = ``scale`` + ``scale_lo``
+    (float32 numbers, within 2^-49 sigma: float64's 53 bits of s in 48) folded into cos and sin,
+    2^k = ``power`` applied to the result where k > 0; sigma <= 1 for float16 and sigma <= 1/2 for
+    bfloat16, whose values reach float32's range: no intermediate sum of two products overflows.
+    float64 math: s = ``scale64`` * ``power64`` exactly, with ``scale64`` in [1/4, 1/2) (the exact
+    products then stay finite too).
     """
     low, high = KERNEL_SCALE_RANGE
     scale = _checks.number("scale (the attention factor)", scale, minimum=low, maximum=high)
     fraction, exponent = math.frexp(scale)  # scale = fraction 2^exponent, fraction in [1/2, 1)
-    if float64_math:
-        return 1.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
+    if arithmetic == "float64":
+        return 1.0, 0.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
+    if arithmetic == "float-float":
+        headroom = 1 if bfloat16 else 0  # sigma <= 1/2 or <= 1
+        if scale <= 2.0**-headroom:
+            sigma, power = scale, 1.0
+        else:
+            sigma, power = fraction / 2**headroom, 2.0 ** (exponent + headroom)
+        sigma_hi = _float32(sigma)
+        return sigma_hi, _float32(sigma - sigma_hi), power, 1.0, 1.0, power != 1.0
     if scale <= 1.0:
-        return _float32(scale), 1.0, 1.0, 1.0, False
-    return _float32(fraction), 2.0**exponent, 1.0, 1.0, True
+        return _float32(scale), 0.0, 1.0, 1.0, 1.0, False
+    return _float32(fraction), 0.0, 2.0**exponent, 1.0, 1.0, True
 
 
 def _row_strides(positions: torch.Tensor) -> tuple[int, int]:
@@ -563,10 +631,11 @@ def _decode_as_tokens(q, k, q_out, k_out, positions, *, mrope: bool):
     return q, k, q_out, k_out, positions
 
 
-def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, float64_math: bool, factor) -> tuple:
+def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, arithmetic: str, factor) -> tuple:
     """The runtime arguments of :func:`rotary_kernel`, in its order and groups; ``factor`` is
-    (scale, power, scale64, power64) from :func:`scale_arguments`. An unused pointer (AXES without
-    M-RoPE, WINDOWS with float32 math) is given inv_freq, and unused strides 0."""
+    (scale, scale_lo, power, scale64, power64) from :func:`scale_arguments`. An unused pointer
+    (AXES without M-RoPE, WINDOWS with float32 math, TABLE without float-float math) is given
+    inv_freq, and unused strides 0."""
     batch, seq_len, heads_q = q.shape[:3]
     token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
     return (
@@ -574,7 +643,8 @@ def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, float64
         q, k,
         q_out, k_out,
         positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
-        inverse_two_pi_windows(q.device) if float64_math else inv_freq,
+        inverse_two_pi_windows(q.device) if arithmetic != "float32" else inv_freq,
+        cos_sin_table(q.device) if arithmetic == "float-float" else inv_freq,
         # Strides of q, k, q_out, k_out
         *q.stride()[:3],
         *k.stride()[:3],
@@ -599,18 +669,18 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     ``[rotary_dim/2]``, every theta_i below 2^16 (float32 math); ``scale`` the attention factor,
     in :data:`rope.limits.KERNEL_SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
     each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
-    ``float64_math``: the arithmetic (see the module docstring). None (the default) chooses by
-    dtype: float64 math for float16, bfloat16 and float64 (correctly rounded outputs), float32 math
-    for float32 (within the stated bound); True takes float64 math for float32 too. float64 inputs
-    always take float64 math (False is refused).
+    ``float64_math``: the arithmetic (see the module docstring, :func:`default_math`). None (the
+    default) chooses by dtype: float-float math for float16 and bfloat16 (correctly rounded except
+    within 2^-44 ``|pair|`` of a rounding tie), float32 math for float32 (within the stated bound),
+    float64 math for float64; True takes float64 math (float16 and bfloat16 then correctly rounded,
+    at the price of float64 arithmetic per element), False float32 math. float64 inputs always take
+    float64 math (False is refused).
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use; ``block_s``, ``block_h``, ``group`` and ``num_warps`` fix them.
     """
     check_launch_device("q", q)
-    float64_math = _checks.flag("float64_math", q.dtype != torch.float32 if float64_math is None else float64_math)
-    if q.dtype == torch.float64 and not float64_math:
-        raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
-    *factor, scale_after = scale_arguments(scale, float64_math=float64_math)
+    arithmetic = default_math(q.dtype, float64_math)
+    *factor, scale_after = scale_arguments(scale, arithmetic=arithmetic, bfloat16=q.dtype == torch.bfloat16)
     batch, seq_len, heads_q, head_dim = q.shape
     if seq_len == 1 and batch > 1:
         q, k, q_out, k_out, positions = _decode_as_tokens(q, k, q_out, k_out, positions, mrope=axes is not None)
@@ -621,10 +691,9 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
         return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
-    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, float64_math=float64_math,
-                              factor=factor)
+    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, arithmetic=arithmetic, factor=factor)
     options = kernel_constants(
-        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, float64_math=float64_math,
+        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, arithmetic=arithmetic,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
         scale_after=scale_after, bf16_by_bits=interpreting(), fma_by_parts=needs_fma_by_parts(),
     )
