@@ -45,12 +45,12 @@ from ..angles import TWO_PI, _on
 from .emulation import fma
 from .exact_turns import by_quadrant, turns_per_position
 
-TABLE_BITS = 10
-"""The table's step is 2^-TABLE_BITS turns: the rest angle a after it is at most pi 2^-10 = 0.0031,
-where three Taylor terms of sine and cosine suffice to 2^-58."""
+TABLE_BITS = 11
+"""The table's step is 2^-TABLE_BITS turns: the rest angle a after it is at most pi 2^-11 = 0.0015,
+where three Taylor terms of sine and cosine are exact to 2^-70."""
 
 TABLE_ROWS = 2 ** (TABLE_BITS - 3) + 1
-"""j = 0, ..., 128: the eighth of a turn on either side of each quadrant's centre (sine is odd)."""
+"""j = 0, ..., 256: the eighth of a turn on either side of each quadrant's centre (sine is odd)."""
 
 _BITS = 200  # the fixed-point precision of the table's construction
 
@@ -89,7 +89,7 @@ def _cos_sin_fixed(angle: Fraction) -> tuple[Fraction, Fraction]:
 
 def cos_sin_rows() -> list[tuple[float, float, float, float]]:
     """The rows (cos_hi, cos_lo, sin_hi, sin_lo) of :func:`cos_sin_table`, as Python floats: for
-    j = 0, ..., 128 and A = 2 pi j 2^-10, hi = RN(cos A) and lo = RN(cos A - hi) in float32 (the
+    j = 0, ..., 256 and A = 2 pi j 2^-11, hi = RN(cos A) and lo = RN(cos A - hi) in float32 (the
     same for sin), so hi + lo is within 2^-24 ``|lo|`` + 2^-190 <= 2^-49 of cos A."""
     rows = []
     for j in range(TABLE_ROWS):
@@ -106,7 +106,7 @@ def _table() -> torch.Tensor:
 
 def cos_sin_table(device: torch.device) -> torch.Tensor:
     """float32 ``[TABLE_ROWS, 4]`` on ``device`` (copied there once): row j holds cos and sin of
-    2 pi j 2^-10 as float32 pairs (:func:`cos_sin_rows`), what the float-float math reads.
+    2 pi j 2^-11 as float32 pairs (:func:`cos_sin_rows`), what the float-float math reads.
 
     Args:
         device: the device to hold the table.
@@ -121,6 +121,11 @@ _SIXTH = tl.constexpr(_float32(Fraction(1, 6)))
 _ONE_120TH = tl.constexpr(_float32(Fraction(1, 120)))
 _ONE_24TH = tl.constexpr(_float32(Fraction(1, 24)))
 _MASK = tl.constexpr((1 << 21) - 1)
+_STEP_SHIFT = tl.constexpr(63 - TABLE_BITS)  # a table step in units of 2^-63 turns, as a shift
+_HALF_STEP = tl.constexpr(1 << (62 - TABLE_BITS))
+_REST_SHIFT = tl.constexpr(39 - TABLE_BITS)  # the rest's bits below its top 24 (it is below 2^(62 - TABLE_BITS))
+_REST_UNIT = tl.constexpr(2.0 ** (39 - TABLE_BITS - 63))
+_REST_MASK = tl.constexpr((1 << (39 - TABLE_BITS)) - 1)
 
 
 @triton.jit
@@ -176,40 +181,44 @@ def _two_sum(a, b):
 
 @triton.jit
 def _angle_sum(big, big_lo, other, other_lo, cm_hi, cm_lo, sn_hi, sn_lo, FMA_BY_PARTS: tl.constexpr):
-    """big (1 + cm) + other sn as a float32 pair (hi, lo), for the table's pairs big + big_lo and
-    other + other_lo, cm = cm_hi + cm_lo = cos a - 1 and sn = sn_hi + sn_lo = sin a of the rest
-    angle a: cos(A + a) with big = cos A, other = -sin A; sin(A + a) with big = sin A, other = cos A.
+    """big (1 + cm) + other sn as a normalized float32 pair (hi, lo), for the table's pairs
+    big + big_lo and other + other_lo, cm = cm_hi + cm_lo = cos a - 1 and sn = sn_hi + sn_lo = sin a
+    of the rest angle a: cos(A + a) with big = cos A, other = -sin A; sin(A + a) with big = sin A,
+    other = cos A.
 
     The products of the high parts are exact (Dekker's), their sums with big are Fast2Sums (big
-    dominates them, or is 0), and the small terms are summed before the errors of those sums."""
-    p, p_err = _two_product(other, sn_hi, FMA_BY_PARTS)
+    dominates them, or is 0; big cm_hi first, which keeps a cosine's partial sum at most 1), the
+    small terms are summed before the errors of those sums, and a last Fast2Sum normalizes."""
     q, q_err = _two_product(big, cm_hi, FMA_BY_PARTS)
-    hi, err = _fast_two_sum(big, p)
-    hi, err2 = _fast_two_sum(hi, q)
+    p, p_err = _two_product(other, sn_hi, FMA_BY_PARTS)
+    hi, err = _fast_two_sum(big, q)
+    hi, err2 = _fast_two_sum(hi, p)
     small = fma(other, sn_lo, p_err, FMA_BY_PARTS)
     small = fma(other_lo, sn_hi, small, FMA_BY_PARTS)
     small = fma(big, cm_lo, small, FMA_BY_PARTS)
     small = fma(big_lo, cm_hi, small + q_err, FMA_BY_PARTS)
-    return hi, ((big_lo + err) + err2) + small
+    return _fast_two_sum(hi, ((big_lo + err) + err2) + small)
 
 
 @triton.jit
 def cos_sin_float_float(c3, c4, c5, TABLE, FMA_BY_PARTS: tl.constexpr):
-    """cos and sin of 2 pi (c5 2^-21 + c4 2^-42 + c3 2^-63) as float32 pairs (cos_hi, cos_lo,
-    sin_hi, sin_lo), unnormalized (each lo below 2^-22): the quadrant q and the rest x in
-    [-1/8, 1/8] turns from the integer; x = j 2^-10 + r with j = round(x 2^10) in [-128, 128];
-    cos and sin of A = 2 pi j 2^-10 from ``TABLE`` (:func:`cos_sin_table`, row ``|j|``, the sine
-    negated for j < 0); a = 2 pi r = a_hi + a_lo (``|a|`` <= pi 2^-10), cos a - 1 = -a^2/2 + a^4/24
-    and sin a = a - a^3/6 + a^5/120 as pairs; the angle-addition formulas (:func:`_angle_sum`);
+    """cos and sin of 2 pi (c5 2^-21 + c4 2^-42 + c3 2^-63) as normalized float32 pairs (cos_hi,
+    cos_lo, sin_hi, sin_lo): the quadrant q and the rest x in
+    [-1/8, 1/8] turns from the integer; x = j 2^-11 + r with j = round(x 2^11) in [-256, 256];
+    cos and sin of A = 2 pi j 2^-11 from ``TABLE`` (:func:`cos_sin_table`, row ``|j|``, the sine
+    negated for j < 0); a = 2 pi r = a_hi + a_lo (normalized by a TwoSum; ``|a|`` <= pi 2^-11),
+    cos a - 1 = -a^2/2 + a^4/24 and sin a = a - a^3/6 + a^5/120 as pairs; the angle-addition
+    formulas (:func:`_angle_sum`);
     and cos and sin of x + q/4 turns by swapping and negating them (:func:`.exact_turns.by_quadrant`)."""
     quadrant = (c5 + (1 << 18)) >> 19  # round(4 turns), 0 .. 4
     head = ((c5 - (quadrant << 19)) << 42) + (c4 << 21) + c3  # x in units of 2^-63, |head| <= 2^60
-    j = (head + (1 << 52)) >> 53  # round(x 2^10), in [-128, 128]
-    rest = head - (j << 53)  # r in units of 2^-63, in [-2^52, 2^52)
-    r_hi = (rest >> 29).to(tl.int32).to(tl.float32) * 5.820766091346741e-11  # 2^-34: 24 bits, exact
-    r_lo = (rest & 0x1FFFFFFF).to(tl.int32).to(tl.float32) * 1.0842021724855044e-19  # 2^-63, within 2^-59
+    j = (head + _HALF_STEP) >> _STEP_SHIFT  # round(x 2^11), in [-256, 256]
+    rest = head - (j << _STEP_SHIFT)  # r in units of 2^-63, in [-2^51, 2^51)
+    r_hi = (rest >> _REST_SHIFT).to(tl.int32).to(tl.float32) * _REST_UNIT  # at most 24 bits, exact
+    r_lo = (rest & _REST_MASK).to(tl.int32).to(tl.float32) * 1.0842021724855044e-19  # 2^-63
     a_hi = r_hi * _TWO_PI_HI
-    a_lo = fma(r_hi, _TWO_PI_HI, -a_hi, FMA_BY_PARTS) + fma(r_hi, _TWO_PI_LO, r_lo * _TWO_PI_HI, FMA_BY_PARTS)
+    a_hi, a_lo = _two_sum(a_hi, fma(r_hi, _TWO_PI_HI, -a_hi, FMA_BY_PARTS)
+                          + fma(r_hi, _TWO_PI_LO, r_lo * _TWO_PI_HI, FMA_BY_PARTS))  # normalized
     t = a_hi * a_hi
     t_err = fma(a_hi, a_hi, -t, FMA_BY_PARTS)
     cm_hi = -0.5 * t  # exact
@@ -253,17 +262,35 @@ def scaled_cos_sin(m, theta, WINDOWS, TABLE, sigma_hi, sigma_lo, FMA_BY_PARTS: t
 
 
 @triton.jit
-def rotated_pair(xa, xb, c_hi, c_lo, s_hi, s_lo, FMA_BY_PARTS: tl.constexpr):
-    """float32 x_a (c_hi + c_lo) - x_b (s_hi + s_lo) rounded to odd, for x_a, x_b of at most 11
-    significant bits (float16 or bfloat16 values): Z + r with P1 + E1 = x_a c_hi and P2 + E2 = x_b s_hi
-    (Dekker), S + e = P1 - P2 (TwoSum), L = (E1 + x_a c_lo) - (E2 + x_b s_lo) + e and Z + r = S + L
-    (Fast2Sum); then Z, or where Z is even and r is not 0 its float32 neighbour toward Z + r
-    (on the bit pattern: +1 away from zero, -1 toward it)."""
+def difference_of_products(xa, xb, c_hi, c_lo, s_hi, s_lo, FMA_BY_PARTS: tl.constexpr):
+    """(z, r): z + r = v exactly and z = RN(v), for v the float-float value of x_a (c_hi + c_lo) -
+    x_b (s_hi + s_lo) (float32 operands; ``|c_lo|`` <= 2^-24 ``|c_hi|``, the same for s): P1 + E1 = x_a c_hi
+    and P2 + E2 = x_b s_hi (Dekker), S + e = P1 - P2 (TwoSum), L = RN(RN(RN(E1 + x_a c_lo) -
+    RN(E2 + x_b s_lo)) + e), and (z, r) = Fast2Sum(S, L), exact since S dominates L or is a
+    multiple of its unit in the last place. Within 7.0000005 2^-48 (``|x_a c_hi|`` + ``|x_b s_hi|``)
+    of the value with exact products (chapter 18), plus 6 2^-150 where products underflow."""
     p1, e1 = _two_product(xa, c_hi, FMA_BY_PARTS)
     p2, e2 = _two_product(xb, s_hi, FMA_BY_PARTS)
     s, e = _two_sum(p1, -p2)
-    z, r = _fast_two_sum(s, (fma(xa, c_lo, e1, FMA_BY_PARTS) - fma(xb, s_lo, e2, FMA_BY_PARTS)) + e)
+    return _fast_two_sum(s, (fma(xa, c_lo, e1, FMA_BY_PARTS) - fma(xb, s_lo, e2, FMA_BY_PARTS)) + e)
+
+
+@triton.jit
+def round_to_odd(z, r):
+    """z + r rounded to odd in float32, for z = RN(z + r): z where r is 0 or z is odd, else the
+    float32 neighbour of z toward r (on the bit pattern: 1 toward zero where r has the other sign,
+    then the last bit set). Rounding it to a format of at most 22 significant bits (float16:
+    11, bfloat16: 8) is rounding z + r once (Boldo and Melquiond, "When double rounding is odd", 2005)."""
     bits = z.to(tl.int32, bitcast=True)
     inexact = r != 0
-    bits = tl.where(inexact & ((bits ^ r.to(tl.int32, bitcast=True)) < 0), bits - 1, bits)  # toward 0, then
-    return tl.where(inexact, bits | 1, bits).to(tl.float32, bitcast=True)  # the odd one: an even z moved by 1
+    bits = tl.where(inexact & ((bits ^ r.to(tl.int32, bitcast=True)) < 0), bits - 1, bits)
+    return tl.where(inexact, bits | 1, bits).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rotated_pair(xa, xb, c_hi, c_lo, s_hi, s_lo, FMA_BY_PARTS: tl.constexpr):
+    """x_a (c_hi + c_lo) - x_b (s_hi + s_lo) in float-float arithmetic, rounded to odd in float32
+    (:func:`difference_of_products`, :func:`round_to_odd`): what the kernel rounds to float16 or
+    bfloat16."""
+    z, r = difference_of_products(xa, xb, c_hi, c_lo, s_hi, s_lo, FMA_BY_PARTS)
+    return round_to_odd(z, r)
