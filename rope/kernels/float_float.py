@@ -34,7 +34,6 @@ interpreter computes what a GPU computes, bit for bit.
 from __future__ import annotations
 
 import functools
-import struct
 from fractions import Fraction
 
 import torch
@@ -55,7 +54,7 @@ TABLE_ROWS = 2 ** (TABLE_BITS - 3) + 1
 _BITS = 200  # the fixed-point precision of the table's construction
 
 
-def _float32(value: Fraction) -> float:
+def nearest_float32(value: Fraction) -> float:
     """``value`` rounded to the nearest float32 number (ties to even), exactly: float32's 24 bits
     are taken from the rational number itself (``float()`` would round to float64 first)."""
     if value == 0:
@@ -66,9 +65,7 @@ def _float32(value: Fraction) -> float:
     elif abs(value) < Fraction(2) ** exponent:
         exponent -= 1
     unit = Fraction(2) ** (max(exponent, -126) - 23)  # 2^exponent <= |value| < 2^(exponent + 1)
-    rounded = float(round(value / unit) * unit)  # round(): ties to even; at most 24 bits, exact in float64
-    assert struct.unpack("f", struct.pack("f", rounded))[0] == rounded
-    return rounded
+    return float(round(value / unit) * unit)  # round(): ties to even; at most 24 bits, exact in float64
 
 
 def _cos_sin_fixed(angle: Fraction) -> tuple[Fraction, Fraction]:
@@ -94,8 +91,8 @@ def cos_sin_rows() -> list[tuple[float, float, float, float]]:
     rows = []
     for j in range(TABLE_ROWS):
         cos, sin = _cos_sin_fixed(TWO_PI * j / 2**TABLE_BITS)
-        cos_hi, sin_hi = _float32(cos), _float32(sin)
-        rows.append((cos_hi, _float32(cos - Fraction(cos_hi)), sin_hi, _float32(sin - Fraction(sin_hi))))
+        cos_hi, sin_hi = nearest_float32(cos), nearest_float32(sin)
+        rows.append((cos_hi, nearest_float32(cos - Fraction(cos_hi)), sin_hi, nearest_float32(sin - Fraction(sin_hi))))
     return rows
 
 
@@ -115,11 +112,11 @@ def cos_sin_table(device: torch.device) -> torch.Tensor:
 
 
 # float32 constants of the kernel: 2 pi as a pair, the Taylor coefficients.
-_TWO_PI_HI = tl.constexpr(_float32(TWO_PI))
-_TWO_PI_LO = tl.constexpr(_float32(TWO_PI - Fraction(_TWO_PI_HI.value)))
-_SIXTH = tl.constexpr(_float32(Fraction(1, 6)))
-_ONE_120TH = tl.constexpr(_float32(Fraction(1, 120)))
-_ONE_24TH = tl.constexpr(_float32(Fraction(1, 24)))
+_TWO_PI_HI = tl.constexpr(nearest_float32(TWO_PI))
+_TWO_PI_LO = tl.constexpr(nearest_float32(TWO_PI - Fraction(_TWO_PI_HI.value)))
+_SIXTH = tl.constexpr(nearest_float32(Fraction(1, 6)))
+_ONE_120TH = tl.constexpr(nearest_float32(Fraction(1, 120)))
+_ONE_24TH = tl.constexpr(nearest_float32(Fraction(1, 24)))
 _MASK = tl.constexpr((1 << 21) - 1)
 _STEP_SHIFT = tl.constexpr(63 - TABLE_BITS)  # a table step in units of 2^-63 turns, as a shift
 _HALF_STEP = tl.constexpr(1 << (62 - TABLE_BITS))

@@ -129,7 +129,7 @@ def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
                   axes: torch.Tensor | None) -> None:
     """Finite frequencies, axes in {0, 1, 2}, and for float32 q and k (float32 math) frequencies
     below :data:`rope.limits.MAX_FREQUENCY` and positions below
-    :data:`rope.limits.MAX_POSITION` in magnitude (float64 math takes every int64
+    :data:`rope.limits.MAX_POSITION` in magnitude (float-float and float64 math take every int64
     position): eager off CUDA, device assertions on it."""
     _checks.finite_frequencies("inv_freq", inv_freq)
     if q.dtype == torch.float32 and inv_freq.numel():
@@ -138,7 +138,7 @@ def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
     if q.dtype == torch.float32 and positions.numel():
         triton_rotary.check_positions_in_range(
             "positions", positions, f"values in (-2^31, 2^31) for {q.dtype} q and k (the kernel's float32 math; "
-            "float64 math and the torch path take any int64 position)")
+            "float-float and float64 math and the torch path take any int64 position)")
     if axes is not None:
         in_range = ((axes >= 0) & (axes < POSITION_AXES)).all()
         _checks.assert_values("axes", in_range, "values in {0, 1, 2} (the rows t, h, w of positions)")

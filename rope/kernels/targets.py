@@ -262,7 +262,6 @@ def print_machine_code(arch: int) -> None:
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
     """
-    print(f"sm_{arch}, bfloat16, head_dim 128:")
     print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions (per element) | float64 (per element) "
           "| registers | spilled bytes | shared bytes | q/k loads before the angle |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

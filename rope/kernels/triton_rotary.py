@@ -7,19 +7,30 @@ For pair i = (x_a, x_b) of a head of the token at integer position m (RoFormer e
 with s the attention factor and the sign of the sines flipped for the conjugate (transpose)
 rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied.
 
-Two compile-time variants of the arithmetic, both without a cos/sin table:
+Three compile-time variants of the arithmetic (the ``MATH`` constexpr, :data:`MATHS`), none with a
+cos/sin table in memory:
 
 * **float32 math** (float32 inputs, or ``launch(..., float64_math=False)``). The angle is reduced
   exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point
   turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and evaluates cos/sin of the
   angle, already in [-pi, pi), from its quarter turn and Taylor polynomials
   (:func:`cos_sin_of_int32_turns`).
-* **float64 math** (float16, bfloat16 and float64 inputs, or ``float64_math=True`` for float32):
-  the kernel computes T_i to 126 bits and float64 cos/sin of the exactly reduced angle, each within
-  2^-52 (:mod:`rope.kernels.exact_turns`, the torch path's arithmetic); the attention factor and
-  the products are applied without rounding error (Dekker's products by fused multiply-adds, a
+* **float-float math** (float16 and bfloat16 inputs, by default): no float64 arithmetic at all
+  (:mod:`rope.kernels.float_float`). T_i to 126 bits and (m T_i) mod 1 in integer arithmetic, for
+  every int64 m; sigma cos and sigma sin of the exactly reduced angle as pairs of float32 numbers,
+  once per (token, pair) and shared by the program's heads (a 257-row table of 2 pi j 2^-11 and
+  three Taylor terms of the rest, joined by the angle-addition formulas); per element Dekker's
+  products by fused multiply-adds, a TwoSum and a Fast2Sum give the float-float value z + r of
+  the rotation, z rounded to odd by r, and the float32 -> float16/bfloat16 conversion rounds that
+  once: correctly rounded except within a stated distance of a rounding tie.
+* **float64 math** (float64 inputs, or ``float64_math=True`` for the others): the kernel computes
+  T_i to 126 bits and float64 cos/sin of the exactly reduced angle, each within 2^-52
+  (:mod:`rope.kernels.exact_turns`, the torch path's arithmetic); the attention factor and the
+  products are applied without rounding error (Dekker's products by fused multiply-adds, a
   TwoSum), so the only errors are those of cos/sin and one rounding: float16 and bfloat16 outputs
-  are correctly rounded, as on the torch path.
+  are correctly rounded, as on the torch path, at the price of about 25 float64 operations per
+  element, which GPUs with slow float64 (a T4: 1/32 of float32's rate) cannot afford; no launch
+  takes it for them unless asked.
 
 Every multiply-add is an explicit ``tl.fma`` and the kernel is compiled with
 ``enable_fp_fusion=False``, so the compiler contracts nothing else: Triton's CPU interpreter,
@@ -32,18 +43,22 @@ interpreter whose fma rounds twice (Triton 3.6's) gets a correctly rounded one c
 
 Accuracy. Let y be the exact value of an output (exact angle m theta_i for the float32 value
 theta_i, exact cos/sin, exact products), |pair| = s sqrt(x_a^2 + x_b^2), and u = 2^-24. For
-|m| < 2^31 and attention factors s in :data:`rope.limits.KERNEL_SCALE_RANGE`, every output is
-RN(v), the output dtype's rounding to nearest even of a number v with |v - y| <= Delta:
+attention factors s in :data:`rope.limits.KERNEL_SCALE_RANGE` (float32 math: and |m| < 2^31;
+the others take every int64 m), every output is RN(v), the output dtype's rounding to nearest
+even of a number v with |v - y| <= Delta:
 
-    float32 math:  Delta = c u |pair| + 2^-148 max(1, s),  c = 5 (float32), 6 (float16, bfloat16);
-    float64 math:  Delta = 2^-51 |pair| + 2^-1070 s.
+    float32 math:      Delta = c u |pair| + 2^-148 max(1, s),  c = 5 (float32), 6 (float16, bfloat16);
+    float-float math:  Delta = 2^-43 |pair| + 2^-145 max(1, s)   (float16, bfloat16);
+    float64 math:      Delta = 2^-51 |pair| + 2^-1070 s.
 
 Hence |out - y| <= ulp(y)/2 + 2 Delta (float64 math: half an ulp plus 2^-50 |pair|, the torch
 path's promise, away from float64's subnormal range), an output is +-inf only where |y| is beyond
-the dtype's range or within Delta of its edge, and a finite input never gives NaN. float32 math
-is not correctly rounded: a float16/bfloat16 output (``float64_math=False``) may be the other
-neighbour of y when y lies within Delta of a tie between two of them, which is why those dtypes
-take float64 math by default (correctly rounded up to 2^-51 |pair|). Why:
+the dtype's range or within Delta of its edge, and a finite input never gives NaN. An output is
+the correct rounding of y unless y lies within Delta of a tie between two numbers of the output
+dtype, where it may be the other one: for float32 math's float16/bfloat16 outputs
+(``float64_math=False``) that is 6 u |pair|, for their default float-float math 2^-43 |pair|
+(2^-35 of a bfloat16 ulp of a pair's largest output: about one output in 10^10 of random data),
+for float64 math 2^-51 |pair|. Why:
 
 * cos/sin. T_i is within 8 units of 2^-64 turns (theta_i < 2^16) and the top 32 bits of
   (m T_i) mod 2^64 are kept, so the angle is off by less than 2 pi (2^-30 + 2^-32) = 0.123 u;
@@ -57,6 +72,24 @@ take float64 math by default (correctly rounded up to 2^-51 |pair|). Why:
   rounds is within (3u + sqrt 2 E) |pair| = 4.91 u |pair| of y, plus 2^-150 2^k where RN(x_b s')
   or, before the scaling by 2^k, the result underflows. A float16/bfloat16 output is rounded from
   the float32 result: one more u |pair| (and 2^-150 2^k).
+* float-float math (chapter 18 proves each step, with interval bounds in exact rational
+  arithmetic, ending in 2^-43.88 |pair|). The turns are exact but for their 126-bit T_i and the
+  two lowest columns of m T_i (below 2^-60 turns); the rest angle a = a_hi + a_lo is within 2^-54;
+  cos a - 1 and sin a by three Taylor terms within 2^-52.8 (|a| <= pi 2^-11); the table's pairs
+  within 2^-49; the angle-addition formulas, whose products of high parts are exact and whose sums
+  with the table's value are Fast2Sums, add roundings of their low parts: the pairs are within
+  2^-46.5 of cos and sin; the attention factor's sigma = s 2^-k (a float32 pair within 2^-49
+  sigma of it) times them, within 2^-45.1 sigma = eps. Per element, with W = |x_a c_hi| +
+  |x_b s_hi| <= (1 + 2u)(1 + sqrt 2 eps) |pair|: x_a c_hi and x_b s_hi as exact sums P + E
+  (Dekker), their difference as S + e (TwoSum), the small terms E1 + x_a c_lo, E2 + x_b s_lo,
+  their difference and e rounded in four roundings of at most 2u W, 2u W, 3u W: 7.0000005 u^2 W;
+  then (z, r) = Fast2Sum(S, L) is exact (S dominates L, or, where P1 - P2 cancels, S is exact and a
+  multiple of L's unit in the last place). The error of the pairs adds sqrt 2 eps |pair|. z rounded
+  to odd by r, then to float16 or bfloat16 (at most 11 of float32's 24 bits), is RN(z + r) (Boldo
+  and Melquiond). Headroom: sigma <= 1 for float16 and <= 1/2 for bfloat16 (``SCALE_AFTER``
+  applies 2^k, exactly, where s exceeds that), so no float32 sum overflows. Underflow: six
+  roundings of at most 2^-150 where products are below float32's normal range, and the rounding
+  to odd on float32's subnormal grid, times 2^k <= max(1, 4 s): 2^-145 max(1, s).
 * float64 math. cos and sin are within 2^-52, so (|x_a| + |x_b|) s 2^-52 <= 2^-51.5 |pair|; the
   attention factor enters as s = sigma 2^k with sigma in [1/4, 1/2) (exact) and the products are
   exact (Dekker's product by an fma, TwoSum), which keeps every intermediate finite; the scaling
@@ -73,10 +106,10 @@ holds BLOCK_S tokens. q and k may be strided views (e.g. slices of a packed qkv 
 only the last dimension must be contiguous.
 
 No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernels.targets``
-that it compiles for sm_75/80/90; speed is untimed. float64 math costs about four times the
-instructions of float32 math and more registers (``python -m rope.kernels.targets --code 90``):
-on GPUs with slow float64 arithmetic, float16/bfloat16 with ``float64_math=False`` trade correct
-rounding for speed.
+that it compiles for sm_75/80/90; speed is untimed. Per element of bfloat16 (sm_90, launch sizes
+1 x 16 heads, 2 warps; ``python -m rope.kernels.targets --code 90``) float32 math issues about 13
+instructions, float-float math about 40 and no float64 one, float64 math about 75 of which 25 are
+float64 operations (0 for the others but float32 math's 0.4 per element in its turns).
 """
 
 from __future__ import annotations
@@ -467,11 +500,14 @@ the tiles of :data:`TUNING_CANDIDATES`, it takes all 255 registers and 5 of thos
 memory on sm_90, 6 on sm_80 (``python -m rope.kernels.targets --spills``; untimed: no GPU ran it)."""
 
 
-FLOAT_FLOAT_TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (1, 8, 5, 2), (2, 16, 1, 4), (1, 16, 2, 2),
-                                 (2, 8, 5, 4), (4, 8, 1, 4), (1, 32, 1, 4)]
-"""The candidates for float-float math: the per-(token, pair) work (exact turns, the cos/sin pairs) is
-shared by the BLOCK_H x GROUP heads of a program, so larger head groups (8 x 5 = the 32 + 8 heads of
-a GQA model) join float32 math's tiles (untimed: no GPU ran it)."""
+FLOAT_FLOAT_TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (1, 8, 5, 2), (1, 8, 5, 1), (2, 8, 5, 4),
+                                 (4, 8, 5, 8), (2, 8, 2, 2), (1, 16, 2, 2)]
+"""The candidates for float-float math. Its per-(token, pair) work (the exact turns, the cos/sin
+pairs) is shared by the BLOCK_H x GROUP heads of a program, so programs of 5 blocks of 8 heads
+(the 32 + 8 heads of a grouped-query model in one program) join float32 math's tiles: with them
+the roofline of ``python -m rope.kernels.targets --roofline`` rates the prefill shape memory-bound
+on a T4, an A100 and an H100 (about 34 to 37 instructions per element; no spills on sm_75, sm_80,
+sm_90). Untimed: no GPU ran it."""
 
 MATHS = ("float32", "float-float", "float64")
 """The kernel's arithmetic (its ``MATH`` constexpr; module docstring)."""
@@ -500,9 +536,9 @@ def candidates_of(arithmetic: str) -> list[tuple[int, int, int, int]]:
 def _candidates_of_the_math(configs, named_args, **kwargs):
     """The candidates of the launch's math (:func:`candidates_of`); below 256 tokens only the first of
     them: launch latency dominates and the sizes hardly matter, so no sweep."""
-    sizes = candidates_of(kwargs["MATH"])
-    configs = [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
-                                                config.kwargs["GROUP"], config.num_warps) in sizes]
+    by_size = {(config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"], config.kwargs["GROUP"], config.num_warps): config
+               for config in configs}
+    configs = [by_size[size] for size in candidates_of(kwargs["MATH"]) if size in by_size]
     return configs[:1] if named_args["tokens_bucket"] < 256 else configs
 
 
