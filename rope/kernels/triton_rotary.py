@@ -8,7 +8,7 @@ with s the attention factor and the sign of the sines flipped for the conjugate 
 rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied.
 
 Three compile-time variants of the arithmetic (the ``MATH`` constexpr, :data:`MATHS`), none with a
-cos/sin table in memory:
+table of cos/sin per position (float-float math reads one 4 KB table of 257 angles):
 
 * **float32 math** (float32 inputs, or ``launch(..., float64_math=False)``). The angle is reduced
   exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point
@@ -106,10 +106,11 @@ holds BLOCK_S tokens. q and k may be strided views (e.g. slices of a packed qkv 
 only the last dimension must be contiguous.
 
 No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernels.targets``
-that it compiles for sm_75/80/90; speed is untimed. Per element of bfloat16 (sm_90, launch sizes
-1 x 16 heads, 2 warps; ``python -m rope.kernels.targets --code 90``) float32 math issues about 13
-instructions, float-float math about 40 and no float64 one, float64 math about 75 of which 25 are
-float64 operations (0 for the others but float32 math's 0.4 per element in its turns).
+that it compiles for sm_75/80/90; speed is untimed. Per element of bfloat16 a thread issues, on
+sm_90 (``python -m rope.kernels.targets --code 90``), about 13 instructions in float32 math (0.8
+of them float64: its 64-bit turns), 41 in float-float math (37 where a program takes 5 blocks of
+8 heads, sharing one angle computation among 40 heads) with none on float64, and 73 in float64
+math, 33 of them float64 arithmetic or conversions.
 """
 
 from __future__ import annotations
