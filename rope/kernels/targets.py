@@ -5,7 +5,7 @@
 Triton's NVIDIA backend and the ptxas it bundles build a cubin for any target on any machine,
 so a machine without a GPU can check what only a GPU would otherwise show: that the kernels use
 no feature their targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80
-the A100; sm_90 the H100): the rotary kernel in 37 variants, the RoPE-inside-attention kernels
+the A100; sm_90 the H100): the rotary kernel in 40 variants, the RoPE-inside-attention kernels
 (:mod:`.triton_attention` and its backward) in those of :data:`ATTENTION_VARIANTS`. Run it as a
 separate process with ``TRITON_INTERPRET`` unset: Triton's interpreter, which the CPU test suite
 switches on, replaces the compiler. Prints one line per variant and exits non-zero if any fails.
@@ -13,12 +13,13 @@ Not imported by ``import rope`` (it imports Triton).
 
     python -m rope.kernels.targets --code 90
 
-prints instead, for each launch size the autotuner may pick, the machine code Triton's bundled
-``cuobjdump`` disassembles from the cubin: SASS instructions (there are no loops, so a thread
-executes each at most once), registers, bytes spilled to local memory, shared memory, and how
-many of its 128-bit loads of q/k the program issues before its first use of a loaded frequency
-(the float32 to float64 conversion that starts the angle): those loads wait in memory while the
-angle is computed.
+prints instead, for each math and each launch size the autotuner may pick in it (bfloat16), the
+machine code Triton's bundled ``cuobjdump`` disassembles from the cubin: SASS instructions (there
+are no loops, so a thread executes each at most once) and those of them on float64 (arithmetic
+and conversions), each also per element of q and k the thread rotates, registers, bytes spilled
+to local memory, shared memory, and how many of its 128-bit loads of q/k the program issues
+before the angle's floating-point part starts (:data:`_ANGLE_STARTS`): those loads wait in memory
+while the angle is computed.
 
     python -m rope.kernels.targets --spills 80 90
 
