@@ -5,16 +5,17 @@ of :mod:`rope.kernels.exact_turns` per element. This math keeps its exactness wh
 and replaces float64 by pairs of float32 numbers ("float-float", Dekker 1971) where it is not:
 
 1. The turns. (m T_i) mod 1 from the 126-bit turns per position of :mod:`.exact_turns` (integer
-   arithmetic, any int64 m, any finite float32 theta_i), limbs 2 to 5 only
+   arithmetic, any int64 m, any finite float32 theta_i), limbs 3 to 5 only
    (:func:`top_turns`): dropping the two lowest columns of the product leaves the turns at
    most 3 units of 2^-63 low.
 2. cos and sin, once per (token, pair) and reused by every head of the program
    (:func:`cos_sin_float_float`): the quadrant and the rest x in [-1/8, 1/8] turns from the
-   integer; x = j 2^-10 + r with the integer j in [-128, 128] and ``|r|`` <= 2^-11 turns; cos and
-   sin of 2 pi j 2^-10 from a table of float32 pairs (:func:`cos_sin_table`, built exactly in
-   integer arithmetic) and of a = 2 pi r (``|a|`` <= 0.0031) from short Taylor polynomials, joined
-   by the angle-addition formulas in float-float arithmetic. The attention factor's sigma (itself
-   a float32 pair) multiplies them: c_hi + c_lo = sigma cos, s_hi + s_lo = sigma sin.
+   integer; x = j 2^-11 + r with the integer j in [-256, 256] and ``|r|`` <= 2^-12 turns; cos and
+   sin of 2 pi j 2^-11 from a table of float32 pairs (:func:`cos_sin_table`, built exactly in
+   integer arithmetic) and of a = 2 pi r (``|a|`` <= 0.0016) from three Taylor terms, joined by
+   the angle-addition formulas in float-float arithmetic. The attention factor's sigma (itself
+   a float32 pair) multiplies them: c_hi + c_lo = sigma cos, s_hi + s_lo = sigma sin, within
+   2^-45 sigma.
 3. Each output, from float16/bfloat16 x_a, x_b (:func:`rotated_pair`): y_a = x_a c - x_b s as
    P1 + E1 = x_a c_hi and P2 + E2 = x_b s_hi (Dekker's products by fused multiply-adds: exact),
    S + e = P1 - P2 (Knuth's TwoSum: exact), the small terms L = (E1 + x_a c_lo) - (E2 + x_b s_lo)
@@ -23,12 +24,12 @@ and replaces float64 by pairs of float32 numbers ("float-float", Dekker 1971) wh
    rounding it to float16 or bfloat16, which keep at most 11 of float32's 24 bits, is rounding
    Z + r once (Boldo and Melquiond, "When double rounding is odd", 2005).
 
-The result is RN(v), the output dtype's rounding to nearest even of v = Z + r, with
-``|v - y|`` <= Delta = 2^-44 ``|pair|`` + underflow terms (chapter 18 proves the bound; the
-kernel's module docstring states it): correctly rounded unless y lies within Delta of a rounding
-tie of the output dtype. No float64 operation anywhere (``python -m rope.kernels.targets --code``
-counts them), and every multiply-add is an explicit fma (:func:`.emulation.fma`), so Triton's CPU
-interpreter computes what a GPU computes, bit for bit.
+The result is RN(v), the output dtype's rounding to nearest even of v = 2^k (Z + r), with
+``|v - y|`` <= Delta = 2^-43 ``|pair|`` + 2^-145 max(1, s) (chapter 18 proves 2^-43.88 ``|pair|``
+and the underflow terms; :mod:`rope.kernels.triton_rotary` states the bound): correctly rounded
+unless y lies within Delta of a rounding tie of the output dtype. No float64 operation anywhere
+(``python -m rope.kernels.targets --code`` counts them), and every multiply-add is an explicit fma
+(:func:`.emulation.fma`), so Triton's CPU interpreter computes what a GPU computes, bit for bit.
 """
 
 from __future__ import annotations

@@ -708,7 +708,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
     ``float64_math``: the arithmetic (see the module docstring, :func:`default_math`). None (the
     default) chooses by dtype: float-float math for float16 and bfloat16 (correctly rounded except
-    within 2^-44 ``|pair|`` of a rounding tie), float32 math for float32 (within the stated bound),
+    within 2^-43 ``|pair|`` of a rounding tie), float32 math for float32 (within the stated bound),
     float64 math for float64; True takes float64 math (float16 and bfloat16 then correctly rounded,
     at the price of float64 arithmetic per element), False float32 math. float64 inputs always take
     float64 math (False is refused).
