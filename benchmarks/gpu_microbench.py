@@ -3,9 +3,12 @@
     python benchmarks/gpu_microbench.py [--out microbench.md]
 
 For a few bf16 shapes (batch, seq, heads_q, heads_k, head_dim): the copy of q and k (the
-ceiling: each byte read once and written once), ``rope.apply_rotary`` on the kernel (forward),
-its backward (``torch.autograd.grad``: the conjugate rotation) and ``torch.ops.rope.rotary_`` (in
-place). GB/s counts q and k read plus written; ``frac`` is that over the copy's, in the same run.
+ceiling: each byte read once and written once), ``rope.apply_rotary`` on the kernel (forward, in
+bfloat16's default float-float math), its backward (``torch.autograd.grad``: the conjugate
+rotation), ``torch.ops.rope.rotary_`` (in place), and the forward in the two other maths
+(``triton_rotary.launch(..., float64_math=True)`` and ``False``): float64 math is what a GPU with
+slow float64 must not take by default. GB/s counts q and k read plus written; ``frac`` is that
+over the copy's, in the same run.
 Device time from CUDA graph replays (``bench_rotary.graph_time_ms``); the full comparison with
 the peers is ``bench_rotary.py``.
 
@@ -29,6 +32,7 @@ if not torch.cuda.is_available():
 import rope
 import rope.kernels.operators  # registers torch.ops.rope.rotary_
 from bench_rotary import capture_stream, graph_time_ms  # the same folder: CUDA graph replays
+from rope.kernels import triton_rotary
 
 SHAPES = [(4, 4096, 32, 8, 128), (1, 32768, 32, 8, 128), (256, 1, 32, 8, 128)]
 TINY_SHAPE = (1, 4, 2, 1, 16)
@@ -53,6 +57,12 @@ def contenders(shape, device):
         torch.cuda.current_stream().wait_stream(capture_stream())
     grads = (torch.randn_like(q), torch.randn_like(k))
     q_in, k_in = q.clone(), k.clone()
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+
+    def forward_in(float64_math):
+        return lambda: triton_rotary.launch(q, k, q_out, k_out, positions, theta, interleaved=False,
+                                            rotary_dim=head_dim, scale=1.0, conjugate=False, float64_math=float64_math)
+
     return {
         "copy": lambda: both_copy.copy_(both),
         "rope fwd": lambda: rope.apply_rotary(q, k, positions, theta, backend="triton"),
@@ -60,6 +70,8 @@ def contenders(shape, device):
         "rope in place": lambda: torch.ops.rope.rotary_(q=q_in, k=k_in, positions=positions, inv_freq=theta,
                                                         interleaved=False, rotary_dim=head_dim, scale=1.0,
                                                         conjugate=False),
+        "rope fwd, float64 math": forward_in(True),
+        "rope fwd, float32 math": forward_in(False),
     }, 2 * both.numel() * both.element_size()
 
 

@@ -3,13 +3,15 @@
     python benchmarks/gpu_smoke.py [--tiny] [--out smoke.md]
 
 Rotary kernel (``rope.apply_rotary(..., backend="triton")``, ``torch.ops.rope.rotary_``,
-``rope.kernels.triton_rotary.launch``): both layouts, float32/float16/bfloat16/float64, float64
-math on and off, partial rotary over a padded width, GQA, in place, the conjugate rotation and the
+``rope.kernels.triton_rotary.launch``): both layouts, float32/float16/bfloat16/float64, each of
+the three maths (float32, float-float, float64) on the dtypes that take it by default or on
+request, partial rotary over a padded width, GQA, in place, the conjugate rotation and the
 backward (autograd: dx = s R^T dy), the decode shape (one token per sequence) and M-RoPE. Each
 output is held to the kernel's promise (rope/kernels/triton_rotary.py) against the exact rotation,
 the torch path on float64 inputs (exactly reduced angles, within 2^-50 of exact): the rounding of
 a value within Delta of it, so ``|out - ref| <= ulp/2 + 2 Delta + 2^-50 |pair|``, with Delta =
-6 2^-24 |pair| (float32 math) or 2^-51 |pair| (float64 math), ``|pair| <= s sqrt(2) max|x|``.
+6 2^-24 |pair| (float32 math), 2^-43 |pair| (float-float math) or 2^-51 |pair| (float64 math),
+``|pair| <= s sqrt(2) max|x|``.
 
 Attention kernels (``rope.kernels.attention_operators.fused_rotary_attention``): RoPE, ReRoPE
 and Leaky ReRoPE, causal and not, forward and backward, and decoding (one query per sequence,
@@ -62,11 +64,16 @@ def sizes(tiny: bool) -> dict:
     return dict(batch=2, seq=777, heads_q=8, heads_k=2, head_dim=128, q_len=200, k_len=333, attn_dim=64)
 
 
-def rotary_ratio(out: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, float64_math: bool, factor: float = 1.0):
-    """Worst |out - ref| over the kernel's bound (module docstring); at most 1 passes, NaN fails."""
+def rotary_ratio(out: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, arithmetic: str | None = None,
+                 factor: float = 1.0):
+    """Worst |out - ref| over the bound (module docstring) of the kernel's ``arithmetic`` (None: the
+    math ``launch`` takes for x's dtype); at most 1 passes, NaN fails."""
+    arithmetic = arithmetic or triton_rotary.default_math(x.dtype)
     pair = factor * 2**0.5 * x.to("cpu", torch.float64).abs().amax(-1, keepdim=True)
-    if float64_math:
+    if arithmetic == "float64":
         delta = 2.0**-51 * pair + 2.0**-1070 * factor
+    elif arithmetic == "float-float":
+        delta = 2.0**-43 * pair + 2.0**-145 * max(1.0, factor)
     else:
         delta = 6 * 2.0**-24 * pair + 2.0**-148 * max(1.0, factor)
     reference_error = 2.0**-50 * pair
@@ -102,17 +109,17 @@ def rotary_cases(s):
             theta = theta_for(s["head_dim"])
             q_out, k_out = rope.apply_rotary(q, k, positions, theta, layout=layout, attention_factor=factor,
                                              backend="triton")
-            float64_math = dtype != torch.float32
             return max(rotary_ratio(q_out, exact(q, positions, theta, layout=layout, attention_factor=factor), q,
-                                    float64_math, factor),
+                                    factor=factor),
                        rotary_ratio(k_out, exact(k, positions, theta, layout=layout, attention_factor=factor), k,
-                                    float64_math, factor))
+                                    factor=factor))
         return run
 
     for layout in ("half", "interleaved"):
         for name, dtype in DTYPES.items():
             cases[f"rotary {layout} {name}, GQA"] = out_of_place(dtype, layout, seed=len(cases))
     cases["rotary half bf16, attention factor 1.5"] = out_of_place(torch.bfloat16, "half", 20, factor=1.5)
+    cases["rotary interleaved fp16, attention factor 0.3"] = out_of_place(torch.float16, "interleaved", 21, factor=0.3)
 
     def launcher(dtype, float64_math, seed):
         def run():
@@ -121,20 +128,24 @@ def rotary_cases(s):
             q_out, k_out = torch.empty_like(q), torch.empty_like(k)
             triton_rotary.launch(q, k, q_out, k_out, positions, theta, interleaved=False, rotary_dim=s["head_dim"],
                                  scale=1.0, conjugate=False, float64_math=float64_math)
-            return max(rotary_ratio(q_out, exact(q, positions, theta), q, float64_math),
-                       rotary_ratio(k_out, exact(k, positions, theta), k, float64_math))
+            arithmetic = triton_rotary.default_math(dtype, float64_math)
+            return max(rotary_ratio(q_out, exact(q, positions, theta), q, arithmetic),
+                       rotary_ratio(k_out, exact(k, positions, theta), k, arithmetic))
         return run
 
     cases["rotary fp32, float64_math on"] = launcher(torch.float32, True, 30)
     cases["rotary fp32, float64_math off"] = launcher(torch.float32, False, 31)
-    cases["rotary bf16, float64_math off"] = launcher(torch.bfloat16, False, 32)
+    cases["rotary bf16, float64_math off (float32 math)"] = launcher(torch.bfloat16, False, 32)
+    cases["rotary bf16, float64_math on"] = launcher(torch.bfloat16, True, 33)
+    cases["rotary fp16, float64_math on"] = launcher(torch.float16, True, 34)
+    cases["rotary bf16, float-float math (default)"] = launcher(torch.bfloat16, None, 35)
 
     def partial_rotary(layout):
         def run():  # head_dim 40 rotated over 24: padded pair blocks and a pass-through tail
             q, k, positions = inputs(s, torch.bfloat16, 40, head_dim=40)
             theta = theta_for(24)
             q_out, _ = rope.apply_rotary(q, k, positions, theta, layout=layout, rotary_dim=24, backend="triton")
-            return rotary_ratio(q_out, exact(q, positions, theta, layout=layout, rotary_dim=24), q, True)
+            return rotary_ratio(q_out, exact(q, positions, theta, layout=layout, rotary_dim=24), q)
         return run
 
     cases["rotary partial 24 of 40, half"] = partial_rotary("half")
@@ -158,7 +169,7 @@ def rotary_cases(s):
             q, k, positions = inputs(s, dtype, 60)
             theta = theta_for(s["head_dim"])
             q_out, _ = rope.apply_rotary(q, k, positions, theta, conjugate=True, backend="triton")
-            return rotary_ratio(q_out, exact(q, positions, theta, conjugate=True), q, dtype != torch.float32)
+            return rotary_ratio(q_out, exact(q, positions, theta, conjugate=True), q)
         return run
 
     cases["rotary conjugate fp32"] = conjugate(torch.float32)
@@ -173,8 +184,7 @@ def rotary_cases(s):
             grad_out = grad_out.to(dtype).to(DEVICE)
             out, _ = rope.apply_rotary(leaf, k, positions, theta, layout=layout, backend="triton")
             grad, = torch.autograd.grad(out, leaf, grad_out)
-            return rotary_ratio(grad, exact(grad_out, positions, theta, layout=layout, conjugate=True), grad_out,
-                                dtype != torch.float32)
+            return rotary_ratio(grad, exact(grad_out, positions, theta, layout=layout, conjugate=True), grad_out)
         return run
 
     cases["rotary backward fp32, half"] = backward(torch.float32, "half")
@@ -185,9 +195,8 @@ def rotary_cases(s):
             q, k, positions = inputs(s, dtype, 80, seq=1, batch=5, heads_k=1)
             theta = theta_for(s["head_dim"])
             q_out, k_out = rope.apply_rotary(q, k, positions, theta, backend="triton")
-            float64_math = dtype != torch.float32
-            return max(rotary_ratio(q_out, exact(q, positions, theta), q, float64_math),
-                       rotary_ratio(k_out, exact(k, positions, theta), k, float64_math))
+            return max(rotary_ratio(q_out, exact(q, positions, theta), q),
+                       rotary_ratio(k_out, exact(k, positions, theta), k))
         return run
 
     cases["rotary decode (5 sequences x 1 token, MQA) fp32"] = decode(torch.float32)
@@ -203,13 +212,11 @@ def rotary_cases(s):
             axes = rope.mrope.section_axes(section, pairs, style="interleaved")
             theta = theta_for(s["head_dim"])
             q_out, k_out = rope.apply_mrope(q, k, position_ids, theta, axes, layout=layout, backend="triton")
-            float64_math = dtype != torch.float32
 
             def reference(x):
                 return rope.apply_mrope(x.double(), x.double(), position_ids, theta, axes, layout=layout,
                                         backend="torch")[0].cpu()
-            return max(rotary_ratio(q_out, reference(q), q, float64_math),
-                       rotary_ratio(k_out, reference(k), k, float64_math))
+            return max(rotary_ratio(q_out, reference(q), q), rotary_ratio(k_out, reference(k), k))
         return run
 
     cases["M-RoPE fp32, half"] = mrope(torch.float32, "half", s["seq"])

@@ -19,12 +19,12 @@ MAX_FREQUENCY = 2.0**16
 """The kernels' float32 math (the rotary kernel for float32 q and k, and the attention kernels;
 for Leaky ReRoPE also frequencies / leaky_scale) reduces the angles exactly only for ``|theta_i|``
 below 2^16 (:mod:`rope.kernels.triton_rotary`, "Accuracy"); larger frequencies give wrong angles.
-The rotary kernel's float64 math takes any finite float32 theta_i."""
+The rotary kernel's float-float and float64 math take any finite float32 theta_i."""
 
 MAX_POSITION = 2**31
 """The kernels' float32 math holds its accuracy bound for positions ``|m|`` below 2^31
 (:mod:`rope.kernels.triton_rotary`): the error of the fixed-point turns grows with ``|m|``. The
-rotary kernel's float64 math and the torch path take every int64 position."""
+rotary kernel's float-float and float64 math and the torch path take every int64 position."""
 
 MROPE_AXES = ("t", "h", "w")
 """The rows of M-RoPE position ids (:mod:`rope.mrope`): time, height, width; ``axes[i]`` is pair i's row."""

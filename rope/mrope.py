@@ -27,8 +27,8 @@ s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair
 :func:`apply_mrope` is :func:`rope.apply_rotary` with the axes (one path,
 :func:`rope.apply.rotate_qk`): the torch path computes angles, cos, sin and products in float64
 and rounds once; on CUDA the fused Triton kernel runs instead, each pair reading its row of the
-position ids (exactly reduced angles; float64 math for float16, bfloat16 and float64, float32
-math for float32; one rounding).
+position ids (exactly reduced angles; float-float math for float16 and bfloat16, float64 math
+for float64, float32 math for float32; one rounding).
 """
 
 from __future__ import annotations

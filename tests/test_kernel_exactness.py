@@ -5,14 +5,16 @@ the exact value y, with |pair| = s |(x_a, x_b)|:
 
     float32 math (float32 inputs, or ``float64_math=False``): Delta = c 2^-24 |pair| + 2^-148 max(1, s),
         c = 5 for float32 outputs and 6 for float16 and bfloat16 outputs;
-    float64 math (float16, bfloat16 and float64 inputs, or ``float64_math=True``):
-        Delta = 2^-51 |pair| + 2^-1070 s.
+    float-float math (float16 and bfloat16 inputs, by default):
+        Delta = 2^-43 |pair| + 2^-145 max(1, s);
+    float64 math (float64 inputs, or ``float64_math=True``): Delta = 2^-51 |pair| + 2^-1070 s.
 
 Rounding is monotone, so that is RN(y - Delta) <= out <= RN(y + Delta), checked entry by entry
 with y written here from the formula: the angle m theta_i for the float32 value theta_i, its cos
 and sin in mpmath at 200 bits, the products exact. It implies |out - y| <= ulp(y)/2 + 2 Delta, so
-float64 math's outputs are within half an ulp plus 2^-50 |pair| (correctly rounded), and +-inf
-only where |y| is beyond the range (or within Delta of its edge); a finite input never gives NaN.
+float-float and float64 math's outputs are correctly rounded unless y lies within Delta of a
+rounding tie (float64 math: within half an ulp plus 2^-50 |pair|), and +-inf only where |y| is
+beyond the range (or within Delta of its edge); a finite input never gives NaN.
 
 Without a GPU the kernel runs in Triton's interpreter, which performs the same float operations
 (every multiply-add is an explicit fma and nothing else is contracted); shapes stay small.
@@ -33,7 +35,7 @@ import triton.language as tl
 import rope
 from helpers import exact_cos_sin, round_exact, to_fraction, ulp
 from rope.angles import inverse_two_pi_windows
-from rope.kernels import exact_turns, triton_rotary
+from rope.kernels import exact_turns, float_float, triton_rotary
 from rope.mrope import apply_mrope, section_axes
 
 mpmath.mp.prec = 200
@@ -49,14 +51,22 @@ def float32_math_delta(dtype: torch.dtype, scale: float):
     return lambda pair: c * U * pair + underflow
 
 
+def float_float_math_delta(scale: float):
+    """Delta of float-float math as a function of |pair| (a Fraction)."""
+    return lambda pair: pair / 2**43 + max(1, Fraction(scale)) / 2**145
+
+
 def float64_math_delta(scale: float):
     """Delta of float64 math as a function of |pair| (a Fraction)."""
     return lambda pair: pair / 2**51 + Fraction(scale) / 2**1070
 
 
 def default_delta(dtype: torch.dtype, scale: float):
-    """Delta of the math ``launch`` takes by default: float32 math for float32, float64 math otherwise."""
-    return float32_math_delta(dtype, scale) if dtype == torch.float32 else float64_math_delta(scale)
+    """Delta of the math ``launch`` takes by default: float32 math for float32, float64 math for
+    float64, float-float math for float16 and bfloat16."""
+    if dtype == torch.float32:
+        return float32_math_delta(dtype, scale)
+    return float64_math_delta(scale) if dtype == torch.float64 else float_float_math_delta(scale)
 
 
 def pair_indices(rotary_dim: int, layout: str) -> list[tuple[int, int]]:
@@ -209,6 +219,7 @@ def test_huge_inputs_overflow_to_inf_and_never_give_nan(dtype, scale, conjugate)
     if dtype in (torch.float16, torch.bfloat16):
         check(x, positions, theta, float32_math_delta(dtype, scale), scale=scale, conjugate=conjugate,
               float64_math=False)
+        check(x, positions, theta, float64_math_delta(scale), scale=scale, conjugate=conjugate, float64_math=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
@@ -223,7 +234,7 @@ def test_subnormal_and_zero_inputs(dtype):
         check(x, positions, THETA, default_delta(dtype, scale), scale=scale)
 
 
-# ----- float64 math: float16, bfloat16, float64 (and float32 on request) ---------------------------------------------
+# ----- float64 math: float64 (and float16, bfloat16, float32 on request) ---------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -232,22 +243,22 @@ def test_float64_math_is_as_exact_as_the_torch_path(dtype, scale, conjugate, lay
     """Half an ulp plus 2^-50 |pair| at every position (the 64-bit turns of float32 math, off by
     up to 8 units, missed this by about 5e3 ulp near m = 10^6), for frequencies from
     rope.inv_freq and beyond 2^16 (subnormal, the largest float32), where the 126-bit turns are
-    still exact: float16 and bfloat16 correctly rounded, as the torch path."""
+    still exact: float16 and bfloat16 (``float64_math=True``) correctly rounded, as the torch path."""
     gen = torch.Generator().manual_seed(9 + torch.finfo(dtype).bits)
     theta = torch.cat([THETA, torch.tensor([0.0, 1.0, 3.0e5, 1.0e-30, 1.0e-45, -3.4e38])])
     x = heads(gen, (2, 5, 2, 2 * theta.numel() + 2), dtype, spread=20 if dtype == torch.float64 else 2)
     check(x, positions_with_edges(gen, 2, 5), theta, float64_math_delta(scale), layout=layout, scale=scale,
-          conjugate=conjugate, slack=Fraction(1, 2**50))
+          conjugate=conjugate, float64_math=True, slack=Fraction(1, 2**50))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
-def test_float64_math_decode_and_mrope_turn_each_pair_by_its_position(dtype):
+def test_default_math_decode_and_mrope_turn_each_pair_by_its_position(dtype):
     """One token per sequence (the batch read as the token axis) and M-RoPE (pair i turned by row
-    axes[i] of the [3, ...] positions), in float64 math."""
+    axes[i] of the [3, ...] positions), in the default math: float-float (bfloat16), float64."""
     gen = torch.Generator().manual_seed(10)
     x = heads(gen, (5, 1, 2, 10), dtype)
     positions = torch.randint(-(2**31) + 1, 2**31, (5, 1), generator=gen)
-    check(x, positions, THETA, float64_math_delta(1.0), slack=Fraction(1, 2**50))
+    check(x, positions, THETA, default_delta(dtype, 1.0))
 
     axes = section_axes([2, 1, 1], 4)
     rows = torch.randint(-(2**31) + 1, 2**31, (3, 2, 3), generator=gen)
@@ -257,7 +268,7 @@ def test_float64_math_decode_and_mrope_turn_each_pair_by_its_position(dtype):
     thetas = [mpmath.mpf(float(t)) for t in THETA]
     exact = exact_rotation(x, lambda b, t, i: mpmath.mpf(int(rows[int(axes[i]), b, t])) * thetas[i], layout="half",
                            rotary_dim=8, scale=1.5, conjugate=False)
-    assert_rounded_from_within(out, exact, float64_math_delta(1.5), slack=Fraction(1, 2**50))
+    assert_rounded_from_within(out, exact, default_delta(dtype, 1.5))
 
 
 def hard_cases(dtype):
@@ -276,18 +287,22 @@ def hard_cases(dtype):
     return x.reshape(1, 1, 4, 16).to(dtype), 1 - 2.0 ** -(bits + 1) - 2.0**-40
 
 
-@pytest.mark.parametrize("dtype, float64_math", [(torch.float16, None), (torch.bfloat16, None),
-                                                 (torch.float32, True)])
-def test_float64_math_rounds_every_dtype_once(dtype, float64_math):
-    """float64 math (the default for float16 and bfloat16, ``float64_math=True`` for float32):
-    outputs within half an ulp plus 2^-50 |pair|, i.e. correctly rounded unless y is within
-    2^-51 |pair| of a tie. On random heads, and on inputs placed just beside ties, where every
-    output must be the correct rounding and float32 math (within its own bound) rounds some of
-    them the other way."""
+@pytest.mark.parametrize("dtype, float64_math", [(torch.float16, True), (torch.bfloat16, True),
+                                                 (torch.float32, True), (torch.float16, None),
+                                                 (torch.bfloat16, None)])
+def test_float64_and_float_float_math_round_every_dtype_once(dtype, float64_math):
+    """float64 math (``float64_math=True``): outputs within half an ulp plus 2^-50 |pair|, i.e.
+    correctly rounded unless y is within 2^-51 |pair| of a tie; float-float math (the default for
+    float16 and bfloat16): within its Delta = 2^-43 |pair|. On random heads, and on inputs placed
+    2^-40 |y| beside ties (outside both Deltas), where every output must be the correct rounding
+    and float32 math (within its own bound) rounds some of them the other way."""
     gen = torch.Generator().manual_seed(12)
     x = heads(gen, (2, 4, 2, 10), dtype)
-    check(x, positions_with_edges(gen, 2, 4), THETA, float64_math_delta(1.3), scale=1.3, float64_math=float64_math,
-          slack=Fraction(1, 2**50))
+    if float64_math:
+        check(x, positions_with_edges(gen, 2, 4), THETA, float64_math_delta(1.3), scale=1.3,
+              float64_math=float64_math, slack=Fraction(1, 2**50))
+    else:
+        check(x, positions_with_edges(gen, 2, 4), THETA, float_float_math_delta(1.3), scale=1.3)
 
     x, scale = hard_cases(dtype)
     theta = torch.full((x.shape[-1] // 2,), 0.25, dtype=torch.float32)
@@ -308,6 +323,183 @@ def test_float64_math_flag_is_checked():
         rotate(x, positions, THETA.to(DEVICE), float64_math=False)
     with pytest.raises(TypeError, match="float64_math"):
         rotate(x.float(), positions, THETA.to(DEVICE), float64_math="yes")
+
+
+# ----- float-float math: float16 and bfloat16 by default -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale, conjugate, layout", [(1.0, False, "half"), (0.3, True, "interleaved"),
+                                                      (1.37, False, "interleaved")])
+def test_float_float_math_is_within_its_bound(dtype, scale, conjugate, layout):
+    """The default math of float16 and bfloat16: every output the rounding of a number within
+    2^-43 |pair| + 2^-145 max(1, s) of the exact one, at positions of every int64 size (the
+    126-bit turns reduce every one exactly, as in float64 math) and frequencies beyond 2^16, with
+    attention factors folded into cos and sin (0.3) and applied after (1, 1.37: bfloat16 keeps
+    half of float32's range as headroom)."""
+    gen = torch.Generator().manual_seed(20 + torch.finfo(dtype).bits + int(10 * scale))
+    theta = torch.cat([THETA, torch.tensor([0.0, 1.0, 3.0e5, 1.0e-30, 1.0e-45, -3.4e38])])
+    x = heads(gen, (2, 5, 2, 2 * theta.numel() + 2), dtype, spread=2)
+    positions = positions_with_edges(gen, 2, 5)
+    positions[1, :3] = torch.tensor([2**63 - 1, -(2**63), 2**40 + 3])
+    check(x, positions, theta, float_float_math_delta(scale), layout=layout, scale=scale, conjugate=conjugate)
+
+
+def beside_a_tie(gen, dtype, distance):
+    """(x, position, theta, scale): one pair (x_a, 0) at a random position m whose exact output
+    y_a = s x_a cos(m theta) lies ``distance`` |pair| from a rounding tie of ``dtype`` (above it
+    for distance > 0), up to float64's rounding of s (2^-53 |y_a|)."""
+    p = {torch.float16: 11, torch.bfloat16: 8}[dtype]
+    theta = torch.tensor([float(THETA[1])], dtype=torch.float32)
+    while True:
+        position = int(torch.randint(2**20, 2**40, (1,), generator=gen))
+        cos = mpmath.cos(mpmath.mpf(position) * mpmath.mpf(float(theta)))
+        if abs(cos) > 0.1:
+            break
+    x_a = 1.5 * (1 + int(torch.randint(0, 2**(p - 2), (1,), generator=gen)) * 2.0 ** (2 - p))  # a dtype value
+    target = mpmath.mpf(0.55 + 0.4 * float(torch.rand(1, generator=gen))) * x_a * cos
+    unit = mpmath.mpf(2) ** (mpmath.floor(mpmath.log(abs(target), 2)) - p + 1)
+    tie = (mpmath.floor(target / unit) + mpmath.mpf(1) / 2) * unit
+    scale = float((tie + distance * abs(target / cos)) / (x_a * cos))
+    x = torch.tensor([[[[x_a, 0.0]]]], dtype=dtype)
+    return x, torch.tensor([position]), theta, scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_float_float_math_rounds_correctly_beyond_delta_of_a_tie(dtype):
+    """Outputs placed 3 2^-43 |pair| beside rounding ties (beyond Delta) are the correct rounding;
+    outputs placed 2^-52 |pair| beside ties (within Delta, closer than the float-float arithmetic
+    resolves) are the rounding of a number within Delta, and some of them are rounded the other
+    way: the exception the bound states is real, and bounded."""
+    gen = torch.Generator().manual_seed(30 + torch.finfo(dtype).bits)
+    other_way = 0
+    for distance in [3 * 2.0**-43, -3 * 2.0**-43] * 4 + [2.0**-52, -(2.0**-52)] * 8:
+        x, positions, theta, scale = beside_a_tie(gen, dtype, distance)
+        out = rotate(x.to(DEVICE), positions.to(DEVICE), theta.to(DEVICE), scale=scale)
+        exact = exact_rotation(x, token_angles(positions, theta, 1), layout="half", rotary_dim=2, scale=scale,
+                               conjugate=False)
+        assert_rounded_from_within(out, exact, float_float_math_delta(scale))
+        correct = round_exact(to_fraction(exact[0][0]), dtype)
+        if abs(distance) > 2.0**-43:
+            assert out.flatten()[0].item() == correct, f"{distance}: {out.flatten()[0].item()} != {correct}"
+        else:
+            other_way += out.flatten()[0].item() != correct
+    assert other_way > 0
+
+
+@triton.jit
+def _scaled_cos_sin_probe(POS, FREQ, WINDOWS, TABLE, OUT, sigma_hi, sigma_lo, N: tl.constexpr, P: tl.constexpr,
+                          FMA_BY_PARTS: tl.constexpr):
+    i = tl.arange(0, N)
+    j = tl.arange(0, P)
+    c_hi, c_lo, s_hi, s_lo = float_float.scaled_cos_sin(tl.load(POS + i)[:, None], tl.load(FREQ + j)[None, :],
+                                                        WINDOWS, TABLE, sigma_hi, sigma_lo, FMA_BY_PARTS)
+    out = OUT + (i[:, None] * P + j[None, :]) * 4
+    tl.store(out, c_hi)
+    tl.store(out + 1, c_lo)
+    tl.store(out + 2, s_hi)
+    tl.store(out + 3, s_lo)
+
+
+def test_cos_sin_table_is_cos_and_sin_to_2_to_the_minus_49():
+    """Row j of the float-float table: cos and sin of 2 pi j 2^-11 as float32 pairs (hi the
+    rounding of the value, lo of the rest), within 2^-49 of mpmath's, row 0 exactly (1, 0)."""
+    rows = float_float.cos_sin_rows()
+    assert len(rows) == float_float.TABLE_ROWS == 257 and rows[0] == (1.0, 0.0, 0.0, 0.0)
+    for j, (cos_hi, cos_lo, sin_hi, sin_lo) in enumerate(rows):
+        angle = 2 * mpmath.pi * j / 2**11
+        for hi, lo, value in ((cos_hi, cos_lo, mpmath.cos(angle)), (sin_hi, sin_lo, mpmath.sin(angle))):
+            assert abs(to_fraction(value) - Fraction(hi) - Fraction(lo)) <= Fraction(1, 2**49)
+            assert abs(Fraction(lo)) <= Fraction(1, 2**25) and float(torch.tensor(lo, dtype=torch.float32)) == lo
+    assert torch.equal(float_float.cos_sin_table(torch.device(DEVICE)).cpu(), torch.tensor(rows))
+
+
+def test_float_float_cos_sin_within_the_proven_bound():
+    """sigma cos(m theta) and sigma sin(m theta) as float32 pairs (the per-pair part of float-float
+    math) within 2^-45 sigma of mpmath's, chapter 18's bound (2^-45.1), and normalized (``|lo|`` <=
+    2^-24 ``|hi|``): positions at the int64 edges and random ones of every size, theta from the smallest
+    subnormal to the largest float32, attention factors 1, one that float32 does not hold, and
+    2^-64 times one."""
+    gen = torch.Generator().manual_seed(18)
+    sizes = torch.randint(1, 63, (44,), generator=gen)
+    positions = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63)] + [0] * 11
+                             + [int(torch.randint(-(2**int(b)), 2**int(b), (1,), generator=gen)) for b in sizes])
+    positions[5:16] = torch.arange(-5, 6) * 2**50 + 7  # near multiples of large powers of two
+    exponents = torch.randint(-40, 30, (10,), generator=gen).to(torch.float64)
+    theta = torch.cat([torch.tensor([1e-45, 3.4e38, -2.0, 0.0, 1.0, 0.25]),
+                       (torch.rand(10, generator=gen, dtype=torch.float64) + 1) * torch.exp2(exponents)]).float()
+    windows, table = inverse_two_pi_windows(torch.device(DEVICE)), float_float.cos_sin_table(torch.device(DEVICE))
+    angles = [mpmath.mpf(m) * mpmath.mpf(float(t)) for m in positions.tolist() for t in theta.tolist()]
+    for sigma in (1.0, 0.7368421052631579, 2.0**-64 * 1.2345678901234567):
+        sigma_hi = float(torch.tensor(sigma, dtype=torch.float32))
+        sigma_lo = float(torch.tensor(sigma - sigma_hi, dtype=torch.float32))
+        out = torch.empty(64, 16, 4, device=DEVICE)
+        _scaled_cos_sin_probe[(1,)](positions.to(DEVICE), theta.to(DEVICE), windows, table, out, sigma_hi, sigma_lo,
+                                    N=64, P=16, FMA_BY_PARTS=triton_rotary.needs_fma_by_parts())
+        pairs = out.cpu().reshape(-1, 4).tolist()
+        for angle, (c_hi, c_lo, s_hi, s_lo) in zip(angles, pairs):
+            for hi, lo, value in ((c_hi, c_lo, mpmath.cos(angle)), (s_hi, s_lo, mpmath.sin(angle))):
+                error = abs(to_fraction(value) * Fraction(sigma) - Fraction(hi) - Fraction(lo))
+                assert error <= Fraction(sigma) / 2**45, f"off by 2^{math.log2(error / Fraction(sigma)):.2f} sigma"
+                assert abs(Fraction(lo)) <= abs(Fraction(hi)) / 2**24
+
+
+@triton.jit
+def _difference_probe(XA, XB, C, Z, R, ODD, N: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
+    i = tl.arange(0, N)
+    xa, xb = tl.load(XA + i), tl.load(XB + i)
+    c_hi, c_lo, s_hi, s_lo = tl.load(C + 4 * i), tl.load(C + 4 * i + 1), tl.load(C + 4 * i + 2), tl.load(C + 4 * i + 3)
+    z, r = float_float.difference_of_products(xa, xb, c_hi, c_lo, s_hi, s_lo, FMA_BY_PARTS)
+    tl.store(Z + i, z)
+    tl.store(R + i, r)
+    tl.store(ODD + i, float_float.round_to_odd(z, r))
+
+
+def float32_round_to_odd(value: Fraction) -> Fraction:
+    """``value`` rounded to odd in float32: itself if a float32 number, else the one of its two
+    float32 neighbours whose last significand bit is 1 (exact, in rational arithmetic)."""
+    if value == 0:
+        return value
+    magnitude = abs(value)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    exponent -= Fraction(2) ** exponent > magnitude
+    unit = Fraction(2) ** (max(exponent, -126) - 23)
+    whole = magnitude.numerator * unit.denominator // (magnitude.denominator * unit.numerator)
+    rounded = whole * unit if whole * unit == magnitude else (whole | 1) * unit
+    return rounded if value > 0 else -rounded
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_difference_of_products_is_within_its_roundings_and_rounds_to_odd(dtype):
+    """The per-element part of float-float math: z + r within 7.0000005 2^-48 (``|x_a c_hi|`` +
+    ``|x_b s_hi|``) plus 6 2^-150 of x_a (c_hi + c_lo) - x_b (s_hi + s_lo) (chapter 18), z the float32
+    rounding of z + r, and round_to_odd(z, r) its rounding to odd; on random pairs and inputs of
+    every magnitude, pairs whose two products cancel to a few bits (S exact, the Fast2Sum's second
+    case), and products that underflow."""
+    gen = torch.Generator().manual_seed(40 + torch.finfo(dtype).bits)
+    n = 512
+    x = heads(gen, (2, n), torch.float64, spread=30 if dtype == torch.bfloat16 else 8).to(dtype).to(torch.float32)
+    x[:, -16:] *= 2.0**-100 if dtype == torch.bfloat16 else 2.0**-14  # products near and below float32's range
+    cos_sin = torch.rand(2, n, generator=gen, dtype=torch.float64) * 2 - 1
+    cos_sin[:, :4] = torch.tensor([[1.0, 0.0, -1.0, 0.5], [0.0, 1.0, 0.0, -0.5]], dtype=torch.float64)
+    hi = cos_sin.float()
+    pairs = torch.stack([hi[0], (cos_sin[0] - hi[0].double()).float(), hi[1], (cos_sin[1] - hi[1].double()).float()],
+                        dim=-1)
+    cancel = slice(16, 128)  # x_b s_hi = x_a c_hi up to the last bits of s_hi
+    pairs[cancel, 2] = (x[0, cancel].double() * pairs[cancel, 0].double() / x[1, cancel].double()).float()
+    pairs[cancel, 3] = (pairs[cancel, 2].double() * 2.0**-24 * (2 * torch.rand(112, generator=gen,
+                                                                              dtype=torch.float64) - 1)).float()
+    z, r, odd = (torch.empty(n, device=DEVICE) for _ in range(3))
+    _difference_probe[(1,)](x[0].to(DEVICE), x[1].to(DEVICE), pairs.to(DEVICE), z, r, odd, N=n,
+                            FMA_BY_PARTS=triton_rotary.needs_fma_by_parts())
+    rows = zip(x[0].tolist(), x[1].tolist(), pairs.tolist(), z.cpu().tolist(), r.cpu().tolist(), odd.cpu().tolist())
+    for xa, xb, (c_hi, c_lo, s_hi, s_lo), zi, ri, oi in rows:
+        exact = Fraction(xa) * (Fraction(c_hi) + Fraction(c_lo)) - Fraction(xb) * (Fraction(s_hi) + Fraction(s_lo))
+        weight = abs(Fraction(xa) * Fraction(c_hi)) + abs(Fraction(xb) * Fraction(s_hi))
+        value = Fraction(zi) + Fraction(ri)
+        assert abs(value - exact) <= Fraction(70000005, 10**7) / 2**48 * weight + Fraction(6, 2**150)
+        assert round_exact(value, torch.float32) == zi
+        assert Fraction(oi) == float32_round_to_odd(value)
 
 
 # ----- gradients ------------------------------------------------------------------------------------------------------

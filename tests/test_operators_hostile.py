@@ -516,8 +516,8 @@ def test_opcheck_and_one_graph_on_packed_qkv_in_place():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_float64_math_takes_any_finite_frequency(dtype):
-    """float64 math (float16, bfloat16 and float64 q and k) reduces any float32 theta_i exactly
-    (126-bit turns): the bound on frequencies of float32 math does not apply."""
+    """float-float math (float16 and bfloat16 q and k) and float64 math (float64) reduce any float32
+    theta_i exactly (126-bit turns): the bound on frequencies of float32 math does not apply."""
     call = good_call(seed=6, dtype=dtype)
     call["inv_freq"] = torch.tensor([2.0**16, -1e30, 3e38], device=DEVICE)
     q_out, k_out = OPERATORS["rotary"](**call)

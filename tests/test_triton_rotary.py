@@ -34,12 +34,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 def assert_close_to(out, ref, x, attention_factor=1.0):
     """Within the kernel's promise (rope/kernels/triton_rotary.py): the rounding of a value within
     Delta of the exact one, so within half an ulp of the output dtype plus 2 Delta, Delta =
-    6 2^-24 |pair| (float32 math: float32) or 2^-51 |pair| (float64 math: the other dtypes),
-    |pair| <= s sqrt(2) max |x| over the head; plus the float64 reference's own error, below
-    2^-50 |pair|."""
+    6 2^-24 |pair| (float32 math: float32), 2^-43 |pair| (float-float math: float16, bfloat16) or
+    2^-51 |pair| (float64 math: float64), |pair| <= s sqrt(2) max |x| over the head; plus the
+    float64 reference's own error, below 2^-50 |pair|."""
     pair = attention_factor * 2**0.5 * x.to("cpu", torch.float64).abs().amax(-1, keepdim=True)
-    if x.dtype != torch.float32:  # float64 math
+    if x.dtype == torch.float64:  # float64 math
         delta = 2.0**-51 * pair + 2.0**-1070 * attention_factor
+    elif x.dtype != torch.float32:  # float-float math
+        delta = 2.0**-43 * pair + 2.0**-145 * max(1.0, attention_factor)
     else:
         delta = 6 * 2.0**-24 * pair + 2.0**-148 * max(1.0, attention_factor)
     reference_error = 2.0**-50 * pair
@@ -240,7 +242,7 @@ def _rotate_float32_at(dtype_name: str, position: int):
 def test_float32_math_takes_positions_below_two_to_the_31(dtype):
     """float32 q and k (float32 math) hold the accuracy bound for |m| < 2^31 only: the largest
     positions on either side are rotated within it, the next ones refused by name (a ValueError,
-    on CUDA a device assertion); float64 math takes any int64 position."""
+    on CUDA a device assertion); float-float and float64 math take any int64 position."""
     q, k, _, theta = _small(torch.float32, seed=6)
     edge = torch.tensor(_EDGE, dtype=dtype, device=DEVICE)
     q_out, k_out = _rotate_float32_at(str(dtype).removeprefix("torch."), _EDGE[3])

@@ -1,6 +1,7 @@
 """The fused Triton kernels (Triton is optional: ``import rope`` does not load this package).
 
-* :mod:`.triton_rotary` — the rotary kernel and its launcher;
+* :mod:`.triton_rotary` — the rotary kernel and its launcher; :mod:`.exact_turns` and
+  :mod:`.float_float` — the device arithmetic of its float64 and float-float maths;
 * :mod:`.triton_attention` — RoPE, ReRoPE and Leaky ReRoPE inside attention: q and k rotated on
   load in a FlashAttention-2 style forward kernel, and its launcher;
   :mod:`.triton_attention_backward` its backward kernels; :mod:`.triton_attention_decode` the

@@ -159,7 +159,8 @@ def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
                   axes: torch.Tensor | None) -> None:
     """Finite frequencies, axes in {0, 1, 2}, and where the kernel takes float32 math (float32 q
     and k) frequencies below :data:`rope.limits.MAX_FREQUENCY` and positions below
-    :data:`rope.limits.MAX_POSITION` in magnitude (float64 math takes every int64 position):
+    :data:`rope.limits.MAX_POSITION` in magnitude (float-float and float64 math take every int64
+    position):
     eager off CUDA, device assertions on it; each once per tensor and version (:func:`_checked_once`)."""
     float32_math = triton_rotary.default_math(q.dtype) == "float32"
     _checked_once("finite", inv_freq, lambda: _checks.finite_frequencies("inv_freq", inv_freq))
@@ -170,7 +171,7 @@ def _check_values(q: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
     if float32_math and positions.numel():
         _checked_once("within 2^31", positions, lambda: triton_rotary.check_positions_in_range(
             "positions", positions, f"values in (-2^31, 2^31) for {q.dtype} q and k (the kernel's float32 math; "
-            "float64 math and the torch path take any int64 position)"))
+            "float-float and float64 math and the torch path take any int64 position)"))
     if axes is not None:
         _checked_once("axes", axes, lambda: _checks.assert_values(
             "axes", ((axes >= 0) & (axes < POSITION_AXES)).all(),

@@ -5,7 +5,7 @@
 Triton's NVIDIA backend and the ptxas it bundles build a cubin for any target on any machine,
 so a machine without a GPU can check what only a GPU would otherwise show: that the kernels use
 no feature their targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80
-the A100; sm_90 the H100): the rotary kernel in 37 variants, the RoPE-inside-attention kernels
+the A100; sm_90 the H100): the rotary kernel in 40 variants, the RoPE-inside-attention kernels
 (:mod:`.triton_attention` and its backward) in those of :data:`ATTENTION_VARIANTS`. Run it as a
 separate process with ``TRITON_INTERPRET`` unset: Triton's interpreter, which the CPU test suite
 switches on, replaces the compiler. Prints one line per variant and exits non-zero if any fails.
@@ -13,12 +13,13 @@ Not imported by ``import rope`` (it imports Triton).
 
     python -m rope.kernels.targets --code 90
 
-prints instead, for each launch size the autotuner may pick, the machine code Triton's bundled
-``cuobjdump`` disassembles from the cubin: SASS instructions (there are no loops, so a thread
-executes each at most once), registers, bytes spilled to local memory, shared memory, and how
-many of its 128-bit loads of q/k the program issues before its first use of a loaded frequency
-(the float32 to float64 conversion that starts the angle): those loads wait in memory while the
-angle is computed.
+prints instead, for each math and each launch size the autotuner may pick in it (bfloat16), the
+machine code Triton's bundled ``cuobjdump`` disassembles from the cubin: SASS instructions (there
+are no loops, so a thread executes each at most once) and those of them on float64 (arithmetic
+and conversions), each also per element of q and k the thread rotates, registers, bytes spilled
+to local memory, shared memory, and how many of its 128-bit loads of q/k the program issues
+before the angle's floating-point part starts (:data:`_ANGLE_STARTS`): those loads wait in memory
+while the angle is computed.
 
     python -m rope.kernels.targets --roofline [--out rope/data/roofline.md]
 
@@ -65,14 +66,23 @@ from .triton_rotary import (
 STRIDES = ["sq_b", "sq_s", "sq_h", "sk_b", "sk_s", "sk_h", "sqo_b", "sqo_s", "sqo_h", "sko_b", "sko_s", "sko_h"]
 
 
+def default_arithmetic(dtype: str) -> str:
+    """The math ``launch`` takes by default for q/k of Triton type ``dtype``
+    (:func:`rope.kernels.triton_rotary.default_math`): "float32" for "fp32", "float64" for "fp64",
+    "float-float" for "fp16" and "bf16"."""
+    return {"fp32": "float32", "fp64": "float64"}.get(dtype, "float-float")
+
+
 def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int,
-                    mrope: bool = False, scale_after: bool = False, float64_math: bool = False):
+                    mrope: bool = False, scale_after: bool | None = None, arithmetic: str | None = None):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not,
-    an attention factor above 1 (``scale_after``) or not, float64 math (always for "fp64", on
-    request for the others: ``launch`` takes it by default for "fp16" and "bf16") or float32 math;
-    compiled as ``launch`` compiles it, with no contraction of multiplies and adds into fused
-    multiply-adds.
+    with the attention factor's power of two applied after the rotation (``scale_after``; None:
+    as ``launch`` does for attention factor 1, which bfloat16 in float-float math applies
+    after), in ``arithmetic`` (one of
+    :data:`rope.kernels.triton_rotary.MATHS`; None: ``launch``'s default for the dtype,
+    :func:`default_arithmetic`; "fp64" always takes "float64"); compiled as ``launch`` compiles it,
+    with no contraction of multiplies and adds into fused multiply-adds.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
@@ -81,27 +91,31 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
         interleaved: the interleaved layout, else the half layout.
         tail: the unrotated coordinates of the 128.
         mrope: the M-RoPE variant (a position row per pair).
-        scale_after: an attention factor above 1, applied after the rotation.
-        float64_math: float64 math (always for "fp64").
+        scale_after: the attention factor's power of two applied after the rotation (a factor above
+            1, or for bfloat16 in float-float math above 1/2), or None for factor 1.
+        arithmetic: "float32", "float-float" or "float64" math, or None for the dtype's default.
 
     Returns:
         The compiled kernel (Triton's ``CompiledKernel``).
     """
     block_s, block_h, group, warps = sizes
-    float64_math = float64_math or dtype == "fp64"
+    arithmetic = "float64" if dtype == "fp64" else arithmetic or default_arithmetic(dtype)
+    if scale_after is None:
+        scale_after = dtype == "bf16" and arithmetic == "float-float"
     types = {name: "*" + dtype for name in ("Q", "K", "QO", "KO")}
     types.update(POS="*i64", FREQ="*fp32", AXES="*i64" if mrope else "*fp32",
-                 WINDOWS="*i64" if float64_math else "*fp32", seq_len="i32", heads_q="i32", heads_k="i32",
-                 tokens_bucket="i32", scale="fp32", power="fp32", scale64="fp64", power64="fp64")
+                 WINDOWS="*fp32" if arithmetic == "float32" else "*i64", TABLE="*fp32", seq_len="i32",
+                 heads_q="i32", heads_k="i32", tokens_bucket="i32", scale="fp32", scale_lo="fp32", power="fp32",
+                 scale64="fp64", power64="fp64")
     types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
-    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, float64_math=float64_math,
+    constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, arithmetic=arithmetic,
                                  copy_tail=True, mrope=mrope, scale_after=scale_after)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     types.update({name: "constexpr" for name in constants})
     names = rotary_kernel.arg_names  # the signature in the kernel's order
     signature = {name: types[name] for name in names}
     # What Triton's launcher assumes of typical arguments: 16-aligned pointers and strides.
-    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "WINDOWS"] + STRIDES
+    aligned = ["Q", "K", "QO", "KO", "POS", "FREQ", "AXES", "WINDOWS", "TABLE"] + STRIDES
     source = ASTSource(
         fn=rotary_kernel, signature=signature,
         constexprs={(names.index(k),): v for k, v in constants.items()},
@@ -197,23 +211,40 @@ ATTENTION_VARIANTS = [
 """The attention kernels' variants :func:`main` compiles for each target (several seconds each)."""
 
 
-def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16", float64_math: bool = True) -> dict:
-    """SASS instructions, registers, shared bytes and load order of one variant (head_dim 128,
-    half layout, no tail). The angle starts at the conversion of theta to float64 (float32 math) or
-    at the first float64 fused multiply-add, the cos/sin polynomial after the integer turns (float64 math).
+_ANGLE_STARTS = {"float32": lambda opcode: opcode == "F2F.F64.F32", "float64": lambda opcode: opcode.startswith("DFMA"),
+                 "float-float": lambda opcode: opcode.startswith("I2F")}
+"""The first instruction of the angle's floating-point part in each math: the conversion of theta to
+float64 (float32 math), the first float64 fused multiply-add, the cos/sin polynomial after the
+integer turns (float64 math), the conversion of the rest of the turns to float32 (float-float math)."""
+
+
+def _is_float64(opcode: str) -> bool:
+    """Whether a SASS instruction runs float64 arithmetic or converts to or from float64 (the
+    DADD/DMUL/DFMA/DSETP/DMNMX family and F2F/F2I/I2F with an F64 operand)."""
+    return opcode.split(".")[0] in ("DADD", "DMUL", "DFMA", "DSETP", "DMNMX", "DSET") or (
+        opcode.split(".")[0] in ("F2F", "F2I", "I2F", "FRND") and "F64" in opcode.split("."))
+
+
+def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16",
+                 arithmetic: str | None = None) -> dict:
+    """SASS instruction count, float64 instructions, registers, shared bytes and load order of one
+    variant (head_dim 128, half layout, no tail), and the elements (q/k coordinates) each thread
+    rotates. The angle starts as :data:`_ANGLE_STARTS` says.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
         sizes: the launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps).
         dtype: the Triton type of q and k.
-        float64_math: float64 math, else float32 math.
+        arithmetic: "float32", "float-float" or "float64" math, or None for the dtype's default.
 
     Returns:
-        ``opcodes`` (:func:`executed_opcodes`), ``instructions`` (their number), ``registers``,
-        ``spills``, ``shared``, ``vector_loads`` and ``loads_before_angle``.
+        ``opcodes`` (:func:`executed_opcodes`), ``instructions`` (their number), ``float64``,
+        ``elements``, ``registers``, ``spills``, ``shared``, ``vector_loads`` and
+        ``loads_before_angle``.
     """
+    arithmetic = arithmetic or default_arithmetic(dtype)
     kernel, usage = ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
-                                                        float64_math=float64_math))
+                                                        arithmetic=arithmetic))
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(kernel.asm["cubin"])
@@ -222,13 +253,14 @@ def machine_code(arch: int, sizes: tuple[int, int, int, int], dtype: str = "bf16
         resources = subprocess.run([cuobjdump, "-res-usage", cubin.name], capture_output=True, text=True,
                                    check=True).stdout
     opcodes = executed_opcodes(sass)
-    angle_starts = next((i for i, opcode in enumerate(opcodes)
-                         if (opcode.startswith("DFMA") if float64_math else opcode == "F2F.F64.F32")), len(opcodes))
+    angle_starts = next((i for i, opcode in enumerate(opcodes) if _ANGLE_STARTS[arithmetic](opcode)), len(opcodes))
     # a 128-bit global load: LDG.E.128 on sm_80+, with a suffix on others (sm_75: LDG.E.128.SYS)
     vector_loads = [i for i, opcode in enumerate(opcodes) if opcode.split(".")[:3] == ["LDG", "E", "128"]]
-    return dict(opcodes=opcodes, instructions=len(opcodes),
-                registers=int(re.search(r"REG:(\d+)", resources).group(1)), spills=usage["spills"],
-                shared=kernel.metadata.shared, vector_loads=len(vector_loads),
+    block_s, block_h, group, warps = sizes
+    return dict(opcodes=opcodes, instructions=len(opcodes), float64=sum(map(_is_float64, opcodes)),
+                elements=block_s * block_h * group * 128 // (32 * warps),
+                registers=int(re.search(r"REG:(\d+)", resources).group(1)),
+                spills=usage["spills"], shared=kernel.metadata.shared, vector_loads=len(vector_loads),
                 loads_before_angle=sum(i < angle_starts for i in vector_loads))
 
 
@@ -241,21 +273,25 @@ def executed_opcodes(sass: str) -> list[str]:
 
 
 def print_machine_code(arch: int) -> None:
-    """The table of :func:`machine_code` for bfloat16 in float64 math (``launch``'s default for
-    it) and in float32 math, for every launch size the autotuner may pick in each.
+    """The table of :func:`machine_code` for bfloat16 in float-float math (``launch``'s default for
+    it), float64 math and float32 math, for every launch size the autotuner may pick in each: SASS
+    instructions and float64 instructions per thread and per element (a thread's share of q/k
+    coordinates; there are no loops, so a thread executes each instruction at most once).
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
     """
-    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions | registers | spilled bytes | shared bytes "
-          "| q/k loads before the angle |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for float64_math in (True, False):
-        for sizes in candidates(float64_math):
-            code = machine_code(arch, sizes, float64_math=float64_math)
-            print(f"| {', '.join(map(str, sizes))} | {'float64' if float64_math else 'float32'} "
-                  f"| {code['instructions']} | {code['registers']} | {code['spills']} | {code['shared']} "
-                  f"| {code['loads_before_angle']} of {code['vector_loads']} |")
+    print("| BLOCK_S, BLOCK_H, GROUP, warps | math | SASS instructions (per element) | float64 (per element) "
+          "| registers | spilled bytes | shared bytes | q/k loads before the angle |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for arithmetic in ("float-float", "float64", "float32"):
+        for sizes in candidates_of(arithmetic) + few_token_launches():
+            code = machine_code(arch, sizes, arithmetic=arithmetic)
+            per = code["elements"]
+            print(f"| {', '.join(map(str, sizes))} | {arithmetic} "
+                  f"| {code['instructions']} ({code['instructions'] / per:.1f}) "
+                  f"| {code['float64']} ({code['float64'] / per:.2f}) | {code['registers']} | {code['spills']} "
+                  f"| {code['shared']} | {code['loads_before_angle']} of {code['vector_loads']} |")
 
 
 def ptxas_usage(build) -> tuple:
@@ -285,31 +321,22 @@ def ptxas_usage(build) -> tuple:
     return kernel, dict(registers=int(re.search(r"Used (\d+) registers", text).group(1)), spills=stores + loads)
 
 
-def candidates(float64_math: bool) -> list[tuple[int, int, int, int]]:
-    """The launch sizes the autotuner may pick for float64 or float32 math.
-
-    Args:
-        float64_math: float64 math, else float32 math.
-    """
-    return FLOAT64_TUNING_CANDIDATES if float64_math else TUNING_CANDIDATES
-
-
 def spill_report(arch: int) -> list[tuple[str, dict]]:
     """(label, usage) of every launch size a GPU may run, for ``arch`` (usage as :func:`ptxas_usage`
     gives it): the rotary kernel's candidates and its few-token sizes (``few_token_launches``;
-    bfloat16, head_dim 128, the half layout) in float64 math (the default for 16-bit dtypes, also
-    float64's) and float32 math, float64 in float64 math, and the attention kernels of
-    :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
+    bfloat16, head_dim 128, the half layout) in float-float math (the default for 16-bit dtypes),
+    float64 math (on request) and float32 math (on request), float64 in float64 math, and the
+    attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
     """
     rows = []
-    for dtype, float64_math in (("bf16", True), ("fp64", True), ("bf16", False)):
-        for sizes in candidates(float64_math) + few_token_launches():
-            label = f"rotary {dtype} {'float64' if float64_math else 'float32'} math sizes={sizes}"
+    for dtype, arithmetic in (("bf16", "float-float"), ("bf16", "float64"), ("fp64", "float64"), ("bf16", "float32")):
+        for sizes in candidates_of(arithmetic) + few_token_launches():
+            label = f"rotary {dtype} {arithmetic} math sizes={sizes}"
             rows.append((label, ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
-                                                                    float64_math=float64_math))[1]))
+                                                                    arithmetic=arithmetic))[1]))
     for variant in ATTENTION_VARIANTS:
         label = "attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} logn={}".format(
             *variant)
@@ -360,7 +387,7 @@ def roofline_rows(gpus=roofline.GPUS, dtypes=ROOFLINE_DTYPES, maths=tuple(MATHS)
 
     def code(arch, dtype, math, sizes):
         if (arch, dtype, math, sizes) not in compiled:
-            compiled[arch, dtype, math, sizes] = machine_code(arch, sizes, dtype, float64_math=math == "float64")
+            compiled[arch, dtype, math, sizes] = machine_code(arch, sizes, dtype, arithmetic=math)
         return compiled[arch, dtype, math, sizes]
 
     rows = []
@@ -412,24 +439,30 @@ def roofline_report(gpus=roofline.GPUS) -> str:
 def main(arches: list[int]) -> int:
     warnings.filterwarnings("ignore", category=UserWarning)
     failures = 0
-    # (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math): each dtype in the math
-    # `launch` gives it by default (float64 for all but float32), float32 math with a tail also
-    # with an attention factor above 1; then float32 math for bfloat16, float64 math for float32.
-    # The first and last candidate of the math's list each time.
-    variants = [(dtype, sizes, interleaved, tail, False, tail > 0 and dtype == "fp32", dtype != "fp32")
+    # (dtype, sizes, interleaved, tail, mrope, scale_after, arithmetic): each dtype in the math
+    # `launch` gives it by default (float-float for 16-bit dtypes, float32 and float64 for theirs)
+    # at attention factor 1 (bfloat16 in float-float math applies its power of two after), float32
+    # math with a tail also with an attention factor above 1; then M-RoPE; float32 and float64 math
+    # for bfloat16, float64 math for float32, float-float math for float16 with a factor above 1
+    # and for bfloat16 with one below 1/2. The first and last candidate of the math's list each time.
+    variants = [(dtype, sizes, interleaved, tail, False, True if tail > 0 and dtype == "fp32" else None,
+                 default_arithmetic(dtype))
                 for dtype, end, interleaved, tail in itertools.product(
                     ("bf16", "fp16", "fp32", "fp64"), (0, -1), (False, True), (0, 64))
-                for sizes in [candidates(dtype != "fp32")[end]]]
-    variants += [(dtype, candidates(dtype != "fp32")[-1], False, 0, True, False, dtype != "fp32")
+                for sizes in [candidates_of(default_arithmetic(dtype))[end]]]
+    variants += [(dtype, candidates_of(default_arithmetic(dtype))[-1], False, 0, True, None, default_arithmetic(dtype))
                  for dtype in ("bf16", "fp16", "fp32")]
-    variants += [("bf16", TUNING_CANDIDATES[-1], False, 0, False, True, False),
-                 ("fp32", FLOAT64_TUNING_CANDIDATES[-1], False, 0, True, False, True)]
-    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, float64_math) in itertools.product(arches,
-                                                                                                        variants):
+    variants += [("bf16", TUNING_CANDIDATES[-1], False, 0, False, True, "float32"),
+                 ("bf16", FLOAT64_TUNING_CANDIDATES[-1], False, 64, False, False, "float64"),
+                 ("fp32", FLOAT64_TUNING_CANDIDATES[-1], False, 0, True, False, "float64"),
+                 ("fp16", candidates_of("float-float")[-1], True, 0, False, True, "float-float"),
+                 ("bf16", candidates_of("float-float")[0], False, 64, False, False, "float-float")]
+    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, arithmetic) in itertools.product(arches,
+                                                                                                      variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
-                 + " scale_after=True" * scale_after + " float64_math=True" * float64_math)
+                 + f" scale_after={scale_after}" * (scale_after is not None) + f" {arithmetic} math")
         failures += _report(label, lambda: compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after,
-                                                           float64_math))
+                                                           arithmetic))
     for arch, variant in itertools.product(arches, ATTENTION_VARIANTS):
         label = ("sm_{} attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} "
                  "logn={}").format(arch, *variant)

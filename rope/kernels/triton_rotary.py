@@ -7,19 +7,30 @@ For pair i = (x_a, x_b) of a head of the token at integer position m (RoFormer e
 with s the attention factor and the sign of the sines flipped for the conjugate (transpose)
 rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied.
 
-Two compile-time variants of the arithmetic, both without a cos/sin table:
+Three compile-time variants of the arithmetic (the ``MATH`` constexpr, :data:`MATHS`), none with a
+table of cos/sin per position (float-float math reads one 4 KB table of 257 angles):
 
 * **float32 math** (float32 inputs, or ``launch(..., float64_math=False)``). The angle is reduced
   exactly (see :mod:`rope.angles`): the kernel turns float32 theta_i into the 64-bit fixed-point
   turns T_i, multiplies by the int64 position (wrapping modulo 2^64), and evaluates cos/sin of the
   angle, already in [-pi, pi), from its quarter turn and Taylor polynomials
   (:func:`cos_sin_of_int32_turns`).
-* **float64 math** (float16, bfloat16 and float64 inputs, or ``float64_math=True`` for float32):
-  the kernel computes T_i to 126 bits and float64 cos/sin of the exactly reduced angle, each within
-  2^-52 (:mod:`rope.kernels.exact_turns`, the torch path's arithmetic); the attention factor and
-  the products are applied without rounding error (Dekker's products by fused multiply-adds, a
+* **float-float math** (float16 and bfloat16 inputs, by default): no float64 arithmetic at all
+  (:mod:`rope.kernels.float_float`). T_i to 126 bits and (m T_i) mod 1 in integer arithmetic, for
+  every int64 m; sigma cos and sigma sin of the exactly reduced angle as pairs of float32 numbers,
+  once per (token, pair) and shared by the program's heads (a 257-row table of 2 pi j 2^-11 and
+  three Taylor terms of the rest, joined by the angle-addition formulas); per element Dekker's
+  products by fused multiply-adds, a TwoSum and a Fast2Sum give the float-float value z + r of
+  the rotation, z rounded to odd by r, and the float32 -> float16/bfloat16 conversion rounds that
+  once: correctly rounded except within a stated distance of a rounding tie.
+* **float64 math** (float64 inputs, or ``float64_math=True`` for the others): the kernel computes
+  T_i to 126 bits and float64 cos/sin of the exactly reduced angle, each within 2^-52
+  (:mod:`rope.kernels.exact_turns`, the torch path's arithmetic); the attention factor and the
+  products are applied without rounding error (Dekker's products by fused multiply-adds, a
   TwoSum), so the only errors are those of cos/sin and one rounding: float16 and bfloat16 outputs
-  are correctly rounded, as on the torch path.
+  are correctly rounded, as on the torch path, at the price of about 25 float64 operations per
+  element, which GPUs with slow float64 (a T4: 1/32 of float32's rate) cannot afford; no launch
+  takes it for them unless asked.
 
 Every multiply-add is an explicit ``tl.fma`` and the kernel is compiled with
 ``enable_fp_fusion=False``, so the compiler contracts nothing else: Triton's CPU interpreter,
@@ -32,18 +43,22 @@ interpreter whose fma rounds twice (Triton 3.6's) gets a correctly rounded one c
 
 Accuracy. Let y be the exact value of an output (exact angle m theta_i for the float32 value
 theta_i, exact cos/sin, exact products), |pair| = s sqrt(x_a^2 + x_b^2), and u = 2^-24. For
-|m| < 2^31 and attention factors s in :data:`rope.limits.KERNEL_SCALE_RANGE`, every output is
-RN(v), the output dtype's rounding to nearest even of a number v with |v - y| <= Delta:
+attention factors s in :data:`rope.limits.KERNEL_SCALE_RANGE` (float32 math: and |m| < 2^31;
+the others take every int64 m), every output is RN(v), the output dtype's rounding to nearest
+even of a number v with |v - y| <= Delta:
 
-    float32 math:  Delta = c u |pair| + 2^-148 max(1, s),  c = 5 (float32), 6 (float16, bfloat16);
-    float64 math:  Delta = 2^-51 |pair| + 2^-1070 s.
+    float32 math:      Delta = c u |pair| + 2^-148 max(1, s),  c = 5 (float32), 6 (float16, bfloat16);
+    float-float math:  Delta = 2^-43 |pair| + 2^-145 max(1, s)   (float16, bfloat16);
+    float64 math:      Delta = 2^-51 |pair| + 2^-1070 s.
 
 Hence |out - y| <= ulp(y)/2 + 2 Delta (float64 math: half an ulp plus 2^-50 |pair|, the torch
 path's promise, away from float64's subnormal range), an output is +-inf only where |y| is beyond
-the dtype's range or within Delta of its edge, and a finite input never gives NaN. float32 math
-is not correctly rounded: a float16/bfloat16 output (``float64_math=False``) may be the other
-neighbour of y when y lies within Delta of a tie between two of them, which is why those dtypes
-take float64 math by default (correctly rounded up to 2^-51 |pair|). Why:
+the dtype's range or within Delta of its edge, and a finite input never gives NaN. An output is
+the correct rounding of y unless y lies within Delta of a tie between two numbers of the output
+dtype, where it may be the other one: for float32 math's float16/bfloat16 outputs
+(``float64_math=False``) that is 6 u |pair|, for their default float-float math 2^-43 |pair|
+(2^-35 of a bfloat16 ulp of a pair's largest output: about one output in 10^10 of random data),
+for float64 math 2^-51 |pair|. Why:
 
 * cos/sin. T_i is within 8 units of 2^-64 turns (theta_i < 2^16) and the top 32 bits of
   (m T_i) mod 2^64 are kept, so the angle is off by less than 2 pi (2^-30 + 2^-32) = 0.123 u;
@@ -57,6 +72,24 @@ take float64 math by default (correctly rounded up to 2^-51 |pair|). Why:
   rounds is within (3u + sqrt 2 E) |pair| = 4.91 u |pair| of y, plus 2^-150 2^k where RN(x_b s')
   or, before the scaling by 2^k, the result underflows. A float16/bfloat16 output is rounded from
   the float32 result: one more u |pair| (and 2^-150 2^k).
+* float-float math (chapter 18 proves each step, with interval bounds in exact rational
+  arithmetic, ending in 2^-43.88 |pair|). The turns are exact but for their 126-bit T_i and the
+  two lowest columns of m T_i (below 2^-60 turns); the rest angle a = a_hi + a_lo is within 2^-54;
+  cos a - 1 and sin a by three Taylor terms within 2^-52.8 (|a| <= pi 2^-11); the table's pairs
+  within 2^-49; the angle-addition formulas, whose products of high parts are exact and whose sums
+  with the table's value are Fast2Sums, add roundings of their low parts: the pairs are within
+  2^-46.5 of cos and sin; the attention factor's sigma = s 2^-k (a float32 pair within 2^-49
+  sigma of it) times them, within 2^-45.1 sigma = eps. Per element, with W = |x_a c_hi| +
+  |x_b s_hi| <= (1 + 2u)(1 + sqrt 2 eps) |pair|: x_a c_hi and x_b s_hi as exact sums P + E
+  (Dekker), their difference as S + e (TwoSum), the small terms E1 + x_a c_lo, E2 + x_b s_lo,
+  their difference and e rounded in four roundings of at most 2u W, 2u W, 3u W: 7.0000005 u^2 W;
+  then (z, r) = Fast2Sum(S, L) is exact (S dominates L, or, where P1 - P2 cancels, S is exact and a
+  multiple of L's unit in the last place). The error of the pairs adds sqrt 2 eps |pair|. z rounded
+  to odd by r, then to float16 or bfloat16 (at most 11 of float32's 24 bits), is RN(z + r) (Boldo
+  and Melquiond). Headroom: sigma <= 1 for float16 and <= 1/2 for bfloat16 (``SCALE_AFTER``
+  applies 2^k, exactly, where s exceeds that), so no float32 sum overflows. Underflow: six
+  roundings of at most 2^-150 where products are below float32's normal range, and the rounding
+  to odd on float32's subnormal grid, times 2^k <= max(1, 4 s): 2^-145 max(1, s).
 * float64 math. cos and sin are within 2^-52, so (|x_a| + |x_b|) s 2^-52 <= 2^-51.5 |pair|; the
   attention factor enters as s = sigma 2^k with sigma in [1/4, 1/2) (exact) and the products are
   exact (Dekker's product by an fma, TwoSum), which keeps every intermediate finite; the scaling
@@ -73,10 +106,11 @@ holds BLOCK_S tokens. q and k may be strided views (e.g. slices of a packed qkv 
 only the last dimension must be contiguous.
 
 No GPU ran this version: the interpreter tests check the arithmetic, ``rope.kernels.targets``
-that it compiles for sm_75/80/90; speed is untimed. float64 math costs about four times the
-instructions of float32 math and more registers (``python -m rope.kernels.targets --code 90``):
-on GPUs with slow float64 arithmetic, float16/bfloat16 with ``float64_math=False`` trade correct
-rounding for speed.
+that it compiles for sm_75/80/90; speed is untimed. Per element of bfloat16 a thread issues, on
+sm_90 (``python -m rope.kernels.targets --code 90``), about 13 instructions in float32 math (0.8
+of them float64: its 64-bit turns), 41 in float-float math (37 where a program takes 5 blocks of
+8 heads, sharing one angle computation among 40 heads) with none on float64, and 73 in float64
+math, 33 of them float64 arithmetic or conversions.
 """
 
 from __future__ import annotations
@@ -97,6 +131,7 @@ from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
 from ..limits import KERNEL_SCALE_RANGE, MAX_POSITION
 from .emulation import fma, interpreter_rounds_fma_twice
 from .exact_turns import by_quadrant, exact_cos_sin
+from .float_float import cos_sin_table, rotated_pair, scaled_cos_sin
 
 
 def _float32(value) -> float:
@@ -287,17 +322,27 @@ def pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.con
 @triton.jit
 def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64,
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
+                      INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, MATH: tl.constexpr,
                       SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail.
 
     float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
-    SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
+    SCALE_AFTER. float-float math: :func:`.float_float.rotated_pair` (rounded to odd), times 2^k
+    with SCALE_AFTER. float64 math: :func:`_difference_of_products` with the coefficients
     c_hi + c_lo, s_hi + s_lo, times 2^k."""
     a, b, j_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
     a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
     mask = row_mask & j_mask
-    if FLOAT64_MATH:
+    if MATH == "float-float":
+        ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
+        xa32 = widened(xa, tl.float32, BF16_BY_BITS)
+        xb32 = widened(xb, tl.float32, BF16_BY_BITS)
+        ya = rotated_pair(xa32, xb32, ca, cb, sa, sb, FMA_BY_PARTS)
+        yb = rotated_pair(xb32, -xa32, ca, cb, sa, sb, FMA_BY_PARTS)
+        if SCALE_AFTER:
+            ya = ya * power  # 2^k: exact, or beyond the range (then so is y)
+            yb = yb * power
+    elif MATH == "float64":
         ca, cb, sa, sb = c_hi[:, None, :], c_lo[:, None, :], s_hi[:, None, :], s_lo[:, None, :]
         xa64 = widened(xa, tl.float64, BF16_BY_BITS)
         xb64 = widened(xb, tl.float64, BF16_BY_BITS)
@@ -347,14 +392,19 @@ def _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF: tl.constexpr
 
 
 @triton.jit
-def _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a, scale, scale64,
-                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, FLOAT64_MATH: tl.constexpr,
+def _coefficients(POS, FREQ, AXES, WINDOWS, TABLE, batch, s, s_mask, sp_b, sp_s, sp_a, scale, scale_lo, scale64,
+                  HALF: tl.constexpr, HALF_PAD: tl.constexpr, CONJUGATE: tl.constexpr, MATH: tl.constexpr,
                   MROPE: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
     """(c_hi, c_lo, s_hi, s_lo), [BLOCK_S, HALF_PAD]: the attention factor's sigma times cos and
     (negated for the conjugate) sin. float32 math: RN(sigma cos) and RN(sigma sin), the low parts
-    unused; float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
+    unused; float-float math: float32 pairs within 2^-46 sigma (:func:`.float_float.scaled_cos_sin`,
+    sigma = scale + scale_lo); float64 math: sigma cos = c_hi + c_lo exactly, and the same for sin."""
     pos = _positions(POS, AXES, batch, s, s_mask, sp_b, sp_s, sp_a, HALF, HALF_PAD, MROPE)
-    if FLOAT64_MATH:
+    if MATH == "float-float":
+        j = tl.arange(0, HALF_PAD)
+        theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32)
+        c_hi, c_lo, s_hi, s_lo = scaled_cos_sin(pos, theta[None, :], WINDOWS, TABLE, scale, scale_lo, FMA_BY_PARTS)
+    elif MATH == "float64":
         j = tl.arange(0, HALF_PAD)
         theta = tl.load(FREQ + j, mask=j < HALF, other=0.0).to(tl.float32)
         cos, sin = exact_cos_sin(pos, theta[None, :], WINDOWS, FMA_BY_PARTS)
@@ -380,7 +430,7 @@ def rotary_kernel(
     Q, K,
     QO, KO,
     POS, FREQ, AXES,
-    WINDOWS,
+    WINDOWS, TABLE,
     # Strides (batch, token, head) of q, k, q_out and k_out, in elements; their last dimension is contiguous
     sq_b, sq_s, sq_h,
     sk_b, sk_s, sk_h,
@@ -391,12 +441,13 @@ def rotary_kernel(
     # Sizes
     seq_len, heads_q, heads_k,
     tokens_bucket,  # batch * seq_len rounded up to a power of two: only keys the autotuning cache
-    # The attention factor: float32 math (scale, power = 2^k), float64 math (scale64, power64)
-    scale, power,
+    # The attention factor: float32 math (scale, power = 2^k), float-float math (scale + scale_lo,
+    # power = 2^k), float64 math (scale64, power64)
+    scale, scale_lo, power,
     scale64: tl.float64, power64: tl.float64,
     # Compile time: widths, layout, variants of the arithmetic (kernel_constants)
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, FLOAT64_MATH: tl.constexpr,
+    INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, MATH: tl.constexpr,
     SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
     # Launch sizes (autotuned on a GPU)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
@@ -404,8 +455,10 @@ def rotary_kernel(
     """Program (i, g, b): tokens [i BLOCK_S, (i + 1) BLOCK_S) of batch row b, head blocks
     [g GROUP, (g + 1) GROUP) of the list (q's head blocks, then k's). The first block's loads are
     issued before the angle arithmetic, so that memory latency and the math overlap. Both reads
-    POS, FREQ (and AXES with MROPE); float32 math takes the float32 ``scale`` and ``power``, float64
-    math (FLOAT64_MATH) the WINDOWS of 1/(2 pi) and the float64 ``scale64`` and ``power64``.
+    POS, FREQ (and AXES with MROPE); float32 math (MATH "float32") takes the float32 ``scale`` and
+    ``power``, float-float math ("float-float") the WINDOWS of 1/(2 pi), the cos/sin TABLE and the
+    float32 ``scale``, ``scale_lo`` and ``power``, float64 math ("float64") the WINDOWS and the
+    float64 ``scale64`` and ``power64``.
     Launched by :func:`launch`, which documents the arguments."""
     batch = tl.program_id(2).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -419,10 +472,11 @@ def rotary_kernel(
                                          sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
     xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
-    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, batch, s, s_mask, sp_b, sp_s, sp_a,
-                                           scale, scale64, HALF, HALF_PAD, CONJUGATE, FLOAT64_MATH, MROPE, FMA_BY_PARTS)
+    c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, TABLE, batch, s, s_mask, sp_b, sp_s, sp_a,
+                                           scale, scale_lo, scale64, HALF, HALF_PAD, CONJUGATE, MATH, MROPE,
+                                           FMA_BY_PARTS)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF, HALF_PAD,
-                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS)
+                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS)
     for i in tl.static_range(1, GROUP):
         if first + i < blocks:
             x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
@@ -430,7 +484,7 @@ def rotary_kernel(
                                                  sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
             xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
             _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF,
-                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, FLOAT64_MATH, SCALE_AFTER,
+                              HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER,
                               BF16_BY_BITS, FMA_BY_PARTS)
 
 
@@ -453,40 +507,57 @@ AUTOTUNE_FROM_TOKENS = 256
 :func:`few_token_sizes`, chosen without a sweep (launch latency dominates there)."""
 
 
-MATHS = ("float32", "float64")
-"""The kernel's arithmetic variants by name (module docstring; ``launch(..., float64_math=...)``):
-``python -m rope.kernels.targets --roofline`` tabulates every one."""
+FLOAT_FLOAT_TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (1, 8, 5, 2), (1, 8, 5, 1), (2, 8, 5, 4),
+                                 (4, 8, 5, 8), (2, 8, 2, 2), (1, 16, 2, 2)]
+"""The candidates for float-float math. Its per-(token, pair) work (the exact turns, the cos/sin
+pairs) is shared by the BLOCK_H x GROUP heads of a program, so programs of 5 blocks of 8 heads
+(the 32 + 8 heads of a grouped-query model in one program) join float32 math's tiles: with them
+the roofline of ``python -m rope.kernels.targets --roofline`` rates the prefill shape memory-bound
+on a T4, an A100 and an H100 (about 34 to 37 instructions per element; no spills on sm_75, sm_80,
+sm_90). Untimed: no GPU ran it."""
+
+MATHS = ("float32", "float-float", "float64")
+"""The kernel's arithmetic (its ``MATH`` constexpr; module docstring)."""
 
 
-def default_math(dtype: torch.dtype) -> str:
-    """The math of :data:`MATHS` :func:`launch` takes for q and k of ``dtype`` unless told: float32
-    math for float32, float64 math (correctly rounded) for float16, bfloat16 and float64."""
-    return "float32" if dtype == torch.float32 else "float64"
+def default_math(dtype: torch.dtype, float64_math: bool | None = None) -> str:
+    """The math :func:`launch` takes for q/k of ``dtype``: with ``float64_math`` None, float32 math
+    for float32, float-float math for float16 and bfloat16, float64 math for float64; True takes
+    float64 math and False float32 math for any of them but float64 (refused: ``ValueError``)."""
+    if float64_math is None:
+        return {torch.float32: "float32", torch.float64: "float64"}.get(dtype, "float-float")
+    if _checks.flag("float64_math", float64_math):
+        return "float64"
+    if dtype == torch.float64:
+        raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
+    return "float32"
 
 
-def candidates_of(math: str) -> list[tuple[int, int, int, int]]:
-    """The launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps) the autotuner tries for ``math``, one
-    of :data:`MATHS`."""
-    return {"float32": TUNING_CANDIDATES, "float64": FLOAT64_TUNING_CANDIDATES}[math]
+def candidates_of(arithmetic: str) -> list[tuple[int, int, int, int]]:
+    """The launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps) the autotuner tries for ``arithmetic``,
+    one of :data:`MATHS`."""
+    return {"float32": TUNING_CANDIDATES, "float-float": FLOAT_FLOAT_TUNING_CANDIDATES,
+            "float64": FLOAT64_TUNING_CANDIDATES}[arithmetic]
 
 
 def _candidates_of_the_math(configs, named_args, **kwargs):
     """The candidates of the launch's math (:func:`candidates_of`)."""
-    sizes = candidates_of("float64" if kwargs["FLOAT64_MATH"] else "float32")
-    return [config for config in configs if (config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"],
-                                             config.kwargs["GROUP"], config.num_warps) in sizes]
+    by_size = {(config.kwargs["BLOCK_S"], config.kwargs["BLOCK_H"], config.kwargs["GROUP"], config.num_warps): config
+               for config in configs}
+    return [by_size[size] for size in candidates_of(kwargs["MATH"]) if size in by_size]
 
 
 tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w)
-             for s, h, g, w in TUNING_CANDIDATES + FLOAT64_TUNING_CANDIDATES],
-    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "FLOAT64_MATH", "MROPE"],
+             for s, h, g, w in dict.fromkeys(TUNING_CANDIDATES + FLOAT_FLOAT_TUNING_CANDIDATES
+                                             + FLOAT64_TUNING_CANDIDATES)],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "MATH", "MROPE"],
     prune_configs_by={"early_config_prune": _candidates_of_the_math},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(rotary_kernel)
 """:func:`rotary_kernel` with its launch sizes autotuned over :data:`TUNING_CANDIDATES` (float32
-math) or :data:`FLOAT64_TUNING_CANDIDATES` (float64 math) on a GPU; ``tuned_kernel.best_config``
-is the last choice."""
+math), :data:`FLOAT_FLOAT_TUNING_CANDIDATES` (float-float math) or :data:`FLOAT64_TUNING_CANDIDATES`
+(float64 math) on a GPU; ``tuned_kernel.best_config`` is the last choice."""
 
 
 def _launch_sizes(batch: int, seq_len: int, heads_q: int, heads_k: int, *, interpreted: bool) -> tuple[int, int, int]:
@@ -570,35 +641,52 @@ def launch_device(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
-def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, float64_math: bool,
+def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, arithmetic: str,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
                      bf16_by_bits: bool = False, fma_by_parts: bool = False) -> dict:
-    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes."""
+    """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes;
+    ``arithmetic`` is one of :data:`MATHS`."""
+    if arithmetic not in MATHS:
+        raise ValueError(f"arithmetic={arithmetic!r}: expected one of {MATHS}")
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
-        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, FLOAT64_MATH=float64_math,
-        SCALE_AFTER=scale_after and not float64_math, MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
+        INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, MATH=arithmetic,
+        SCALE_AFTER=scale_after and arithmetic != "float64", MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
         FMA_BY_PARTS=fma_by_parts,
     )
 
 
-def scale_arguments(scale: float, *, float64_math: bool) -> tuple[float, float, float, float, bool]:
-    """(scale, power, scale64, power64, scale_after): the attention factor s as the kernel takes it.
+def scale_arguments(scale: float, *, arithmetic: str,
+                    bfloat16: bool = False) -> tuple[float, float, float, float, float, bool]:
+    """(scale, scale_lo, power, scale64, power64, scale_after): the attention factor s as the kernel
+    takes it, for ``arithmetic`` one of :data:`MATHS` and q/k of bfloat16 or not.
 
     float32 math: s <= 1 is the float32 ``scale`` RN(s), folded into cos and sin; s > 1 is
     RN(s 2^-k) in [1/2, 1] and ``power`` = 2^k applied to the result (``scale_after``), so that
-    no intermediate overflows. float64 math: s = ``scale64`` * ``power64`` exactly, with
-    ``scale64`` in [1/4, 1/2) (the exact products then stay finite too).
+    no intermediate overflows. float-float math: s = sigma 2^k, sigma = ``scale`` + ``scale_lo``
+    (float32 numbers, within 2^-49 sigma: float64's 53 bits of s in 48) folded into cos and sin,
+    2^k = ``power`` applied to the result where k > 0; sigma <= 1 for float16 and sigma <= 1/2 for
+    bfloat16, whose values reach float32's range: no intermediate sum of two products overflows.
+    float64 math: s = ``scale64`` * ``power64`` exactly, with ``scale64`` in [1/4, 1/2) (the exact
+    products then stay finite too).
     """
     low, high = KERNEL_SCALE_RANGE
     scale = _checks.number("scale (the attention factor)", scale, minimum=low, maximum=high)
     fraction, exponent = math.frexp(scale)  # scale = fraction 2^exponent, fraction in [1/2, 1)
-    if float64_math:
-        return 1.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
+    if arithmetic == "float64":
+        return 1.0, 0.0, 1.0, fraction / 2, 2.0 ** (exponent + 1), False
+    if arithmetic == "float-float":
+        headroom = 1 if bfloat16 else 0  # sigma <= 1/2 or <= 1
+        if scale <= 2.0**-headroom:
+            sigma, power = scale, 1.0
+        else:
+            sigma, power = fraction / 2**headroom, 2.0 ** (exponent + headroom)
+        sigma_hi = _float32(sigma)
+        return sigma_hi, _float32(sigma - sigma_hi), power, 1.0, 1.0, power != 1.0
     if scale <= 1.0:
-        return _float32(scale), 1.0, 1.0, 1.0, False
-    return _float32(fraction), 2.0**exponent, 1.0, 1.0, True
+        return _float32(scale), 0.0, 1.0, 1.0, 1.0, False
+    return _float32(fraction), 0.0, 2.0**exponent, 1.0, 1.0, True
 
 
 def _row_strides(positions: torch.Tensor) -> tuple[int, int]:
@@ -617,10 +705,11 @@ def _decode_as_tokens(q, k, q_out, k_out, positions, *, mrope: bool):
     return q, k, q_out, k_out, positions
 
 
-def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, float64_math: bool, factor) -> tuple:
+def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, arithmetic: str, factor) -> tuple:
     """The runtime arguments of :func:`rotary_kernel`, in its order and groups; ``factor`` is
-    (scale, power, scale64, power64) from :func:`scale_arguments`. An unused pointer (AXES without
-    M-RoPE, WINDOWS with float32 math) is given inv_freq, and unused strides 0."""
+    (scale, scale_lo, power, scale64, power64) from :func:`scale_arguments`. An unused pointer
+    (AXES without M-RoPE, WINDOWS with float32 math, TABLE without float-float math) is given
+    inv_freq, and unused strides 0."""
     batch, seq_len, heads_q = q.shape[:3]
     token_positions = positions if axes is None else positions[0]  # [seq] or [batch, seq]
     return (
@@ -628,7 +717,8 @@ def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, float64
         q, k,
         q_out, k_out,
         positions, inv_freq.contiguous(), inv_freq if axes is None else axes.contiguous(),
-        inverse_two_pi_windows(q.device) if float64_math else inv_freq,
+        inverse_two_pi_windows(q.device) if arithmetic != "float32" else inv_freq,
+        cos_sin_table(q.device) if arithmetic == "float-float" else inv_freq,
         # Strides of q, k, q_out, k_out
         *q.stride()[:3],
         *k.stride()[:3],
@@ -653,10 +743,12 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     ``[rotary_dim/2]``, every theta_i below 2^16 (float32 math); ``scale`` the attention factor,
     in :data:`rope.limits.KERNEL_SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
     each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
-    ``float64_math``: the arithmetic (see the module docstring). None (the default) chooses by
-    dtype: float64 math for float16, bfloat16 and float64 (correctly rounded outputs), float32 math
-    for float32 (within the stated bound); True takes float64 math for float32 too. float64 inputs
-    always take float64 math (False is refused).
+    ``float64_math``: the arithmetic (see the module docstring, :func:`default_math`). None (the
+    default) chooses by dtype: float-float math for float16 and bfloat16 (correctly rounded except
+    within 2^-43 ``|pair|`` of a rounding tie), float32 math for float32 (within the stated bound),
+    float64 math for float64; True takes float64 math (float16 and bfloat16 then correctly rounded,
+    at the price of float64 arithmetic per element), False float32 math. float64 inputs always take
+    float64 math (False is refused).
     On a GPU the launch sizes are autotuned per (token count rounded up to a power of two, heads,
     widths, layout) on first use from :data:`AUTOTUNE_FROM_TOKENS` tokens (batch x seq) up, and
     chosen by :func:`few_token_sizes` below; ``block_s``, ``block_h``, ``group`` and ``num_warps``
@@ -664,11 +756,8 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     nothing else run on the device.
     """
     check_launch_device("q", q)
-    float64_math = _checks.flag("float64_math", default_math(q.dtype) == "float64" if float64_math is None
-                                else float64_math)
-    if q.dtype == torch.float64 and not float64_math:
-        raise ValueError("float64_math=False: float64 q and k take float64 math (expected True or None)")
-    *factor, scale_after = scale_arguments(scale, float64_math=float64_math)
+    arithmetic = default_math(q.dtype, float64_math)
+    *factor, scale_after = scale_arguments(scale, arithmetic=arithmetic, bfloat16=q.dtype == torch.bfloat16)
     batch, seq_len, heads_q, head_dim = q.shape
     if seq_len == 1 and batch > 1:
         q, k, q_out, k_out, positions = _decode_as_tokens(q, k, q_out, k_out, positions, mrope=axes is not None)
@@ -679,10 +768,9 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
         head_blocks = triton.cdiv(heads_q, meta["BLOCK_H"]) + triton.cdiv(heads_k, meta["BLOCK_H"])
         return triton.cdiv(seq_len, meta["BLOCK_S"]), triton.cdiv(head_blocks, meta["GROUP"]), batch
 
-    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, float64_math=float64_math,
-                              factor=factor)
+    args = _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, arithmetic=arithmetic, factor=factor)
     options = kernel_constants(
-        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, float64_math=float64_math,
+        head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, arithmetic=arithmetic,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
         scale_after=scale_after, bf16_by_bits=interpreting(), fma_by_parts=needs_fma_by_parts(),
     )
