@@ -285,7 +285,7 @@ def print_machine_code(arch: int) -> None:
           "| registers | spilled bytes | shared bytes | q/k loads before the angle |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for arithmetic in ("float-float", "float64", "float32"):
-        for sizes in candidates_of(arithmetic) + few_token_launches():
+        for sizes in candidates_of(arithmetic):
             code = machine_code(arch, sizes, arithmetic=arithmetic)
             per = code["elements"]
             print(f"| {', '.join(map(str, sizes))} | {arithmetic} "
