@@ -32,7 +32,8 @@ transformers' float32 recipe (``benchmarks/bench_torch_path.py``).
 
 Devices without float64 (Apple's MPS) take a float32 route: the same exact turns in integer
 arithmetic, float32 cos/sin of the reduced angle and float32 products, the accuracy of the
-Triton kernel. On CUDA the fused Triton kernel (:mod:`rope.kernels.operators`) runs instead, in one launch.
+Triton kernel's float32 math. On CUDA the fused Triton kernel (:mod:`rope.kernels.operators`)
+runs instead, in one launch.
 
 No check waits for the device: the checks of tensor values (finite frequencies, M-RoPE axes) are
 asynchronous device assertions on CUDA (:func:`rope._checks.assert_values`), and no code of either
@@ -384,9 +385,11 @@ def apply_rotary(
             least 2^-1022.
         conjugate: rotate by -m * theta_i, the transpose R_m^T (the inverse when attention_factor is 1).
         backend: ``"torch"`` (exactly reduced angles and float64 math, rounded once; float32 math
-            on devices without float64), ``"triton"`` (the fused kernel: float64 math for
-            float16, bfloat16 and float64, correctly rounded as on the torch path; float32 math,
-            within a stated bound, for float32; differentiable), or ``"auto"``: the kernel for CUDA
+            on devices without float64), ``"triton"`` (the fused kernel: float-float math for
+            float16 and bfloat16, with no float64 arithmetic, correctly rounded unless the exact
+            value lies within 2^-43 s ``|(x_a, x_b)|`` of a rounding tie; float64 math for float64,
+            correctly rounded as on the torch path; float32 math, within a stated bound, for
+            float32; differentiable), or ``"auto"``: the kernel for CUDA
             tensors when Triton is installed, torch otherwise. The kernel's float32 math
             (float32 q and k) takes ``|theta_i| < 2^16`` and positions ``|m| < 2^31`` and refuses others
             (on CUDA as a device assertion): beyond those, use float64 q and k or ``"torch"``.
