@@ -331,11 +331,10 @@ _FEW_POSITIONS = 16
 
 def _decoding_on_the_cpu(q, k, rotary_dim: int, inv_freq, attention_factor: float) -> bool:
     """Whether q and k take :func:`_rotate_few_tokens`: float32, float16 or bfloat16 on the CPU
-    (:func:`rope._checks.reads_are_free`), float32 frequencies, no gradient to record, and few
-    enough coordinates for one block (:func:`rope.rotation.rotate_tensors`)."""
+    (:func:`rope._checks.reads_are_free`), float32 frequencies, and few enough coordinates for one
+    block (:func:`rope.rotation.rotate_tensors`)."""
     return (q.dtype in (torch.float32, torch.float16, torch.bfloat16) and inv_freq.dtype == torch.float32
             and attention_factor <= _SAFE_FACTOR and _checks.reads_are_free(q.device)
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
             and (q.numel() // q.shape[3] + k.numel() // k.shape[3]) * rotary_dim <= BLOCK_ELEMENTS
             if q.shape[3] else False)
 
@@ -344,7 +343,8 @@ def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_
     """Decoding's torch path in one step, for the arguments :func:`_decoding_on_the_cpu` takes and
     positions below 2^29 (else ``None``): the angles as exact float64 products m theta_i
     (:func:`rope.angles.cos_sin_of_checked`'s fast case), q and k in one block
-    (:func:`rope.rotation.rotate_tensors`); the same numbers, without the layers between."""
+    (:func:`rope.rotation.rotate_small`, or :func:`rope.rotation.rotate_tensors` where autograd
+    records); the same numbers, without the layers between."""
     values = positions.flatten().tolist()
     if not values or not -EXACT_PRODUCT_POSITIONS < min(values) <= max(values) < EXACT_PRODUCT_POSITIONS:
         return None
@@ -353,6 +353,8 @@ def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_
     cos, sin = torch.cos(angles), torch.sin(angles)
     if attention_factor != 1.0 or conjugate:
         cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return rotate_tensors((q, k), cos, sin, layout, rotary_dim, safe=False)
     return rotate_small(q, k, cos, sin, layout, rotary_dim)
 
 
