@@ -80,6 +80,7 @@ def contenders(head_dim: int, positions: torch.Tensor, compile_eager: bool) -> d
     if (tune := _torchtune(head_dim, positions)) is not None:
         found["torchtune"] = tune
     if compile_eager:
+        torch._dynamo.reset()  # a row's own compilations (dtypes, passes) below the recompile limit
         try:
             compiled = torch.compile(eager, dynamic=False)
             probe = torch.randn(1, positions.numel(), 2, head_dim)
