@@ -39,8 +39,9 @@ _UP = tl.constexpr(2.0**32)
 
 
 @triton.jit
-def _two_sum(a, b):
-    """(s, e): s = RN(a + b) and s + e = a + b exactly (Knuth's TwoSum, any order of magnitudes)."""
+def two_sum(a, b):
+    """(s, e): s = RN(a + b) and s + e = a + b exactly (Knuth's TwoSum, any order of magnitudes),
+    in the dtype of a and b (float64 here; float32 in :mod:`rope.kernels.float_float`)."""
     s = a + b
     b_virtual = s - a
     return s, (a - (s - b_virtual)) + (b - b_virtual)
@@ -48,7 +49,7 @@ def _two_sum(a, b):
 
 @triton.jit
 def _odd(s, e):
-    """float64 s + e rounded to odd, for (s, e) from :func:`_two_sum`: s where e is 0 or s is odd,
+    """float64 s + e rounded to odd, for (s, e) from :func:`two_sum`: s where e is 0 or s is odd,
     else s's neighbour toward e (the odd one of the two numbers around s + e). s is not 0 where e
     is not: a sum that rounds to 0 is exact. A NaN error (infinite s) leaves s."""
     bits = s.to(tl.int64, bitcast=True)
@@ -86,7 +87,7 @@ def _two_product(a, b):
 @triton.jit
 def _fma32_by_parts(x, y, z):
     """RN_float32(x y + z) for float32 x, y, z: RO_float64(x y + z) rounded to float32."""
-    s, e = _two_sum(x.to(tl.float64) * y.to(tl.float64), z.to(tl.float64))
+    s, e = two_sum(x.to(tl.float64) * y.to(tl.float64), z.to(tl.float64))
     return _odd(s, e).to(tl.float32)
 
 
@@ -96,8 +97,8 @@ def _fma64_by_parts(x, y, z):
     ``x * y + z`` is not finite (infinite or NaN operands) it is the answer; where the result is 0
     it is too, with the sign IEEE 754 gives an exact zero sum."""
     u_hi, u_lo = _two_product(x, y)
-    t_hi, t_lo = _two_sum(z, u_hi)
-    v, v_err = _two_sum(t_lo, u_lo)
+    t_hi, t_lo = two_sum(z, u_hi)
+    v, v_err = two_sum(t_lo, u_lo)
     fused = t_hi + _odd(v, v_err)
     plain = x * y + z
     return tl.where((plain - plain == 0) & (fused != 0), fused, plain)

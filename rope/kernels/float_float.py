@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ..angles import TWO_PI, _on
-from .emulation import fma
+from .emulation import fma, two_sum
 from .exact_turns import by_quadrant, turns_per_position
 
 TABLE_BITS = 11
@@ -170,14 +170,6 @@ def _fast_two_sum(a, b):
 
 
 @triton.jit
-def _two_sum(a, b):
-    """(s, e): s = RN(a + b), s + e = a + b exactly, any a and b (Knuth's TwoSum)."""
-    s = a + b
-    b_virtual = s - a
-    return s, (a - (s - b_virtual)) + (b - b_virtual)
-
-
-@triton.jit
 def _angle_sum(big, big_lo, other, other_lo, cm_hi, cm_lo, sn_hi, sn_lo, FMA_BY_PARTS: tl.constexpr):
     """big (1 + cm) + other sn as a normalized float32 pair (hi, lo), for the table's pairs
     big + big_lo and other + other_lo, cm = cm_hi + cm_lo = cos a - 1 and sn = sn_hi + sn_lo = sin a
@@ -215,7 +207,7 @@ def cos_sin_float_float(c3, c4, c5, TABLE, FMA_BY_PARTS: tl.constexpr):
     r_hi = (rest >> _REST_SHIFT).to(tl.int32).to(tl.float32) * _REST_UNIT  # at most 24 bits, exact
     r_lo = (rest & _REST_MASK).to(tl.int32).to(tl.float32) * 1.0842021724855044e-19  # 2^-63
     a_hi = r_hi * _TWO_PI_HI
-    a_hi, a_lo = _two_sum(a_hi, fma(r_hi, _TWO_PI_HI, -a_hi, FMA_BY_PARTS)
+    a_hi, a_lo = two_sum(a_hi, fma(r_hi, _TWO_PI_HI, -a_hi, FMA_BY_PARTS)
                           + fma(r_hi, _TWO_PI_LO, r_lo * _TWO_PI_HI, FMA_BY_PARTS))  # normalized
     t = a_hi * a_hi
     t_err = fma(a_hi, a_hi, -t, FMA_BY_PARTS)
@@ -269,7 +261,7 @@ def difference_of_products(xa, xb, c_hi, c_lo, s_hi, s_lo, FMA_BY_PARTS: tl.cons
     of the value with exact products (chapter 18), plus 6 2^-150 where products underflow."""
     p1, e1 = _two_product(xa, c_hi, FMA_BY_PARTS)
     p2, e2 = _two_product(xb, s_hi, FMA_BY_PARTS)
-    s, e = _two_sum(p1, -p2)
+    s, e = two_sum(p1, -p2)
     return _fast_two_sum(s, (fma(xa, c_lo, e1, FMA_BY_PARTS) - fma(xb, s_lo, e2, FMA_BY_PARTS)) + e)
 
 
