@@ -184,10 +184,16 @@ WINDOW_EXPONENTS = (_E_MIN, _E_MAX)
 _COPIES: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+def constant_on(table: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A module constant on ``device``, copied there once: a copy from pageable host memory per call
     would wait for the device's queue (a host synchronisation per call on CUDA). Copies made while
-    tracing (``torch.compile``, fake tensors) are not kept."""
+    tracing (``torch.compile``, fake tensors) are not kept. The constant must live as long as the
+    module (it is remembered by identity).
+
+    Args:
+        table: the module constant, a CPU tensor that is never freed.
+        device: the device to hold the copy.
+    """
     if device.type == "cpu":
         return table
     key = (id(table), device)
@@ -207,7 +213,7 @@ def inverse_two_pi_windows(device: torch.device) -> torch.Tensor:
     Args:
         device: the device to hold the table (copied there once).
     """
-    return _on(_WINDOWS, device)
+    return constant_on(_WINDOWS, device)
 
 
 def _carry(columns: torch.Tensor, limbs: int) -> torch.Tensor:
@@ -264,7 +270,7 @@ def _float32_turns(inv_freq: torch.Tensor) -> torch.Tensor:
     significand = bits & 0x7FFFFF
     m_int = torch.where(field == 0, significand, significand | 0x800000)
     exponent = torch.where(field == 0, torch.full_like(field, _E_MIN), field - 150)
-    window = _on(_WINDOWS, inv_freq.device)[(exponent - _E_MIN).clamp(0, _E_MAX - _E_MIN)]  # finite: in range
+    window = constant_on(_WINDOWS, inv_freq.device)[(exponent - _E_MIN).clamp(0, _E_MAX - _E_MIN)]  # finite: in range
     signed = torch.where(bits < 0, -m_int, m_int)
     return _carry(signed[..., None] * window, _WINDOW_LIMBS)[..., _GUARD_LIMBS:]
 
@@ -351,7 +357,7 @@ def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     quadrant, head = _quadrant_and_rest(limbs)
     head = head.to(torch.float64) * 2.0**-42  # exact: 40 bits
-    tail = limbs[..., 1:4].to(torch.float64) @ _on(_LOW_LIMB_SCALES, limbs.device)
+    tail = limbs[..., 1:4].to(torch.float64) @ constant_on(_LOW_LIMB_SCALES, limbs.device)
     x_hi = head + tail
     x_lo = tail - (x_hi - head)  # exact: |head| >= |tail| or head = 0
     angle, error = _two_product(x_hi, _TWO_PI_HI)

@@ -27,8 +27,9 @@ first, which is exact.
 
 Speed. On the CPU the angles below 2^29 are exact float64 products m theta_i with torch's own
 cos and sin (:func:`rope.angles.cos_sin`), and the rotation runs block by block in cache-sized
-float64 buffers, q and k together when they are small (:mod:`rope.rotation`): as fast as
-transformers' float32 recipe (``benchmarks/bench_torch_path.py``).
+float64 buffers, q and k together when they are small (:mod:`rope.rotation`): float32 prefills
+run faster than transformers' float32 recipe, bfloat16 ones and decoding calls within about twice
+its time (``rope/data/bench_torch_path.md``, written by ``benchmarks/bench_torch_path.py``).
 
 Devices without float64 (Apple's MPS) take a float32 route: the same exact turns in integer
 arithmetic, float32 cos/sin of the reduced angle and float32 products, the accuracy of the

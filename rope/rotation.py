@@ -15,13 +15,15 @@ the accuracy promise of :mod:`rope.apply`.
 Rounding once. torch rounds float64 to bfloat16 and float16 through float32, twice, which is one
 ulp off exactly where the float32 value lands on a tie of the output dtype (a number halfway
 between two of its neighbours) without being the float64 value itself. :func:`round_once` rounds
-to odd on the way instead (Boldo and Melquiond 2005). On the CPU :func:`rotate_pairs` takes the
-cheaper test: it rounds through float32 and looks for float32 values on such a tie (for bfloat16
-the low 16 bits of the float32 pattern are 0x8000; for float16 a superset: the low 12 bits are
-zero), redoing a block the exact way only when one is found, which random data almost never gives.
-Why the test suffices: the ties of bfloat16 and float16 are float32 numbers, and rounding to
-float32 is monotone and fixes them, so a float64 value strictly between two ties rounds to float32
-strictly between them too, or onto one; only in the second case can the two roundings differ.
+to odd on the way instead (Boldo and Melquiond 2005). On the CPU the rotation takes a cheaper
+test: it rounds through float32 and looks for float32 values on such a tie (for bfloat16 the low 16
+bits of the float32 pattern are 0x8000; float16 values are scaled by 2^-112 first, exactly, which
+gives all of float16's ties, subnormal ones included, one pattern too: bit 12 set and the 12 below
+it clear), and redoes with :func:`round_once` only the rows (one head of one token) that hold one,
+about one value in 2^16 of random data. Why the test suffices: the ties of bfloat16 and float16
+are float32 numbers, and rounding to float32 is monotone and fixes them, so a float64 value
+strictly between two ties rounds to float32 strictly between them too, or onto one; only in the
+second case can the two roundings differ.
 
 Speed on the CPU (the torch path's home: CPU, and devices without Triton). Every elementwise torch
 operation is one pass over memory, so the rotation runs block by block, a few tokens at a time
@@ -29,7 +31,8 @@ operation is one pass over memory, so the rotation runs block by block, a few to
 blocks larger than glibc's mmap threshold would also be mapped fresh, and page-faulted, on every
 call. Per block: one conversion to float64, two multiplies and two multiply-adds (the half layout)
 or one complex multiply (interleaved pairs), one conversion back (float32 first for bfloat16 and
-float16), and the tie test, two operations on int32.
+float16), and the tie test, two operations on int32. A decoding call's few tokens (q and k
+together) are one block (:func:`rotate_small`).
 
 Overflow. ``safe`` (:func:`rotate_pairs`) scales each pair by a power of two first, so that an
 output beyond the range is +-inf, never inf - inf = NaN: needed where x's range reaches that of

@@ -52,7 +52,8 @@ coordinates (the second term). With
 B = ``block_size`` keys per tile, T the number of key tiles, ``p_ij`` the exact weights and each
 coordinate of ``|v_j|``::
 
-    |o^_i - o_i|     <= (exp(2 E_i + 2 (B + 4 T + 8) u) - 1) sum_j p_ij |v_j| + k_len 2^-146 V
+    |o^_i - o_i| <= (exp(2 E_i + 2 (B + 4 T + 8) u) - 1) sum_j p_ij |v_j|
+                    + k_len 2^-146 V
     |LSE^_i - LSE_i| <= E_i + (B + 4 T + 10 + log2 k_len) u + 2 u |LSE_i|
 
 Each unnormalised weight is within ``exp(E_i)`` of ``exp(x - max x)`` by its logit and within a

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..angles import TWO_PI, _on
+from ..angles import TWO_PI, constant_on
 from .emulation import fma, two_sum
 from .exact_turns import by_quadrant, turns_per_position
 
@@ -109,7 +109,7 @@ def cos_sin_table(device: torch.device) -> torch.Tensor:
     Args:
         device: the device to hold the table.
     """
-    return _on(_table(), device)
+    return constant_on(_table(), device)
 
 
 # float32 constants of the kernel: 2 pi as a pair, the Taylor coefficients.
