@@ -76,6 +76,7 @@ import torch
 
 from ..angles import cos_sin_of_sum
 from ..apply import exact_cos_sin
+from ..rotation import rotate_pairs
 from .rerope import below_window, bent_frame
 
 LIMIT = 120
@@ -150,21 +151,10 @@ def _angles(positions, inv_freq, options, bent: bool, query: bool):
 
 
 def _turned(x, cos, sin, layout: str, rotary_dim: int) -> torch.Tensor:
-    """x ``[batch, tokens, heads, d]`` turned in float64 by the angles ``[tokens, pairs]``: (x_a, x_b) ->
-    (x_a cos - x_b sin, x_b cos + x_a sin) on the layout's pairs (:mod:`rope.layouts`: coordinates i and
-    i + rotary_dim/2, or 2i and 2i + 1), the tail kept. Plainer than :func:`rope.apply.rotate_pairs`, which
-    it matches: float64 in and out (nothing to round), no overflow guard (the range test keeps every
-    coordinate below 2^121) and no autograd record (the backward is written out)."""
-    x = x.to(torch.float64)
-    y, half = torch.empty_like(x), rotary_dim // 2
-    cos, sin = cos[None, :, None], sin[None, :, None]
-    pairs = (slice(0, half), slice(half, rotary_dim)) if layout == "half" else (slice(0, rotary_dim, 2),
-                                                                                   slice(1, rotary_dim, 2))
-    x_a, x_b = x[..., pairs[0]], x[..., pairs[1]]
-    y[..., pairs[0]] = x_a * cos - x_b * sin
-    y[..., pairs[1]] = x_b * cos + x_a * sin
-    y[..., rotary_dim:] = x[..., rotary_dim:]
-    return y
+    """x ``[batch, tokens, heads, d]`` turned in float64 by the angles ``[tokens, pairs]``
+    (:func:`rope.rotation.rotate_pairs`: float64 in and out, nothing to round; no overflow guard, as
+    the range test keeps every coordinate below 2^121)."""
+    return rotate_pairs(x.to(torch.float64), cos[None, :, None], sin[None, :, None], layout, rotary_dim, safe=False)
 
 
 class _Call:
