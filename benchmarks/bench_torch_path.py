@@ -14,11 +14,13 @@ tensors; "fwd+bwd" also back-propagates given output gradients into q and k:
   cannot compile);
 * ``torchtune``: ``RotaryPositionalEmbeddings`` where torchtune is installed;
 * ``rope``: :func:`rope.apply_rotary` with ``backend="torch"`` (exactly reduced angles, float64
-  products, each output rounded once).
+  products, each output rounded once; the CPU kernel of :mod:`rope.cpu` where it builds).
 
 Rows are the shapes of issue 27: a prefill, a smaller batch, and one decoding token at positions
 4099 and 2^20 + 3. Times are medians over ``--rounds`` rounds in which the contenders take turns
-(so that a slow phase of a shared machine hits all of them), each after a warm-up; the tables give
+(so that a slow phase of a shared machine hits all of them), each round starting with the next
+contender (so that none always runs after the same one: fresh memory after another's large frees
+page-faults), each after a warm-up; the tables give
 each contender's time and its ratio to transformers eager (below 1 is faster), once with one thread
 and once with all of torch's threads. A last table times a whole 4-layer float32 Llama forward,
 with and without ``rope.hf.patch``. Timings are not tests: nothing asserts them.
@@ -36,6 +38,7 @@ import time
 import torch
 
 import rope
+import rope.cpu.build
 
 # (batch, seq, heads_q, heads_k, head_dim, first position)
 SHAPES = [(1, 2048, 32, 8, 128, 0), (4, 512, 16, 16, 64, 0), (1, 1, 32, 8, 128, 4099), (1, 1, 32, 8, 128, 2**20 + 3)]
@@ -110,8 +113,12 @@ def time_row(found: dict, q, k, grads, rounds: int) -> dict:
     for fn in found.values():  # warm-up
         for _ in range(3):
             _step(fn, q, k, grads)
-    for _ in range(rounds):
-        for name, fn in found.items():
+    names = list(found)
+    for round_ in range(rounds):
+        # each round starts one contender later: none always follows the same one (a contender
+        # that frees much memory makes the next one's fresh allocations page-fault)
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            fn = found[name]
             start = time.perf_counter()
             for _ in range(calls):
                 _step(fn, q, k, grads)
@@ -187,8 +194,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the markdown tables to this file")
     args = parser.parse_args()
     all_threads = torch.get_num_threads()
+    kernel = rope.cpu.build.unavailable_reason() or "loaded"
     text = [f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}; "
-            f"median of {args.rounds} interleaved rounds.", ""]
+            f"median of {args.rounds} interleaved rounds; rope's CPU kernel (rope.cpu): {kernel}.", ""]
     for threads in sorted({1, all_threads}):
         text += [f"### {threads} thread{'s' if threads > 1 else ''}", ""]
         text += rotation_table(threads, args.rounds, args.compile) + [""]

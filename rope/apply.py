@@ -26,10 +26,12 @@ overflow (float64 inputs, or attention factors above 2^512) each pair is scaled 
 first, which is exact.
 
 Speed. On the CPU the angles below 2^29 are exact float64 products m theta_i with torch's own
-cos and sin (:func:`rope.angles.cos_sin`), and the rotation runs block by block in cache-sized
-float64 buffers, q and k together when they are small (:mod:`rope.rotation`): float32 prefills
-run faster than transformers' float32 recipe, bfloat16 ones and decoding calls within about twice
-its time (``rope/data/bench_torch_path.md``, written by ``benchmarks/bench_torch_path.py``).
+cos and sin (:func:`rope.angles.cos_sin`), and the rotation is one pass over memory in the CPU
+kernel of :mod:`rope.cpu` (compiled on first use where a C compiler is; torch operations block by
+block elsewhere, :mod:`rope.rotation`); a decoding step's angles and both rotations are one call
+of that kernel. Prefills and decoding steps run faster than transformers' float32 recipe, in
+float32 and bfloat16, with one thread and with all (``rope/data/bench_torch_path.md``, written by
+``benchmarks/bench_torch_path.py``).
 
 Devices without float64 (Apple's MPS) take a float32 route: the same exact turns in integer
 arithmetic, float32 cos/sin of the reduced angle and float32 products, the accuracy of the
@@ -49,6 +51,7 @@ import torch
 
 from . import _checks
 from .angles import EXACT_PRODUCT_POSITIONS, cos_sin, cos_sin_of_checked
+from .cpu import rotary as cpu_rotary
 from .layouts import LAYOUTS
 from .limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MIN_ATTENTION_FACTOR, MROPE_AXES
 from .rotation import BLOCK_ELEMENTS, rotate_small, rotate_tensors
@@ -343,12 +346,17 @@ def _decoding_on_the_cpu(q, k, rotary_dim: int, inv_freq, attention_factor: floa
 def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate):
     """Decoding's torch path in one step, for the arguments :func:`_decoding_on_the_cpu` takes and
     positions below 2^29 (else ``None``): the angles as exact float64 products m theta_i
-    (:func:`rope.angles.cos_sin_of_checked`'s fast case), q and k in one block
+    (:func:`rope.angles.cos_sin_of_checked`'s fast case), q and k together: in one call of the
+    CPU kernel (:func:`rope.cpu.rotary.rotate_few`) where it is built, else in one block
     (:func:`rope.rotation.rotate_small`, or :func:`rope.rotation.rotate_tensors` where autograd
-    records); the same numbers, without the layers between."""
+    records); the same bound as the longer path, without the layers between."""
     values = positions.flatten().tolist()
     if not values or not -EXACT_PRODUCT_POSITIONS < min(values) <= max(values) < EXACT_PRODUCT_POSITIONS:
         return None
+    if cpu_rotary.available():  # angles, frequency check and both rotations in one call
+        sin_factor = -attention_factor if conjugate else attention_factor
+        rows = positions.shape[0] if positions.dim() == 2 else 1
+        return cpu_rotary.rotate_few(q, k, values, rows, inv_freq, layout, rotary_dim, attention_factor, sin_factor)
     _checks.frequency_values("inv_freq", inv_freq)
     angles = positions.to(torch.float64).view(-1, positions.shape[-1], 1, 1) * inv_freq  # exact
     cos, sin = torch.cos(angles), torch.sin(angles)

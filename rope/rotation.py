@@ -25,14 +25,16 @@ are float32 numbers, and rounding to float32 is monotone and fixes them, so a fl
 strictly between two ties rounds to float32 strictly between them too, or onto one; only in the
 second case can the two roundings differ.
 
-Speed on the CPU (the torch path's home: CPU, and devices without Triton). Every elementwise torch
-operation is one pass over memory, so the rotation runs block by block, a few tokens at a time
-(:data:`BLOCK_ELEMENTS`), in float64 buffers that are reused and small enough for the cache;
-blocks larger than glibc's mmap threshold would also be mapped fresh, and page-faulted, on every
-call. Per block: one conversion to float64, two multiplies and two multiply-adds (the half layout)
-or one complex multiply (interleaved pairs), one conversion back (float32 first for bfloat16 and
-float16), and the tie test, two operations on int32. A decoding call's few tokens (q and k
-together) are one block (:func:`rotate_small`).
+Speed on the CPU (the torch path's home: CPU, and devices without Triton). Where a C compiler
+is, the CPU kernel of :mod:`rope.cpu` does all of this in one pass over memory: each value read,
+rotated in float64 and rounded once on the spot (the same numbers, bit for bit). Elsewhere torch
+operations do it, each one pass over memory, so the rotation runs block by block, a few tokens at
+a time (:data:`BLOCK_ELEMENTS`), in float64 buffers that are reused and small enough for the
+cache; blocks larger than glibc's mmap threshold would also be mapped fresh, and page-faulted, on
+every call. Per block: one conversion to float64, two multiplies and two multiply-adds (the half
+layout) or one complex multiply (interleaved pairs), one conversion back (float32 first for
+bfloat16 and float16), and the tie test, two operations on int32. A decoding call's few tokens
+(q and k together) are one block (:func:`rotate_small`).
 
 Overflow. ``safe`` (:func:`rotate_pairs`) scales each pair by a power of two first, so that an
 output beyond the range is +-inf, never inf - inf = NaN: needed where x's range reaches that of
@@ -46,6 +48,7 @@ import threading
 import torch
 
 from . import _checks
+from .cpu import rotary as cpu_rotary
 
 BLOCK_ELEMENTS = 1 << 18
 """Rotated coordinates per block on the CPU: float64 input and output buffers of 2 MiB each (held
@@ -208,6 +211,8 @@ def _rotate_once(xs, cos, sin, layout, rotary_dim, safe, *, views: bool = True) 
     """Each x rotated and rounded once (no autograd); ``views``: small results may be views of one
     tensor (not for autograd, which refuses in-place changes to such outputs)."""
     if all(_by_blocks(x, cos, safe) for x in xs):
+        if cpu_rotary.available():  # one pass over memory for each x
+            return tuple(cpu_rotary.rotate(x, cos, sin, layout, rotary_dim) for x in xs)
         rotated = sum(x.numel() // x.shape[3] for x in xs) * rotary_dim if xs[0].shape[3] else 0
         if len(xs) > 1 and rotated <= BLOCK_ELEMENTS and _joinable(xs):
             return _rotate_together(xs, cos, sin, layout, rotary_dim, views)

@@ -1,4 +1,5 @@
-"""The committed results that chapters 17 and 18 read ship in the wheel and load from a wheel install.
+"""The committed results that chapters 17 and 18 read ship in the wheel and load from a wheel install;
+so does the CPU kernel's source, which builds from there.
 
 The chapters read them through importlib.resources (rope.experiment.committed_results, rope.data), so
 a pip install from a wheel, without a clone, finds them. The test builds the wheel as a user would,
@@ -17,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = sorted((ROOT / "rope" / "experiment" / "results").glob("extrapolation_results*"))
 DATA = sorted(p for p in (ROOT / "rope" / "data").iterdir() if p.suffix in (".md", ".json"))
+KERNEL_SOURCES = sorted((ROOT / "rope" / "cpu").glob("*.c"))
 
 LOAD = """
 import sys
@@ -33,6 +35,8 @@ for name in experiment.COMMITTED:
 header, rows = rope.data.markdown_table("bench_rotary.md")
 assert header[:2] == ["shape (b, s, hq, hk, d)", "pass"] and len(rows) >= 2, header
 assert rope.data.provenance()["commit"] and rope.data.read_text("bench_torch_path.md").startswith("# ")
+import rope.cpu.rotary
+assert rope.cpu.rotary.available() or sys.argv[2] == "no cc", rope.cpu.build.unavailable_reason()
 print("loaded", len(experiment.COMMITTED), len(rows))
 """
 
@@ -65,14 +69,17 @@ def test_the_wheel_ships_the_committed_results_and_they_load_from_it(tmp_path):
     )
     (wheel,) = wheels.glob("rope_derived-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        for path in [*EXPERIMENT, *DATA]:
+        assert KERNEL_SOURCES
+        for path in [*EXPERIMENT, *DATA, *KERNEL_SOURCES]:
             member = path.relative_to(ROOT).as_posix()
             assert archive.read(member) == path.read_bytes(), member
         site = tmp_path / "site"
         archive.extractall(site)
     loaded = subprocess.run(
-        [sys.executable, "-c", LOAD, str(site)], cwd=tmp_path, capture_output=True, text=True,
-        env={"PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        [sys.executable, "-c", LOAD, str(site), "cc" if shutil.which("cc", path="/usr/bin:/bin") else "no cc"],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={"PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+             "ROPE_CACHE_DIR": str(tmp_path / "cache")},
     )
     assert loaded.returncode == 0, loaded.stderr
     from rope import data, experiment

@@ -1,7 +1,8 @@
-"""The CPU's fast torch path (rope.rotation's block path, rope.angles' exact float64 products)
-keeps the torch path's promise: every output within half an ulp plus 2^-50 of the pair's
-magnitude of the exact rotation, ties rounded once, in blocks of any size, one tensor or q and
-k together, with gradients, from several threads at once.
+"""The CPU's fast torch path (rope.rotation's block path and the CPU kernel that replaces it
+where it builds, rope.angles' exact float64 products) keeps the torch path's promise: every
+output within half an ulp plus 2^-50 of the pair's magnitude of the exact rotation, ties rounded
+once, in blocks of any size, one tensor or q and k together, with gradients, from several threads
+at once. Every test runs twice: with the CPU kernel (rope.cpu) and with torch operations only.
 
 References: the exact angles' cos and sin in mpmath (helpers.exact_cos_sin), the products in
 float64 (helpers.rotate_float64); constructed ties against exact rational rounding
@@ -18,11 +19,24 @@ import torch
 
 import rope
 import rope.angles
+import rope.cpu.build
+import rope.cpu.rotary
 import rope.rotation
 from helpers import assert_correctly_rounded, exact_rotation, random_qk, round_exact, ulp
 
 NARROW = [torch.float16, torch.bfloat16]
 FAST = [torch.float32, *NARROW]
+
+
+@pytest.fixture(autouse=True, params=["kernel", "torch operations"])
+def cpu_path(request, monkeypatch):
+    """The rotation by the CPU kernel, or by rope.rotation's torch operations (where no compiler is)."""
+    if request.param == "kernel":
+        if not rope.cpu.rotary.available():
+            pytest.skip(f"no CPU kernel: {rope.cpu.build.unavailable_reason()}")
+    else:
+        monkeypatch.setattr(rope.cpu.rotary, "available", lambda: False)
+    return request.param
 
 
 @pytest.fixture

@@ -1,0 +1,162 @@
+"""The CPU kernel's launchers: :func:`rotate`, the one-pass form of :mod:`rope.rotation`'s rotation,
+and :func:`rotate_few`, a decoding step's angles and rotation of q and k in one call.
+
+Shapes::
+
+    x         [batch, seq, heads, head_dim]      float32, float16 or bfloat16, any strides
+    cos, sin  [batch or 1, seq or 1, heads or 1, rotary_dim / 2]   float64
+    out       [batch, seq, heads, head_dim]      x's dtype, contiguous
+
+For each pair (x_a, x_b) of a row and its table entries c, s: (x_a c - x_b s, x_b c + x_a s),
+each product and the sum rounded to float64, the result rounded once to x's dtype (``rotary.c``
+proves the rounding); coordinates past ``rotary_dim`` are copied. Bit for bit the numbers of the
+torch operations in :mod:`rope.rotation`. :func:`rotate_few` computes its tables itself: cos and
+sin of the float64 products m theta_i, exact for ``|m|`` < 2^29, as :mod:`rope.angles` does there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import build
+
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+THREADED_FROM = 1 << 16
+"""Rotated coordinates from which a call uses torch's thread count (starting a thread costs
+tens of microseconds: a decoding step runs on the calling thread)."""
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (:func:`rope.cpu.build.library`)."""
+    return build.library() is not None
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int) -> torch.Tensor:
+    """x rotated by cos and sin on the layout's pairs (shapes above), for callers that checked
+    them: x on the CPU in a dtype of :data:`DTYPE_CODES`, cos and sin float64 on the CPU
+    broadcasting as above, ``rotary_dim`` even and at most head_dim, and :func:`available`.
+
+    Args:
+        x: the tensor to rotate.
+        cos: cos of each pair's angle (any factor folded in).
+        sin: sin of each pair's angle.
+        layout: ``"half"`` or ``"interleaved"`` (:mod:`rope.layouts`).
+        rotary_dim: the rotated width; the coordinates past it are copied.
+
+    Returns:
+        The rotated x, contiguous, in x's dtype.
+
+    Raises:
+        TypeError, ValueError: for arguments outside the above, naming them; RuntimeError where
+            the kernel is not :func:`available`.
+    """
+    _check(x, cos, sin, layout, rotary_dim)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    if out.numel() == 0:
+        return out
+    batch, seq, heads, _ = x.shape
+    pairs = rotary_dim // 2
+    cos, sin = (table.expand(batch, seq, heads, pairs) for table in (cos, sin))
+    if cos.stride(3) != 1 or sin.stride() != cos.stride():  # the kernel reads pairs contiguously
+        cos, sin = cos.contiguous(), sin.contiguous()
+    rows = batch * seq * heads
+    threads = torch.get_num_threads() if rows * rotary_dim >= THREADED_FROM else 1
+    build.library().rope_rotate(
+        x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), (ctypes.c_int64 * 4)(*x.shape),
+        (ctypes.c_int64 * 4)(*x.stride()), (ctypes.c_int64 * 3)(*cos.stride()[:3]), rotary_dim,
+        DTYPE_CODES[x.dtype], layout == "interleaved", threads)
+    return out
+
+
+def _check(x, cos, sin, layout, rotary_dim) -> None:
+    """What the kernel reads must be what :func:`rotate` documents (it reads raw memory)."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
+        raise TypeError("x must be a float32, float16 or bfloat16 CPU tensor [batch, seq, heads, head_dim], got "
+                        + (f"{x.dtype} {x.device.type} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
+                           else type(x).__name__))
+    if layout not in ("half", "interleaved"):
+        raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
+    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > x.shape[3]:
+        raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {x.shape[3]}], got {rotary_dim!r}")
+    wanted = (*x.shape[:3], rotary_dim // 2)
+    for name, table in (("cos", cos), ("sin", sin)):
+        if not isinstance(table, torch.Tensor) or table.dtype != torch.float64 or table.device.type != "cpu":
+            raise TypeError(f"{name} must be a float64 CPU tensor")
+        if table.dim() != 4 or any(n not in (1, w) for n, w in zip(table.shape, wanted)) or table.shape[3] != wanted[3]:
+            raise ValueError(f"{name} must broadcast as [batch or 1, seq or 1, heads or 1, rotary_dim / 2] = "
+                             f"{list(wanted)}, got {tuple(table.shape)}")
+    if not available():
+        raise RuntimeError(f"the CPU kernel is not available: {build.unavailable_reason()}")
+
+
+def rotate_few(q: torch.Tensor, k: torch.Tensor, positions: list[int], position_rows: int, inv_freq: torch.Tensor,
+               layout: str, rotary_dim: int, cos_factor: float, sin_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated by the angles m theta_i of a few tokens in one call: pair i of a token at
+    position m turns by ``(cos_factor cos(m theta_i), sin_factor sin(m theta_i))`` (a negated
+    sin_factor gives the transposed rotation); differentiable (the gradient is the transposed
+    rotation, computed the same way). For callers that checked the arguments as
+    :func:`rope.apply.check_inputs` does, and these: :func:`available`; q and k on the CPU in one
+    dtype of :data:`DTYPE_CODES`; ``positions`` the ``position_rows * seq`` positions (rows 1 or
+    batch), each of ``|m|`` < 2^29; ``inv_freq`` float32 ``[rotary_dim / 2]``.
+
+    Args:
+        q: queries ``[batch, seq, heads_q, head_dim]``.
+        k: keys ``[batch, seq, heads_k, head_dim]``.
+        positions: the positions, row after row, as Python ints.
+        position_rows: 1 (positions shared by the batch) or batch.
+        inv_freq: the frequencies theta_i.
+        layout: ``"half"`` or ``"interleaved"``.
+        rotary_dim: the rotated width.
+        cos_factor: multiplies every cos (the attention factor).
+        sin_factor: multiplies every sin (the attention factor, negated for the conjugate).
+
+    Returns:
+        ``(q_out, k_out)``, contiguous, in q's dtype.
+
+    Raises:
+        ValueError: where inv_freq holds a value that is not finite.
+    """
+    angles = (positions, position_rows, inv_freq.contiguous(), layout, rotary_dim)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _FewTokens.apply(q, k, angles, cos_factor, sin_factor)
+    return _rotate_few(q, k, angles, cos_factor, sin_factor)
+
+
+def _rotate_few(q, k, angles, cos_factor: float, sin_factor: float):
+    positions, position_rows, inv_freq, layout, rotary_dim = angles
+    q_out, k_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
+    if q_out.numel() + k_out.numel() == 0:
+        return q_out, k_out
+    shape = ctypes.c_int64 * 4
+    status = build.library().rope_rotate_few(
+        (ctypes.c_int64 * len(positions))(*positions), position_rows, inv_freq.data_ptr(), cos_factor, sin_factor,
+        q.data_ptr(), q_out.data_ptr(), shape(*q.shape), shape(*q.stride()),
+        k.data_ptr(), k_out.data_ptr(), shape(*k.shape), shape(*k.stride()),
+        rotary_dim, DTYPE_CODES[q.dtype], layout == "interleaved")
+    if status == 1:
+        raise ValueError("inv_freq must hold finite values (no NaN or inf)")
+    if status:
+        raise MemoryError("the CPU kernel could not allocate the tables of a decoding step")
+    return q_out, k_out
+
+
+class _FewTokens(torch.autograd.Function):
+    """:func:`rotate_few` under autograd: dq, dk = the transposed rotation of the output gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, angles, cos_factor, sin_factor):
+        ctx.options = (angles, cos_factor, sin_factor)
+        ctx.set_materialize_grads(False)  # an output unused by the loss gives its input no gradient
+        return _rotate_few(q, k, angles, cos_factor, sin_factor)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        angles, cos_factor, sin_factor = ctx.options
+        if dq is None and dk is None:
+            return (None,) * 5
+        given_q = dq if dq is not None else torch.zeros((*dk.shape[:2], 0, dk.shape[3]), dtype=dk.dtype)
+        given_k = dk if dk is not None else torch.zeros((*dq.shape[:2], 0, dq.shape[3]), dtype=dq.dtype)
+        grad_q, grad_k = _rotate_few(given_q, given_k, angles, cos_factor, -sin_factor)
+        return (grad_q if dq is not None else None, grad_k if dk is not None else None, None, None, None)
