@@ -481,10 +481,6 @@ def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool 
     s a^2 |q . k| lies beyond float32's range (the output is then the hard maximum, :func:`launch`).
     Refuse too a softmax_scale whose log2(e) s is below float32's smallest normal number 2^-126: held in
     float32 it would be 0 or subnormal (flushed to 0 on the GPU), and 0 times a masked logit's -inf is NaN."""
-    if not _LOG2E * options.scale >= FLOAT32_TINY:
-        raise ValueError(f"softmax_scale is too small for the kernel's float32 logits: log2(e) softmax_scale = "
-                         f"{_LOG2E * options.scale:.3g} must be at least float32's smallest normal number "
-                         f"2^-126 = {FLOAT32_TINY:.6g}; got softmax_scale = {options.scale!r}")
     logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
     a = options.attention_factor
     largest = _LOG2E * options.scale * logn * a * a  # products: inf beyond float64, not OverflowError (a**2)
@@ -496,6 +492,10 @@ def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool 
                          f"attention_factor^2{times} = {largest:.3g} (and attention_factor) must not exceed "
                          f"float32's largest number {FLOAT32_MAX:.6g}; got softmax_scale = {options.scale!r}, "
                          f"attention_factor = {a!r}")
+    if not _LOG2E * options.scale >= FLOAT32_TINY:
+        raise ValueError(f"softmax_scale is too small for the kernel's float32 logits: log2(e) softmax_scale = "
+                         f"{_LOG2E * options.scale:.3g} must be at least float32's smallest normal number "
+                         f"2^-126 = {FLOAT32_TINY:.6g}; got softmax_scale = {options.scale!r}")
 
 
 @dataclass(frozen=True)
