@@ -351,6 +351,29 @@ def test_the_fused_kernels_take_any_scale_they_accept(dtype, kernel, method):
     torch.testing.assert_close(lse.cpu(), expected_lse, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
+def test_the_fused_kernels_take_the_smallest_scale_they_accept(kernel):
+    """The kernels hold log2(e) softmax_scale in float32: below float32's smallest normal number it would be 0
+    (0 times a masked logit's -inf: NaN), so such a scale is refused by name before any work; the smallest one
+    accepted gives the softmax's limit at s -> 0, the mean of v over each row's unmasked keys."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_decode import launch_decode
+
+    run = launch if kernel == "prefill" else launch_decode
+    inputs = kernel_case(12, torch.float32)
+    smallest = 2.0**-126 / math.log2(math.e) * (1 + 2.0**-40)  # log2(e) s >= 2^-126 after its float64 rounding
+    for scale in (5e-324, 1e-300, 2.0**-126 / math.log2(math.e) * (1 - 2.0**-40)):
+        with pytest.raises(ValueError, match="softmax_scale is too small"):
+            run(*inputs, softmax_scale=scale)
+    out, lse = run(*inputs, softmax_scale=smallest)
+    q_positions, k_positions = inputs[3].cpu(), inputs[4].cpu()
+    seen = (k_positions[None, :] <= q_positions[:, None]).double()  # [q_len, k_len], causal
+    expected = torch.einsum("ij,jd->id", seen / seen.sum(-1, keepdim=True), inputs[2][0, :, 0].cpu().double())
+    torch.testing.assert_close(out[0].cpu().double(), expected[:, None].expand_as(out[0]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(lse[0].cpu().double(), seen.sum(-1).log().expand_as(lse[0]), rtol=0, atol=1e-6)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
 def test_the_fused_backward_refuses_an_infinite_lse_by_name():
     """An LSE beyond float32's range leaves P = exp(s L - LSE) nothing to recompute from: refused, naming lse."""

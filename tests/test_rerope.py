@@ -289,6 +289,50 @@ def test_two_pass_form_at_extreme_positions_matches_its_definition(window, leaky
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-14 * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_bent_frequency_below_float64s_frequency_range_is_taken(dtype):
+    # phi = theta / k below 2^-100 (k = 1e40): a float64 frequency column holds 0 or [2^-100, 2^127) only, so
+    # bent_frame passes phi as float32 pieces; it was refused, naming inv_freq, though neither argument is wrong.
+    import mpmath
+
+    from rope.attention.blockwise import rotary_attention
+
+    q, k, _, _, theta = random_case(13, q_len=4, k_len=len(EXTREMES), heads_k=1, group=2)
+    theta = theta.to(dtype)
+    q_positions = torch.tensor([2**62, -(2**62), INT64_MAX, INT64_MIN])
+    k_positions = torch.tensor(EXTREMES)
+    window, leaky_scale = 3, 1e40
+    assert 0 < theta.max().item() / leaky_scale < 2.0**-100
+
+    def angle(m, n, theta_p):
+        r = m - n
+        return r * theta_p if r < window else (r - window) * mpmath.mpf(float(theta_p) / leaky_scale) + window * theta_p
+
+    logits = rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta, window=window,
+                                           leaky_scale=leaky_scale)
+    expected = mpmath_scores(q, k, q_positions, k_positions, theta, angle, "half")
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-14 * expected.abs().max().item())
+    v = torch.randn(k.shape[:3] + (5,), dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
+                           causal=False, softmax_scale=0.5, block_size=2)
+    weights = torch.softmax(0.5 * expected, dim=-1)  # [batch, heads_q, q_len, k_len]
+    reference = torch.einsum("bhij,bjhd->bihd", weights, v.repeat_interleave(2, dim=2))
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_bent_frame_in_float32_pieces_turns_as_its_float64_column(dtype, monkeypatch):
+    # off the CPU (no free read of phi) the bent frame always takes phi in float32 pieces: the same turns, bit for bit
+    q, k, _, _, theta = random_case(17, q_len=4, k_len=len(EXTREMES), heads_k=1, group=2)
+    q_positions, k_positions = torch.tensor([2**62, -(2**62), INT64_MAX, INT64_MIN]), torch.tensor(EXTREMES)
+    options = dict(window=3, leaky_scale=2.5)
+    columns = rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta.to(dtype), **options)
+    monkeypatch.setattr(rerope._checks, "reads_are_free", lambda device: False)
+    assert rerope.bent_frame(q_positions, theta.to(dtype), 3, 2.5, query=True)[1].dtype == torch.float32
+    pieces = rerope.rerope_scores_two_pass(q, k, q_positions, k_positions, theta.to(dtype), **options)
+    assert torch.equal(pieces, columns)
+
+
 def test_a_bent_frequency_beyond_float32s_range_is_refused():
     q, k, q_positions, k_positions, _ = random_case(0)
     theta = torch.tensor([1e38, 1.0, 0.5], dtype=torch.float32)

@@ -256,7 +256,10 @@ def bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, lea
     (the same number as (m + w (k - 1)) phi_i when phi_i = theta_i / k), each a sum of integer
     multiples reduced modulo 2 pi exactly (:func:`rope.angles.cos_sin_of_sum`) for every int64 m, n
     and w: positions ``[tokens, terms]`` (m, w, w) and (n), frequencies ``[pairs, terms]``
-    (phi, -phi, theta) and (phi). The logit's angle is then (r - w) phi_i + w theta_i, a function of
+    (phi, -phi, theta) and (phi); where some nonzero phi_i is below 2^-100 (or its values cannot be read
+    for free, off the CPU), each phi_i as its three float32 pieces (:func:`float32_pieces`, three terms of
+    one position; so is a float64 theta_i), the same turns, as no float64 frequency column holds such a
+    phi_i. The logit's angle is then (r - w) phi_i + w theta_i, a function of
     r = m - n alone; the one rounding, of phi_i, moves it by at most ``|r - w|`` theta_i 2^-53 / k.
     phi_i must stay below 2^127 (``ValueError`` naming ``leaky_scale`` otherwise); a nonzero phi_i
     below 2^-100 is taken to within 2^-150 (its float32 pieces underflow): at most 2^-86 rad at any int64
@@ -271,15 +274,38 @@ def bent_frame(positions: torch.Tensor, inv_freq: torch.Tensor, window: int, lea
     """
     if leaky_scale is None:
         return torch.full_like(positions, window if query else 0, dtype=torch.int64), inv_freq
-    theta = inv_freq.to(torch.float64)
-    phi = theta / leaky_scale
+    phi = inv_freq.to(torch.float64) / leaky_scale
     _checks.assert_values("leaky_scale", (phi.abs() < 2.0**127).all(),
                           f"a value that keeps inv_freq / leaky_scale below 2^127 (got leaky_scale = {leaky_scale!r})")
-    positions = positions.to(torch.int64)
+    positions = positions.to(torch.int64)[:, None]
+    if _checks.reads_are_free(phi.device) and not ((phi != 0) & (phi.abs() < 2.0**-100)).any():
+        # a float64 column: the same turns as its three pieces (cos_sin_of_sum splits it so), in fewer terms
+        if not query:
+            return positions, phi[:, None]
+        w = torch.full_like(positions, window)
+        return torch.cat((positions, w, w), dim=-1), torch.stack((phi, -phi, inv_freq.to(torch.float64)), dim=-1)
+    phi = float32_pieces(phi)  # [pairs, 3]: phi_i below 2^-100 too (a float64 column holds 0 or [2^-100, 2^127))
     if not query:
-        return positions[:, None], phi[:, None]
+        return positions.expand(-1, 3), phi
+    theta = float32_pieces(inv_freq) if inv_freq.dtype == torch.float64 else inv_freq[:, None]
     w = torch.full_like(positions, window)
-    return torch.stack((positions, w, w), dim=-1), torch.stack((phi, -phi, theta), dim=-1)
+    columns = (positions.expand(-1, 3), w.expand(-1, 3), w.expand(-1, theta.shape[1]))
+    return torch.cat(columns, dim=-1), torch.cat((phi, -phi, theta), dim=-1)
+
+
+def float32_pieces(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x [n]`` as three float32 numbers ``[n, 3]`` whose sum is x: exactly where ``|x|`` is 0 or at
+    least 2^-100 (24 + 24 + 24 >= 53 bits, the last piece above float32's subnormal range), within 2^-150 below.
+    :func:`rope.angles.cos_sin_of_sum` takes them as three terms of one position, whose turns add to those of x
+    (its float64 frequencies are split the same way), so that x needs no float64 range.
+
+    Args:
+        x: float64 values below 2^127 in magnitude, ``[n]``.
+    """
+    first = x.to(torch.float32)
+    rest = x - first.to(torch.float64)  # exact, as is the next remainder
+    second = rest.to(torch.float32)
+    return torch.stack((first, second, (rest - second.to(torch.float64)).to(torch.float32)), dim=-1)
 
 
 def rerope_scores_two_pass(

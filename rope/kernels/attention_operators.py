@@ -38,7 +38,10 @@ def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layou
     :func:`rope.kernels.triton_attention.launch` (float16, bfloat16 or
     float32 q, k, v of one dtype; float32 inv_freq; integer positions in (-2^31, 2^31)); returns
     ``[batch, q_len, heads_q, v_dim]`` in q's dtype. The float64 reference is
-    :func:`rope.attention.blockwise.rotary_attention`.
+    :func:`rope.attention.blockwise.rotary_attention`. Finite inputs give no NaN except where a logit
+    ``q . k`` a^2 is beyond float32's range (float32 or bfloat16 inputs from about 1e18 / a), which the
+    kernels do not read the values to refuse (:func:`rope.kernels.triton_attention.launch`); a
+    ``softmax_scale`` or ``attention_factor`` their float32 arithmetic cannot hold is refused by name.
 
     Args:
         q: ``[batch, q_len, heads_q, d]``, float16, bfloat16 or float32.

@@ -53,7 +53,8 @@ Domain (:func:`launch` refuses the rest with ``ValueError``): float16, bfloat16 
 and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k, Leaky ReRoPE);
 positions (any integer dtype), one row for the batch or one per sequence, with ``|m|`` < 2^31, so
 that every angle is reduced exactly and every difference m - n is an int64; every query with a key to
-attend to; log2(e) softmax_scale attention_factor^2 within float32's range; CUDA tensors, or CPU
+attend to; log2(e) softmax_scale attention_factor^2 within float32's range and log2(e) softmax_scale
+no smaller than its smallest normal number 2^-126; CUDA tensors, or CPU
 tensors in Triton's interpreter. The values are not checked (it would cost a pass over q and k): a
 logit q . k a^2 beyond float32's range (float32 or bfloat16 inputs from about 1e18 / a; float16
 inputs only with a beyond about 1e13) is infinite in the kernel and gives NaN;
@@ -97,6 +98,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LN2 = math.log(2.0)
 _LOG2E = 1 / _LN2
 FLOAT32_MAX = torch.finfo(torch.float32).max
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal number
 MAX_POSITION_C = tl.constexpr(MAX_POSITION)  # the jit functions read constexpr globals only
 LN2_C = tl.constexpr(_LN2)
 
@@ -476,7 +478,9 @@ def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool 
     hold log2(e) s (times the log-n factors) and a in float32 and scale the gaps between float32 logits
     and their row's maximum by them, which a finite factor keeps 0 at the maximum (an infinite one
     would give inf * 0 = NaN). Only the options are read; any finite factor is taken, however far
-    s a^2 |q . k| lies beyond float32's range (the output is then the hard maximum, :func:`launch`)."""
+    s a^2 |q . k| lies beyond float32's range (the output is then the hard maximum, :func:`launch`).
+    Refuse too a softmax_scale whose log2(e) s is below float32's smallest normal number 2^-126: held in
+    float32 it would be 0 or subnormal (flushed to 0 on the GPU), and 0 times a masked logit's -inf is NaN."""
     logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
     a = options.attention_factor
     largest = _LOG2E * options.scale * logn * a * a  # products: inf beyond float64, not OverflowError (a**2)
@@ -488,6 +492,10 @@ def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool 
                          f"attention_factor^2{times} = {largest:.3g} (and attention_factor) must not exceed "
                          f"float32's largest number {FLOAT32_MAX:.6g}; got softmax_scale = {options.scale!r}, "
                          f"attention_factor = {a!r}")
+    if not _LOG2E * options.scale >= FLOAT32_TINY:
+        raise ValueError(f"softmax_scale is too small for the kernel's float32 logits: log2(e) softmax_scale = "
+                         f"{_LOG2E * options.scale:.3g} must be at least float32's smallest normal number "
+                         f"2^-126 = {FLOAT32_TINY:.6g}; got softmax_scale = {options.scale!r}")
 
 
 @dataclass(frozen=True)
@@ -599,7 +607,9 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
 
     The logits are float32 (module docstring): ``ValueError`` where the factor they are scaled by,
     log2(e) ``softmax_scale`` a^2 (times the largest log-n factor), or a itself, exceeds float32's
-    range (:func:`check_logit_scale`, from the options alone). Every factor within it is computed:
+    range, or where log2(e) ``softmax_scale`` is below float32's smallest normal number 2^-126 (held
+    in float32 it would be 0, and 0 times a masked logit's -inf NaN) (:func:`check_logit_scale`,
+    from the options alone). Every factor within it is computed:
     the running maximum is taken before the scale, so scaled logits beyond float32's range give
     the hard maximum (the mean of v over each row's largest logits, the limit of the softmax) and
     an lse of ±inf, never NaN. float16 q and k of any finite value are taken (their rotated
