@@ -141,6 +141,7 @@ def test_entropy_rate_matches_the_chain():
         (lambda: run("tiny", output="results.json", overwrite="yes"), "overwrite"),
         (lambda: run("tiny", output=3), "output"),
         (lambda: run("tiny", output="results.md"), r"\.md"),
+        (lambda: run("tiny", output="results.MD"), r"\.md"),  # the same file as its table where case is ignored
         (lambda: run("tiny", methods=["rope", "rope"]), "methods must name each method once"),
         (lambda: run("tiny", methods=[]), "methods must name at least one"),
         (lambda: run("tiny", methods=5), "methods must be a list"),

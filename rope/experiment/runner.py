@@ -194,7 +194,7 @@ def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "ov
     if not isinstance(output, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or path, got {type(output).__name__} {output!r}")
     output = Path(output)
-    if output.suffix == ".md":
+    if output.suffix.lower() == ".md":  # .MD too: on a case-insensitive file system the table would be the JSON
         raise ValueError(f"{name} must not end in .md (the markdown table is written beside it as .md), "
                          f"got {output}")
     try:
