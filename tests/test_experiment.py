@@ -518,6 +518,15 @@ def test_an_unwritable_folder_is_refused_before_the_run(tmp_path, monkeypatch):
         runner.check_output(tmp_path / "new" / "results.json")
 
 
+@pytest.mark.parametrize("setting", [dict(learning_rate=1e308), dict(weight_decay=1e308)])
+def test_a_diverging_training_stops_naming_its_setting(setting):
+    """Finite settings whose training overflows the weights stop at the first loss that is not
+    finite, naming the learning rate, instead of finishing the run with NaN results."""
+    config = dataclasses.replace(PRESETS["tiny"], steps=4, warmup_steps=0, **setting)
+    with pytest.raises(ValueError, match="^training diverged: the loss of step [1-3] is nan .*learning_rate"):
+        runner._pretrain(config, config.model_spec, RecallTask(config.task), "rope", torch.device("cpu"), False)
+
+
 def test_the_largest_seed_torch_takes_trains():
     """2^64 - 1, the largest seed of torch.manual_seed, seeds the initialization and the batches."""
     from rope.experiment.presets import MAX_SEED
