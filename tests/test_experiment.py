@@ -141,12 +141,17 @@ def test_entropy_rate_matches_the_chain():
         (lambda: run("tiny", output="results.json", overwrite="yes"), "overwrite"),
         (lambda: run("tiny", output=3), "output"),
         (lambda: run("tiny", output="results.md"), r"\.md"),
+        (lambda: run("tiny", output="results.MD"), r"\.md"),  # the same file as its table where case is ignored
         (lambda: run("tiny", methods=["rope", "rope"]), "methods must name each method once"),
         (lambda: run("tiny", methods=[]), "methods must name at least one"),
         (lambda: run("tiny", methods=5), "methods must be a list"),
         (lambda: run("tiny", methods=[["rope"]]), "methods must be a list"),
         (lambda: dataclasses.replace(PRESETS["tiny"], eval_multiples=(1, 2, 1)), "eval_multiples must not repeat"),
         (lambda: dataclasses.replace(PRESETS["tiny"], long_eval_multiples=(64, 64)), "long_eval_multiples"),
+        # torch.set_num_threads takes a C int ("Overflow when unpacking long" when the run starts)
+        (lambda: dataclasses.replace(PRESETS["tiny"], threads=2**31), "^threads must be <= 2147483647"),
+        # an odd head dimension: refused when the config is made, not when the run builds the model
+        (lambda: dataclasses.replace(PRESETS["tiny"], d_model=6, num_heads=2), "d_model / num_heads"),
     ],
 )
 def test_bad_input_is_rejected(make, message):
@@ -430,6 +435,9 @@ def test_the_committed_results_are_refused_before_the_run_without_overwrite(seed
     (["--seed", "-1"], "--seed"),
     (["--seed", "1.5"], "--seed"),
     (["--methods", "rope", "yarn", "rope"], "--methods"),  # a method twice: its rows would outgrow the lengths
+    # names too long for the file system (255 bytes on Linux and macOS): os.access cannot tell, writing does
+    (["--output", "{folder}/" + "x" * 300 + ".json"], "--output"),
+    (["--out", "{folder}/new/" + "x" * 300], "--out"),  # and the folder "new", made to try, is removed
 ])
 def test_every_argument_is_checked_before_the_run(argv, flag, tmp_path, monkeypatch, capsys):
     """A bad argument stops the command line at once with a usage error naming it (exit status 2),
@@ -466,11 +474,57 @@ def test_run_checks_its_output_and_device_before_training(tmp_path, monkeypatch)
         dataclasses.replace(PRESETS["tiny"], seed=2**64)
 
 
+def test_what_the_file_system_refuses_is_refused_before_the_run(tmp_path, monkeypatch):
+    """Where os.access says yes but writing fails (root on a read-only or virtual file system such
+    as /proc), trying to write decides: the error names the argument and the system's reason, and
+    the folders made to try are removed again."""
+    monkeypatch.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
+    real_open = open
+
+    def read_only(path, *args, **kwargs):
+        if Path(path).parent.is_relative_to(tmp_path):
+            raise OSError(30, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", read_only)
+    with pytest.raises(ValueError, match="^output: .*cannot be written there: Read-only file system"):
+        run("tiny", output=tmp_path / "new" / "deeper" / "results.json", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_run_checks_every_scheme_before_training(monkeypatch):
+    """A config whose frequencies are fine at the training length but underflow float32 at a
+    longer evaluation length (PI divides them by 16 at 16 L) is refused naming rope_theta before
+    anything is trained, not after the training."""
+    monkeypatch.setattr(runner, "_run", lambda *args: pytest.fail("the experiment ran"))
+    config = dataclasses.replace(PRESETS["tiny"], rope_theta=1e51)
+    runner.check_schemes(config, ["rope"])  # the training scheme is fine
+    with pytest.raises(ValueError, match="rope_theta"):
+        run(config, methods=["rope", "pi"], progress=False)
+
+
+def test_the_held_out_sequences_are_drawn_before_training(monkeypatch):
+    """An evaluation length beyond memory fails before the training, not after it."""
+    monkeypatch.setattr(runner, "_train_models", lambda *args: pytest.fail("the models were trained"))
+    config = dataclasses.replace(PRESETS["tiny"], eval_multiples=(1, 2**40))
+    with pytest.raises((MemoryError, ValueError)):
+        run(config, methods=["rope"], progress=False)
+
+
 def test_an_unwritable_folder_is_refused_before_the_run(tmp_path, monkeypatch):
     """os.access decides (the tests may run as root, who may write anywhere)."""
     monkeypatch.setattr(runner.os, "access", lambda path, mode: Path(path) != tmp_path)
     with pytest.raises(ValueError, match="not writable"):
         runner.check_output(tmp_path / "new" / "results.json")
+
+
+@pytest.mark.parametrize("setting", [dict(learning_rate=1e308), dict(weight_decay=1e308)])
+def test_a_diverging_training_stops_naming_its_setting(setting):
+    """Finite settings whose training overflows the weights stop at the first loss that is not
+    finite, naming the learning rate, instead of finishing the run with NaN results."""
+    config = dataclasses.replace(PRESETS["tiny"], steps=4, warmup_steps=0, **setting)
+    with pytest.raises(ValueError, match="^training diverged: the loss of step [1-3] is nan .*learning_rate"):
+        runner._pretrain(config, config.model_spec, RecallTask(config.task), "rope", torch.device("cpu"), False)
 
 
 def test_the_largest_seed_torch_takes_trains():

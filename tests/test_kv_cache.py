@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import rope
 from helpers import random_qk
-from rope.attention.kv_cache import DynamicNTKKeyCache, dynamic_ntk_scores
+from rope.attention.kv_cache import DynamicNTKKeyCache, current_length, dynamic_ntk_scores
 from rope.reference import rotation_matrix
 from strategies import layouts, seeds
 
@@ -124,6 +124,37 @@ def test_negative_positions_are_refused_naming_them():
         dynamic_ntk_scores(q, k, torch.arange(3), torch.tensor([0, -5, 1]), config(8), 8)
     with pytest.raises(TypeError, match="^q_positions"):
         dynamic_ntk_scores(q, k, [0, 1, 2], torch.arange(3), config(8), 8)
+
+
+@pytest.mark.parametrize("positions, error, message", [
+    ([[0, 1, 2]], TypeError, r"^positions\[0\] must be a torch.Tensor"),
+    ([torch.tensor([1.5])], TypeError, r"^positions\[0\] must be an integer tensor"),
+    ([torch.arange(3), torch.tensor([-5])], ValueError, r"^positions\[1\] must hold positions >= 0 .*got -5"),
+    ([torch.tensor([[3, 4]])], ValueError, r"^positions\[0\] must be 1-D"),
+])
+def test_current_length_refuses_what_has_no_length_naming_it(positions, error, message):
+    """l = max(position) + 1 counts tokens from position 0: a list, float positions, a negative
+    position or a 2-D tensor is refused naming it (they gave an AttributeError, l = 2 for 1.5 and
+    l = -4 for -5)."""
+    with pytest.raises(error, match=message):
+        current_length(*positions)
+
+
+def test_current_length_counts_from_position_zero():
+    """l = max + 1 over every tensor, at the int64 extremes too; 1 with no token at all."""
+    top = 2**63 - 1
+    assert current_length() == 1 == current_length(torch.zeros(0, dtype=torch.int64))
+    assert current_length(torch.tensor([3, 0]), torch.tensor([top, 7])) == 2**63
+    assert current_length(torch.tensor([4], dtype=torch.uint8)) == 5
+
+
+@pytest.mark.parametrize("length, error", [(0, ValueError), (-1, ValueError), (2**63 + 1, ValueError),
+                                            (1.5, TypeError), ("3", TypeError), (True, TypeError)])
+def test_the_frequencies_name_their_length(length, error):
+    """DynamicNTKKeyCache.frequencies(length) refuses a length outside [1, 2^63] naming ``length``
+    (it surfaced as inv_freq's ``seq_len``, an argument the caller never passed)."""
+    with pytest.raises(error, match="^length must"):
+        DynamicNTKKeyCache(config(8), 8).frequencies(length)
 
 
 @pytest.mark.parametrize("q_len, k_len", [(0, 0), (0, 3), (3, 0)])

@@ -29,7 +29,7 @@ import torch
 
 from .._checks import choice, head_tensors, integer, integer_tensor
 from ..apply import apply_rotary
-from ..config import RopeConfig, parse_config
+from ..config import MAX_LENGTH, RopeConfig, parse_config
 from ..frequencies import inv_freq
 from ..layouts import check_layout
 from .rerope import check_qk, rotary_scores
@@ -73,10 +73,18 @@ def check_positions(**positions: torch.Tensor) -> None:
 def current_length(*positions: torch.Tensor) -> int:
     """l = max(position) + 1 over all tokens seen, the length dynamic NTK scales for (as transformers);
     1 when no token has been seen (every l <= max_position_embeddings gives the unscaled frequencies).
+    Each argument is checked as :func:`check_positions` checks it (a 1-D integer tensor of positions
+    >= 0), named ``positions[i]``.
 
     Args:
-        *positions: integer tensors of the positions seen.
+        *positions: 1-D integer tensors of the positions seen, each >= 0.
     """
+    check_positions(**{f"positions[{i}]": p for i, p in enumerate(positions)})
+    return _length(*positions)
+
+
+def _length(*positions: torch.Tensor) -> int:
+    """:func:`current_length` of positions already checked (one check per call)."""
     return max((int(p.max()) for p in positions if p.numel()), default=0) + 1
 
 
@@ -102,7 +110,7 @@ def dynamic_ntk_scores(q, k, q_positions, k_positions, config, head_dim: int, *,
     head_dim = integer("head_dim", head_dim, minimum=1)
     _check_head_dim(q, k, head_dim)
     check_positions(q_positions=q_positions, k_positions=k_positions)
-    theta, _ = inv_freq(cfg, head_dim, seq_len=current_length(q_positions, k_positions))
+    theta, _ = inv_freq(cfg, head_dim, seq_len=_length(q_positions, k_positions))
     return rotary_scores(q, k, q_positions, k_positions, theta, layout=layout)
 
 
@@ -140,11 +148,13 @@ class DynamicNTKKeyCache:
         self.positions = torch.zeros(0, dtype=torch.int64)
 
     def frequencies(self, length: int) -> torch.Tensor:
-        """theta(l) for the current length l.
+        """theta(l) for the current length l, an int in [1, 2^63] (the length of any int64 positions
+        from 0, :data:`rope.config.MAX_LENGTH`).
 
         Args:
             length: the current length l.
         """
+        length = integer("length", length, minimum=1, maximum=MAX_LENGTH)
         return inv_freq(self.config, self.head_dim, seq_len=length)[0]
 
     def step(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -166,7 +176,7 @@ class DynamicNTKKeyCache:
         device = q.device
         positions = positions.to(device, torch.int64)
         cached = self.positions.to(device)
-        theta = self.frequencies(current_length(cached, positions)).to(device)
+        theta = self.frequencies(_length(cached, positions)).to(device)  # both checked: when appended, above
         check_qk(q, k, positions, positions, theta)
         if self.keys is not None and self.keys.device != device:
             raise ValueError(f"q is on {device}, but the cached keys are on {self.keys.device}: a cache serves "

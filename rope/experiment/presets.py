@@ -10,10 +10,14 @@ from dataclasses import asdict, dataclass, field
 
 from .._checks import integer, number, optional_integer
 from .data import TaskSpec
+from .model import ModelSpec
 
 MAX_SEED = 2**64 - 1
 """The largest run seed: :func:`torch.manual_seed` takes the seeds of a uint64 (and negative ones, which
 it maps to these; a run seed is >= 0)."""
+
+MAX_THREADS = 2**31 - 1
+"""The largest thread count: :func:`torch.set_num_threads` takes a C int."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class ExperimentConfig:
         eval_tokens: about how many tokens are evaluated at each length.
         eval_batch_tokens: about how many tokens go through one evaluation pass.
         seed: the run seed (initialization and training batches), in [0, 2^64 - 1].
-        threads: torch's thread count during the run, or ``None`` to leave it.
+        threads: torch's thread count during the run, in [1, 2^31 - 1], or ``None`` to leave it.
     """
 
     name: str
@@ -81,7 +85,8 @@ class ExperimentConfig:
             self._store(key, integer(key, getattr(self, key), minimum=minimum))
         # the initialization's torch.manual_seed(seed) takes [0, 2^64 - 1]: refused here, not when training starts
         self._store("seed", integer("seed", self.seed, minimum=0, maximum=MAX_SEED))
-        self._store("threads", optional_integer("threads", self.threads, minimum=1))
+        # torch.set_num_threads takes a C int: a larger count surfaced as "Overflow when unpacking long"
+        self._store("threads", optional_integer("threads", self.threads, minimum=1, maximum=MAX_THREADS))
         for key, bounds in (("learning_rate", {"positive": True}), ("finetune_learning_rate", {"positive": True}),
                             ("weight_decay", {"minimum": 0.0})):
             self._store(key, number(key, getattr(self, key), **bounds))
@@ -97,6 +102,12 @@ class ExperimentConfig:
                 raise ValueError(f"{key} must not repeat a multiple, got {multiples}")
         if not self.eval_multiples:
             raise ValueError("eval_multiples must hold at least one multiple of training_length")
+        self.model_spec  # noqa: B018  (refuses sizes no model has, e.g. an odd head dimension, here)
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The sizes of the run's model (:class:`rope.experiment.model.ModelSpec`, which checks them)."""
+        return ModelSpec(self.task.vocab_size, self.d_model, self.num_heads, self.num_layers, self.mlp_ratio)
 
     def _store(self, key: str, value) -> None:
         object.__setattr__(self, key, value)  # frozen: the checked value replaces the given one

@@ -116,7 +116,9 @@ def run(
     results file (the JSON or its table) is refused with ``FileExistsError`` unless
     ``overwrite=True`` (the committed results under ``rope/experiment/results/`` are replaced only
     on request), an ``output`` that could not be written (:func:`check_output`) or a ``device``
-    that cannot hold tensors (:func:`check_device`) with ``ValueError`` naming it.
+    that cannot hold tensors (:func:`check_device`) with ``ValueError`` naming it, and a config
+    whose methods cannot be built at some evaluation length (:func:`check_schemes`) with the
+    error naming the config's field.
 
     Args:
         config: an :class:`ExperimentConfig`, or the name of a preset (``"tiny"``, ``"cpu"``, ``"gpu"``).
@@ -130,14 +132,35 @@ def run(
     flag("progress", progress)
     flag("overwrite", overwrite)
     names = checked_methods(methods)
+    device = check_device(device)
+    check_schemes(config, names)
     if output is not None:
         output = check_output(output, overwrite=overwrite)
-    device = check_device(device)
     with _deterministic(config, device):
         results = _run(config, names, device, progress)
     if output is not None:
         _write(results, output, overwrite)
     return results
+
+
+def check_schemes(config: ExperimentConfig, names: list[str]) -> None:
+    """Build the scheme of every method of ``names`` at every length it will be evaluated at (a
+    ``per_prefix`` method also at its first prefix, L: dynamic NTK's base grows with the length,
+    so these two are its extremes), before anything is trained: a config whose
+    frequencies cannot be formed at some length (e.g. a ``rope_theta`` whose scaled frequencies
+    underflow float32) is refused with the error naming the field, not after the training.
+
+    Args:
+        config: the run's config.
+        names: the methods evaluated (:func:`checked_methods`).
+    """
+    spec = config.model_spec
+    for name in names:
+        method = METHODS[name]
+        lengths = config.eval_lengths + (config.long_eval_lengths if method.linear_memory else [])
+        for length in lengths:
+            for end in {min(config.training_length, length), length} if method.per_prefix else {length}:
+                method.build(_context(config, spec, end))
 
 
 def results_files(output: str | Path) -> tuple[Path, Path]:
@@ -156,8 +179,9 @@ def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "ov
     run never trains for minutes and then fails to write: ``TypeError`` unless it is a str or
     path; ``ValueError`` naming the argument (``name``: the command line passes its flag) for a
     name ending in ``.md`` (the table beside it would be the file itself), for a results file
-    that is a folder, and for a folder that cannot be created or written (the nearest existing
-    folder above the results must be a writable folder, not a file); ``FileExistsError`` naming
+    that is a folder, and for a folder or file that cannot be created or written (the nearest
+    existing folder above the results must be a writable folder, not a file, and the folders and
+    files are then created and removed again, :func:`_try_writing`); ``FileExistsError`` naming
     the file and ``hint`` (how to ask for the replacement) when either results file exists and
     not ``overwrite``.
 
@@ -170,9 +194,24 @@ def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "ov
     if not isinstance(output, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or path, got {type(output).__name__} {output!r}")
     output = Path(output)
-    if output.suffix == ".md":
+    if output.suffix.lower() == ".md":  # .MD too: on a case-insensitive file system the table would be the JSON
         raise ValueError(f"{name} must not end in .md (the markdown table is written beside it as .md), "
                          f"got {output}")
+    try:
+        _check_writable(output, overwrite, hint, name)
+    except FileExistsError:  # existing results, without overwrite
+        raise
+    except OSError as error:  # e.g. a name too long for the file system, from the first look at it
+        raise ValueError(f"{name}: the results {output} cannot be written there: {error.strerror or error}") from None
+    try:
+        _try_writing(output)
+    except OSError as error:  # a broken link in the way included (FileExistsError)
+        raise ValueError(f"{name}: the results {output} cannot be written there: {error.strerror or error}") from None
+    return output
+
+
+def _check_writable(output: Path, overwrite: bool, hint: str, name: str) -> None:
+    """:func:`check_output`'s look at the file system (its ``OSError`` left to the caller)."""
     for path in results_files(output):
         if path.is_dir():
             raise ValueError(f"{name}: the results file {path} is a folder; name a file")
@@ -190,7 +229,28 @@ def check_output(output: str | Path, *, overwrite: bool = False, hint: str = "ov
             named = (f"file {existing[0]} exists; pass {hint} to replace it" if len(existing) == 1
                      else f"files {' and '.join(existing)} exist; pass {hint} to replace them")
             raise FileExistsError(f"results {named}, or write the results elsewhere")
-    return output
+
+
+def _try_writing(output: Path) -> None:
+    """Create the folders and the two results files of ``output`` as the run will, then remove
+    what was created (an existing file is opened for appending, which changes nothing): the one
+    test that holds where permissions do not tell (root, read-only or virtual file systems such
+    as /proc) and for names too long for the file system; its ``OSError`` is the caller's."""
+    created = []  # folders made here, outermost first
+    try:
+        for folder in reversed(output.absolute().parents):
+            if not folder.exists():
+                folder.mkdir()
+                created.append(folder)
+        for path in results_files(output):
+            existed = path.exists()
+            with open(path, "a" if existed else "x"):
+                pass
+            if not existed:
+                path.unlink()
+    finally:
+        for folder in reversed(created):
+            folder.rmdir()
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -258,13 +318,14 @@ def _run(config: ExperimentConfig, names: list[str], device: torch.device, progr
     """Train the models that ``names`` need, evaluate every method at every length: the results dict."""
     started = time.perf_counter()
     task = RecallTask(config.task)
-    spec = ModelSpec(config.task.vocab_size, config.d_model, config.num_heads, config.num_layers, config.mlp_ratio)
-    models, training = _train_models(config, spec, task, names, device, progress)
+    spec = config.model_spec
+    # the held-out sequences first: lengths beyond memory fail here, not after the training
     held_out = _held_out(config, task, config.eval_lengths)
-    t0 = time.perf_counter()
-    methods = _evaluate_methods(config, spec, models, held_out, names, device, progress)
     long_names = [n for n in names if METHODS[n].linear_memory]
     long_held_out = _held_out(config, task, config.long_eval_lengths) if long_names else {}
+    models, training = _train_models(config, spec, task, names, device, progress)
+    t0 = time.perf_counter()
+    methods = _evaluate_methods(config, spec, models, held_out, names, device, progress)
     long_methods = (_evaluate_methods(config, spec, models, long_held_out, long_names, device, progress)
                     if long_names else {})
     eval_seconds = time.perf_counter() - t0

@@ -111,7 +111,9 @@ def train(
     description: str = "train",
 ) -> list[float]:
     """Train ``model`` in place on fresh batches (batch i drawn with seed ``data_seed + i``);
-    return the training loss of every step.
+    return the training loss of every step. A loss that is not finite (a learning rate or weight
+    decay so large that the weights overflow) stops the training with ``ValueError`` naming them,
+    rather than NaN results.
 
     Args:
         model: the model to train.
@@ -150,6 +152,9 @@ def train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        if not math.isfinite(losses[-1]):  # every later step, and the results, would be NaN
+            raise ValueError(f"training diverged: the loss of step {step} is {losses[-1]} (learning_rate "
+                             f"{learning_rate}, weight_decay {weight_decay}); a smaller learning_rate trains")
         if progress and step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
