@@ -257,3 +257,18 @@ def test_decoding_step_keeps_the_promise_at_every_frequency(dtype, grad):
             (q_out * dq).sum().backward()  # dk: none, as k_out is unused
             assert k.grad is None
             assert_correctly_rounded(q.grad, exact_rotation(dq, positions, theta, attention_factor=1.5, conjugate=True))
+
+
+@needs_kernel
+def test_kernel_threads_are_torchs_own():
+    """The kernel is linked against the OpenMP runtime torch loaded: no second runtime (a second
+    pool of threads, competing with torch's for the cores) is mapped into the process."""
+    runtime = rope.cpu.build.openmp_runtime()
+    if runtime is None:
+        pytest.skip("torch has no OpenMP runtime here: the kernel runs on the calling thread")
+    import re
+    from pathlib import Path
+
+    mapped = {line.split(maxsplit=5)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+              if re.search(r"/lib(gomp|iomp5|omp)\b[^/]*\.so", line)}
+    assert {os.path.realpath(path) for path in mapped} == {os.path.realpath(runtime)}

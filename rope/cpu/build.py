@@ -5,7 +5,11 @@ in a cache folder (``ROPE_CACHE_DIR``, else ``$XDG_CACHE_HOME/rope``, else ``~/.
 under a name derived from the source, the flags, the compiler and the CPU, so that a changed
 source or another machine gets its own build. It is compiled for the CPU it runs on
 (``-march=native``, where the compiler takes it) with ``-ffp-contract=off``: no fused
-multiply-add, so every product and sum is rounded as the torch operations round them. Processes
+multiply-add, so every product and sum is rounded as the torch operations round them. Its
+threads are torch's own: it is built with OpenMP and linked against the OpenMP runtime torch has
+loaded (found among the process's mapped libraries), so a call hands its rows to the threads that
+torch's operations use, rather than to a second pool competing with them while they wait for
+work; where none is found (or the compiler has no OpenMP) it is built without, one thread. Processes
 that build at the same time each write a file of their own and rename it into place.
 
 ``ROPE_CPU_KERNEL=0`` switches the kernel off; a failed build is not retried in the same process.
@@ -19,6 +23,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,8 +31,9 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("rotary.c")
-FLAGS = ("-O3", "-std=c99", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+FLAGS = ("-O3", "-std=c99", "-ffp-contract=off", "-fPIC", "-shared")
 TUNED = ("-march=native",)  # dropped where the compiler refuses it
+OPENMP = ("-fopenmp",)  # with torch's runtime (openmp_runtime); dropped where that fails
 
 _lock = threading.Lock()
 _state: dict = {}  # "library" (a ctypes.CDLL or None) and "reason" once decided
@@ -65,8 +71,12 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
     if compiler is None:
         return None, f"no C compiler found (CC={os.environ.get('CC') or 'cc'})"
     source = SOURCE.read_bytes()
+    runtime = openmp_runtime()
+    link = ("-Wl,--as-needed", runtime, f"-Wl,-rpath,{Path(runtime).parent}") if runtime else ()
     errors = []
-    for flags in (FLAGS + TUNED, FLAGS):
+    for flags in ((FLAGS + TUNED + OPENMP + link) if runtime else None, FLAGS + TUNED, FLAGS):
+        if flags is None:
+            continue
         target = cache_dir() / f"rotary-{_build_key(source, compiler, flags)}.so"
         if not target.exists():
             error = _compile(compiler, flags, target)
@@ -78,6 +88,23 @@ def load() -> tuple[ctypes.CDLL | None, str | None]:
         except OSError as err:
             errors.append(f"cannot load {target}: {err}")
     return None, "the CPU kernel did not build: " + " / ".join(errors)
+
+
+def openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime (GNU libgomp, Intel's libiomp5 or LLVM's libomp) that torch
+    has loaded into this process, from the list of mapped files (Linux); ``None`` where there is
+    none or no such list."""
+    import torch  # noqa: F401  (loads torch's runtime, if it has one)
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if re.search(r"/lib(gomp|iomp5|omp)\b[^/]*\.so", path) and os.path.exists(path):
+            return path
+    return None
 
 
 def _build_key(source: bytes, compiler: str, flags: tuple) -> str:
@@ -108,8 +135,10 @@ def _compile(compiler: str, flags: tuple, target: Path) -> str | None:
     except OSError as err:
         return f"cannot write to {target.parent}: {err}"
     try:
-        done = subprocess.run([compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True,
-                              timeout=120)
+        options = [f for f in flags if not f.startswith("-Wl,") and not f.endswith(".so") and ".so." not in f]
+        libraries = [f for f in flags if f not in options]  # after the source: what it links against
+        done = subprocess.run([compiler, *options, "-o", partial, str(SOURCE), *libraries], capture_output=True,
+                              text=True, timeout=120)
         if done.returncode != 0:
             return f"{compiler} {' '.join(flags)}: {done.stderr.strip()[:500]}"
         os.replace(partial, target)  # atomic: a concurrent build replaces it with the same bytes

@@ -24,7 +24,6 @@
  * attention factor, as rope.angles' fast case computes them.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,8 +121,7 @@ ROTATE_ROW(row_float32, float, LOAD_FLOAT32, STORE_FLOAT32)
 ROTATE_ROW(row_float16, uint16_t, from_float16, to_float16)
 ROTATE_ROW(row_bfloat16, uint16_t, from_bfloat16, to_bfloat16)
 
-static void *run_rows(void *arg) {
-    const Job *j = (const Job *)arg;
+static void run_rows(const Job *j) {
     int64_t heads = j->shape[2], seq = j->shape[1], d = j->shape[3];
     int64_t size = j->dtype == FLOAT32 ? 4 : 2;
     for (int64_t r = j->first; r < j->last; r++) {
@@ -136,7 +134,6 @@ static void *run_rows(void *arg) {
         else if (j->dtype == BFLOAT16) row_bfloat16(j, xr, orow, c, s);
         else row_float16(j, xr, orow, c, s);
     }
-    return 0;
 }
 
 static void fill_job(Job *j, const void *x, void *out, const double *cos, const double *sin, const int64_t *shape,
@@ -149,28 +146,25 @@ static void fill_job(Job *j, const void *x, void *out, const double *cos, const 
     j->first = 0; j->last = shape[0] * shape[1] * shape[2];
 }
 
-/* Rotate x [batch, seq, heads, head_dim] into out with up to `threads` threads; 0 on success. */
+/* Rotate x [batch, seq, heads, head_dim] into out, its rows split into `threads` equal runs. Built
+ * with OpenMP against the runtime torch's own threads use (rope.cpu.build), the runs go to those
+ * threads; a second pool would compete with them for the cores while they wait. Built without
+ * OpenMP, the runs go one after the other. Returns 0. */
 int rope_rotate(const void *x, void *out, const double *cos, const double *sin, const int64_t *shape,
                 const int64_t *x_strides, const int64_t *table_strides, int64_t rotary_dim, int dtype,
                 int interleaved, int threads) {
-    enum { MAX_THREADS = 64 };
+    enum { MAX_THREADS = 256 };
     Job jobs[MAX_THREADS];
-    pthread_t workers[MAX_THREADS];
     int64_t rows = shape[0] * shape[1] * shape[2];
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > rows) threads = rows > 0 ? (int)rows : 1;
     for (int w = 0; w < threads; w++) {
         fill_job(&jobs[w], x, out, cos, sin, shape, x_strides, table_strides, rotary_dim, dtype, interleaved);
         jobs[w].first = rows * w / threads;
         jobs[w].last = rows * (w + 1) / threads;
     }
-    int started = 0;
-    for (int w = 1; w < threads; w++, started++)
-        if (pthread_create(&workers[w], 0, run_rows, &jobs[w]) != 0) break;
-    run_rows(&jobs[0]);
-    for (int w = 1; w <= started; w++) pthread_join(workers[w], 0);
-    for (int w = started + 1; w < threads; w++) run_rows(&jobs[w]);  /* threads that did not start */
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
+    for (int w = 0; w < threads; w++) run_rows(&jobs[w]);
     return 0;
 }
 
