@@ -91,7 +91,8 @@ typedef struct {
 } Job;
 
 /* One row: the pairs (half layout: i and i + half; interleaved: 2i and 2i + 1) rotated, the tail
- * copied. The contiguous half layout has a loop of its own, which the compiler vectorizes. */
+ * copied. Rows of contiguous coordinates have a loop for each layout, which the compiler
+ * vectorizes; other strides take the general loop. */
 #define ROTATE_ROW(NAME, T, LOAD, STORE)                                                         \
     static void NAME(const Job *j, const char *xr, char *orow, const double *c, const double *s) { \
         const T *x = (const T *)xr;                                                              \
@@ -102,6 +103,12 @@ typedef struct {
                 double xa = LOAD(x[i]), xb = LOAD(x[i + half]);                                 \
                 o[i] = STORE(xa * c[i] - xb * s[i]);                                               \
                 o[i + half] = STORE(xb * c[i] + xa * s[i]);                                        \
+            }                                                                                    \
+        } else if (st == 1) {                                                                    \
+            for (int64_t i = 0; i < half; i++) {                                                 \
+                double xa = LOAD(x[2 * i]), xb = LOAD(x[2 * i + 1]);                             \
+                o[2 * i] = STORE(xa * c[i] - xb * s[i]);                                         \
+                o[2 * i + 1] = STORE(xb * c[i] + xa * s[i]);                                     \
             }                                                                                    \
         } else {                                                                                 \
             int64_t ia = j->interleaved ? 2 : 1, ib = j->interleaved ? 1 : half;                  \
