@@ -165,7 +165,7 @@ def _ntk_alpha(cfg: RopeConfig, dim: int) -> Frequencies:
     ``alpha`` is not read (HunYuan's configs carry ``factor: 1.0``), with a :class:`RopeConfigWarning`
     where it would have changed the numbers (a factor other than 1)."""
     if cfg.factor is not None and cfg.factor != 1:
-        warnings.warn(f"config key 'factor' ({cfg.factor}) is ignored: rope_type 'dynamic' with 'alpha' uses the "
+        warnings.warn(f"config key 'factor' is ignored ({cfg.factor}): rope_type 'dynamic' with 'alpha' uses the "
                       "fixed base rope_theta * alpha^(d/(d-2)), as transformers' HunYuan and vLLM do",
                       RopeConfigWarning, stacklevel=4)
     sources = {"rope_theta": cfg.rope_theta, "alpha": cfg.extra["alpha"]}
@@ -339,8 +339,9 @@ def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     mscale_key = key.replace("factor", "mscale")
     given = [k for k in ("short_mscale", "long_mscale") if cfg.given(k)]
     if given and cfg.attention_factor is not None:
-        raise ValueError(f"config keys 'attention_factor' ({cfg.attention_factor}) and {' and '.join(map(repr, given))} "
-                         "disagree: give one factor for both tables (attention_factor) or one per table")
+        named = " and ".join(map(repr, given))
+        raise ValueError(f"config keys 'attention_factor' ({cfg.attention_factor}) and {named} disagree"
+                         ": give one factor for both tables (attention_factor) or one per table")
     if cfg.given(mscale_key):
         attention = cfg.extra[mscale_key]
     elif cfg.attention_factor is not None:
