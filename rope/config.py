@@ -12,7 +12,12 @@ built-in types:
 
 ======================================  ====================================================
 ``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
-                                        ``longrope``, ``llama3``, ``proportional``; missing means ``default``
+                                        ``longrope``, ``llama3``, ``proportional``, ``deepseek_yarn``,
+                                        ``axial``, ``mllama4``, ``xdrope``; missing means ``default``
+vLLM's and HunYuan's keys               ``alpha`` (``dynamic``, ``xdrope``), ``mixed_b`` (``ntk``),
+                                        ``short_mscale``, ``long_mscale`` (``longrope``),
+                                        ``apply_yarn_scaling`` (``yarn``), ``xdrope_section``
+                                        (``xdrope``): read as those libraries mean them
 ``rope_theta``                          the base b of theta_i = b^(-2i/d), > 1; default 10000, except for
                                         ``llama3`` and ``proportional``, which need it (as in transformers)
 ``partial_rotary_factor``               fraction of the head dimension that rotates, in (0, 1]
