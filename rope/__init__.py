@@ -6,7 +6,8 @@ The library (``import rope``):
   every ``rope_type`` of the registry (:func:`register_rope_type` adds one);
 * :func:`apply_rotary` — rotate q and k (both layouts, partial rotary, GQA, any positions), on the
   fused kernel for CUDA tensors; :func:`apply_mrope` (t, h, w positions, one path with
-  :func:`apply_rotary`) and :func:`apply_rotary_2d` for multimodal and image positions;
+  :func:`apply_rotary`), :func:`apply_xdrope` (HunYuan-VL's four axes) and :func:`apply_rotary_2d`
+  for multimodal and image positions;
 * :mod:`rope.layouts` — half-split vs interleaved pairing and checkpoint weight permutation;
 * :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);
 * :mod:`rope.reference` — float64 matrix, complex and elementwise forms;
@@ -32,6 +33,7 @@ from .config import RopeConfig, RopeConfigWarning, parse_config
 from .frequencies import inv_freq, register_rope_type, rope_types
 from .layouts import permute_qk_weight
 from .mrope import apply_mrope
+from .xdrope import apply_xdrope
 
 __all__ = [
     "RopeConfig",
@@ -39,6 +41,7 @@ __all__ = [
     "apply_mrope",
     "apply_rotary",
     "apply_rotary_2d",
+    "apply_xdrope",
     "inv_freq",
     "parse_config",
     "permute_qk_weight",
@@ -49,7 +52,7 @@ __version__ = "0.1.0"
 
 _SUBMODULES = frozenset({
     "analysis", "angles", "attention", "axial", "config", "experiment", "frequencies", "hf", "kernels",
-    "layouts", "mrope", "positions", "reference",
+    "layouts", "mrope", "positions", "reference", "xdrope",
 })
 
 

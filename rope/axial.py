@@ -33,6 +33,7 @@ from .angles import add_turns, cos_sin_of_turns, cos_sin_of_turns_float32, turns
 from .apply import check_inputs, has_float64, rotate_by_cos_sin
 from .frequencies import inv_freq
 from .layouts import LAYOUTS
+from .registry import register_rope_type
 
 
 def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,6 +54,51 @@ def axial_inv_freq(head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tenso
         raise ValueError(f"base must be > 1 (theta_j = base^(-4j/head_dim) falls with j), got {base}")
     theta, _ = inv_freq({"rope_theta": base}, head_dim // 2)
     return theta, theta.clone()
+
+
+def _axial_frequencies(cfg, dim: int, seq_len: int | None) -> tuple[torch.Tensor, float]:
+    """The ``axial`` and ``mllama4`` rope_types: the d/2 frequencies (theta, theta) with
+    theta_j = b^(-4j/d), j = 0 .. d/4 - 1: pair i < d/4 turns by the first axis, pair d/4 + j by
+    the second, each with the 1D frequencies of a head of width d/2 (:func:`axial_inv_freq`;
+    rotate with :func:`apply_rotary_2d` and ``theta[:d//4]``, ``theta[d//4:]``). Attention factor 1.
+
+    * ``axial`` is the default ``rope_type`` of transformers' vision towers
+      (``compute_axial_rope_parameters`` of Qwen2-VL ... Qwen3-VL, GLM-4V, SAM 2/3,
+      ``models/qwen3_vl/modeling_qwen3_vl.py``, https://github.com/huggingface/transformers):
+      inv_freq = 1 / b^(arange(0, d/2, 2) / (d/2)), angles cat(h theta, w theta) in the half layout
+      (Pixtral's variant, (theta_{2j}, theta_{2j+1}) of a full head, is not this type);
+    * ``mllama4`` is Llama 4's vision tower (vLLM's ``Llama4VisionRotaryEmbedding``,
+      ``vllm/model_executor/layers/rotary_embedding/llama4_vision_rope.py``; transformers'
+      ``Llama4VisionRotaryEmbedding``): the same frequencies in the interleaved layout, turned by
+      the 1-based patch column and row (:func:`llama4_vision_positions`).
+    """
+    if dim % 4:
+        raise ValueError(f"rope_type {cfg.rope_type!r} splits the rotary width between two axes: it must be a "
+                         f"multiple of 4, got d = {dim}")
+    theta, _ = inv_freq({"rope_theta": cfg.rope_theta}, dim // 2)
+    return torch.cat([theta, theta]), 1.0
+
+
+register_rope_type("axial", _axial_frequencies)
+register_rope_type("mllama4", _axial_frequencies)
+
+
+def llama4_vision_positions(num_patches: int) -> torch.Tensor:
+    """Llama 4's vision positions ``[num_patches + 1, 2]`` (int64) for :func:`apply_rotary_2d`:
+    patch n of a square grid of side s = sqrt(num_patches) at (n mod s + 1, n div s + 1), 1-based,
+    and the class token last, at (0, 0) (it does not turn), as vLLM's
+    ``Llama4VisionRotaryEmbedding`` and transformers' build them (``ID_CLS_TOKEN`` masked to angle 0).
+
+    Args:
+        num_patches: the number of image patches, (image_size // patch_size)^2, a positive square.
+    """
+    num_patches = _checks.integer("num_patches", num_patches, minimum=1)
+    side = math.isqrt(num_patches)
+    if side * side != num_patches:
+        raise ValueError(f"num_patches must be a square number (a square grid of patches), got {num_patches}")
+    index = torch.arange(num_patches, dtype=torch.int64)
+    patches = torch.stack([index % side + 1, index // side + 1], dim=-1)
+    return torch.cat([patches, torch.zeros(1, 2, dtype=torch.int64)])
 
 
 def mixed_inv_freq(head_dim: int, *, base: float = 10.0, angle: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,12 @@ built-in types:
 
 ======================================  ====================================================
 ``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
-                                        ``longrope``, ``llama3``, ``proportional``; missing means ``default``
+                                        ``longrope``, ``llama3``, ``proportional``, ``deepseek_yarn``,
+                                        ``axial``, ``mllama4``, ``xdrope``; missing means ``default``
+vLLM's and HunYuan's keys               ``alpha`` (``dynamic``, ``xdrope``), ``mixed_b`` (``ntk``),
+                                        ``short_mscale``, ``long_mscale`` (``longrope``),
+                                        ``apply_yarn_scaling`` (``yarn``), ``xdrope_section``
+                                        (``xdrope``): read as those libraries mean them
 ``rope_theta``                          the base b of theta_i = b^(-2i/d), > 1; default 10000, except for
                                         ``llama3`` and ``proportional``, which need it (as in transformers)
 ``partial_rotary_factor``               fraction of the head dimension that rotates, in (0, 1]
@@ -138,11 +143,13 @@ FOREIGN_KEYS: dict[str, str] = {
     "attention_scaling": "rope's key for the factor on cos and sin is 'attention_factor'",
     "extrapolation_factor": ("vLLM's YaRN extrapolation_factor weights the kept frequencies; rope (as transformers) "
                              "keeps them with weight 1 and has no key for it"),
-    "alpha": ("HunYuan's NTK alpha raises the base to rope_theta * alpha^(d/(d-2)): give rope_type 'ntk' "
-              "with factor = alpha"),
-    "mixed_b": "vLLM's NTK mixed_b has no rope equivalent",
-    "short_mscale": "PhiMoE's short_mscale and long_mscale: rope's key is 'attention_factor' (one value)",
-    "long_mscale": "PhiMoE's short_mscale and long_mscale: rope's key is 'attention_factor' (one value)",
+    "alpha": ("HunYuan's NTK alpha raises the base to rope_theta * alpha^(d/(d-2)); rope_type 'dynamic' reads it "
+              "as HunYuan and vLLM do (or give rope_type 'ntk' with factor = alpha)"),
+    "mixed_b": "vLLM's mixed NTK exponent mixed_b is read by rope_type 'ntk' only",
+    "short_mscale": ("PhiMoE's short_mscale and long_mscale are read by rope_type 'longrope' only; elsewhere "
+                     "rope's key is 'attention_factor'"),
+    "long_mscale": ("PhiMoE's short_mscale and long_mscale are read by rope_type 'longrope' only; elsewhere "
+                    "rope's key is 'attention_factor'"),
     "rotary_pct": "rope's key for the rotated fraction of the head is 'partial_rotary_factor'",
     "rotary_percentage": "rope's key for the rotated fraction of the head is 'partial_rotary_factor'",
     "rotary_dim": "rope's key for the rotated width is 'partial_rotary_factor' = rotary_dim / head_dim",

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from . import _checks
-from .config import MAX_LENGTH, YARN_BETA_FAST, YARN_BETA_SLOW, RopeConfig, parse_config
+from .config import MAX_LENGTH, YARN_BETA_FAST, YARN_BETA_SLOW, RopeConfig, RopeConfigWarning, parse_config
 from .registry import Frequencies, register_rope_type, rope_type, rope_types
 
 __all__ = ["default_theta", "inv_freq", "register_rope_type", "rope_types", "yarn_correction_range",
@@ -121,7 +122,18 @@ def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
 
     The exponent makes the lowest frequency theta_{d/2-1} = b'^(-(d-2)/d) = theta_{d/2-1}/s
     (interpolated by s) while theta_0 = 1 is unchanged (extrapolated).
+
+    With ``mixed_b`` (vLLM's ``NTKScalingRotaryEmbedding``, after Su Jianlin's mixed NTK,
+    https://kexue.fm/archives/9706): the base stays b and pair i is divided by
+    lambda_i = exp(a (i + 1)^mixed_b) with a = ln s / (d/2)^mixed_b, so the last pair is
+    interpolated by exactly s (lambda_{d/2-1} = s) and the first barely moves.
     """
+    if cfg.given("mixed_b"):
+        b = cfg.extra["mixed_b"]
+        slope = math.log(cfg.factor) / (dim / 2) ** b
+        index = torch.arange(1, dim // 2 + 1, dtype=torch.float64)
+        theta = default_theta(cfg.rope_theta, dim) / torch.exp(slope * index**b)
+        return _float32(theta, cfg.rope_type, rope_theta=cfg.rope_theta, factor=cfg.factor, mixed_b=b), 1.0
     sources = {"rope_theta": cfg.rope_theta, "factor": cfg.factor}
     theta = default_theta(_ntk_base(cfg, dim, cfg.factor, **sources), dim)
     return _float32(theta, cfg.rope_type, **sources), 1.0
@@ -133,11 +145,31 @@ def _dynamic(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     At l <= L nothing changes; transformers uses max_position_embeddings here, not the original length.
     The growth is computed as 1 + s (l - L) / L, the same number without transformers' cancellation
     (s l / L and s - 1 are both near s: at s = 2^70 their float64 difference is 0, not 1).
+
+    With ``alpha`` (HunYuan's "DynamicNTKAlpha": transformers' ``compute_ntk_alpha_rope_parameters``
+    in ``models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py``, vLLM's
+    ``DynamicNTKAlphaRotaryEmbedding``): a fixed base b' = b * alpha^(d/(d-2)) at every length;
+    ``factor`` and ``max_position_embeddings`` are then not read (``alpha`` wins in both libraries).
     """
+    if cfg.given("alpha"):
+        return _ntk_alpha(cfg, dim)
     s, length = cfg.factor, cfg.max_position_embeddings
     current = length if seq_len is None else max(seq_len, length)
     sources = {"rope_theta": cfg.rope_theta, "factor": s, "max_position_embeddings": length, "seq_len": seq_len}
     base = _ntk_base(cfg, dim, 1 + s * (current - length) / length, **sources)
+    return _float32(default_theta(base, dim), cfg.rope_type, **sources), 1.0
+
+
+def _ntk_alpha(cfg: RopeConfig, dim: int) -> Frequencies:
+    """theta_i = b'^(-2i/d) with b' = b * alpha^(d/(d-2)), whatever the length; a ``factor`` beside
+    ``alpha`` is not read (HunYuan's configs carry ``factor: 1.0``), with a :class:`RopeConfigWarning`
+    where it would have changed the numbers (a factor other than 1)."""
+    if cfg.factor is not None and cfg.factor != 1:
+        warnings.warn(f"config key 'factor' is ignored ({cfg.factor}): rope_type 'dynamic' with 'alpha' uses the "
+                      "fixed base rope_theta * alpha^(d/(d-2)), as transformers' HunYuan and vLLM do",
+                      RopeConfigWarning, stacklevel=4)
+    sources = {"rope_theta": cfg.rope_theta, "alpha": cfg.extra["alpha"]}
+    base = _ntk_base(cfg, dim, cfg.extra["alpha"], **sources)
     return _float32(default_theta(base, dim), cfg.rope_type, **sources), 1.0
 
 
@@ -233,7 +265,16 @@ def _mscale(scale: float, mscale: float, key: str) -> float:
 
 def _yarn_attention(cfg: RopeConfig, s: float) -> float:
     """attention_factor if given; else mscale(s, mscale) / mscale(s, mscale_all_dim) if both are
-    non-zero (0 counts as absent, as in transformers and DeepSeek's code); else mscale(s, 1)."""
+    non-zero (0 counts as absent, as in transformers and DeepSeek's code); else mscale(s, 1).
+    ``apply_yarn_scaling: False`` (vLLM's YaRN key, Mistral's ``yarn.apply_scale``) means 1: vLLM's
+    ``YaRNScalingRotaryEmbedding`` multiplies cos and sin by ``attn_factor`` alone (1, since rope
+    refuses ``attn_factor``) instead of ``yarn_get_mscale(factor) * attn_factor``, whatever
+    ``mscale`` and ``mscale_all_dim`` say (Mistral's configs carry ``mscale_all_dim: 1`` beside it)."""
+    if cfg.extra.get("apply_yarn_scaling") is False:
+        if cfg.attention_factor is not None:
+            raise ValueError("config keys 'apply_yarn_scaling' (False: vLLM's attention factor 1) and "
+                             f"'attention_factor' ({cfg.attention_factor}) disagree: give one of them")
+        return 1.0
     if cfg.attention_factor is not None:
         return cfg.attention_factor
     if cfg.mscale and cfg.mscale_all_dim:
@@ -260,10 +301,34 @@ def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     return _float32(blended, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s), _yarn_attention(cfg, s)
 
 
+def _deepseek_yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
+    """vLLM's ``deepseek_yarn`` (``DeepseekScalingRotaryEmbedding`` in
+    ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py``,
+    https://github.com/vllm-project/vllm): YaRN's frequencies with the bounds always truncated, and
+    the attention factor mscale(s, mscale) / mscale(s, mscale_all_dim) with mscale(s, m) =
+    0.1 m ln s + 1, ``mscale`` 1 and ``mscale_all_dim`` 0 when not given. Unlike ``yarn``, a 0 is a
+    0 here, not "absent" (DeepSeek-V4 gives both as 0: factor 1). DeepSeek's softmax scale
+    mscale(s, mscale_all_dim)^2 lives in the model's attention, not here."""
+    s = cfg.factor
+    length = cfg.original_max_position_embeddings
+    fast = YARN_BETA_FAST if cfg.beta_fast is None else cfg.beta_fast
+    slow = YARN_BETA_SLOW if cfg.beta_slow is None else cfg.beta_slow
+    kept = yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, True)
+    theta = default_theta(cfg.rope_theta, dim)
+    blended = kept * theta + (1 - kept) * theta / s
+    mscale = 1.0 if cfg.mscale is None else cfg.mscale
+    mscale_all_dim = 0.0 if cfg.mscale_all_dim is None else cfg.mscale_all_dim
+    ratio = _mscale(s, mscale, "mscale") / _mscale(s, mscale_all_dim, "mscale_all_dim")
+    attention = _attention(ratio, cfg.rope_type, factor=s, mscale=mscale, mscale_all_dim=mscale_all_dim)
+    return _float32(blended, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s), attention
+
+
 def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """LongRoPE (Ding et al. 2024): theta_i / lambda_i with searched per-pair factors lambda_i,
     ``long_factor`` beyond the original length L and ``short_factor`` within it; attention factor
-    sqrt(1 + ln s / ln L) unless given."""
+    sqrt(1 + ln s / ln L) unless given: ``attention_factor`` for both tables (transformers), or
+    ``short_mscale`` and ``long_mscale``, one per table (vLLM's ``Phi3LongRoPEScaledRotaryEmbedding``,
+    PhiMoE's config; a table without its own keeps the computed factor, as there)."""
     length = cfg.original_length()
     s = cfg.extension_factor()
     for key in ("short_factor", "long_factor"):
@@ -271,7 +336,15 @@ def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
             raise ValueError(f"config key {key!r} must have rotary_dim/2 = {dim // 2} entries (rotary_dim = "
                              f"int(head_dim * partial_rotary_factor) = {dim}), got {len(getattr(cfg, key))}")
     key = "long_factor" if seq_len is not None and seq_len > length else "short_factor"
-    if cfg.attention_factor is not None:
+    mscale_key = key.replace("factor", "mscale")
+    given = [k for k in ("short_mscale", "long_mscale") if cfg.given(k)]
+    if given and cfg.attention_factor is not None:
+        named = " and ".join(map(repr, given))
+        raise ValueError(f"config keys 'attention_factor' ({cfg.attention_factor}) and {named} disagree"
+                         ": give one factor for both tables (attention_factor) or one per table")
+    if cfg.given(mscale_key):
+        attention = cfg.extra[mscale_key]
+    elif cfg.attention_factor is not None:
         attention = cfg.attention_factor
     elif s <= 1:
         attention = 1.0
@@ -313,6 +386,14 @@ def _proportional(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies
     return torch.cat([kept, torch.zeros(dim // 2 - rotated, dtype=torch.float32)]), 1.0
 
 
+def _positive(name: str, value) -> float:
+    return _checks.number(name, value, positive=True)
+
+
+def _at_least_one(name: str, value) -> float:
+    return _checks.number(name, value, minimum=1.0)
+
+
 _ORIGINAL_FROM_MAX = {"original_max_position_embeddings": ("max_position_embeddings",)}
 _FACTOR_FROM_LENGTHS = {"factor": ("max_position_embeddings", "original_max_position_embeddings")}
 _YARN_KEYS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
@@ -320,13 +401,20 @@ _YARN_KEYS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_al
 # The built-in types, with transformers' key sets (``ntk`` is rope's fixed NTK-aware type).
 register_rope_type("default", _default)
 register_rope_type("linear", _linear, required_keys=("factor",))
-register_rope_type("ntk", _ntk, required_keys=("factor",))
-register_rope_type("dynamic", _dynamic, required_keys=("factor", "max_position_embeddings"))
+# Keys of vLLM and HunYuan that these types read as those libraries mean them
+register_rope_type("ntk", _ntk, required_keys=("factor",), optional_keys=("mixed_b",),
+                   key_checks={"mixed_b": _positive})
+register_rope_type("dynamic", _dynamic, required_keys=("factor", "max_position_embeddings"),
+                   optional_keys=("alpha",), key_checks={"alpha": _at_least_one},
+                   stand_ins={"factor": ("alpha",), "max_position_embeddings": ("alpha",)})
 register_rope_type("yarn", _yarn, required_keys=("factor", "original_max_position_embeddings"),
-                   optional_keys=_YARN_KEYS, stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
+                   optional_keys=(*_YARN_KEYS, "apply_yarn_scaling"), key_checks={"apply_yarn_scaling": _checks.flag},
+                   stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
 register_rope_type("longrope", _longrope,
                    required_keys=("factor", "short_factor", "long_factor", "original_max_position_embeddings"),
-                   optional_keys=("attention_factor",), stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
+                   optional_keys=("attention_factor", "short_mscale", "long_mscale"),
+                   key_checks={"short_mscale": _positive, "long_mscale": _positive},
+                   stand_ins={**_FACTOR_FROM_LENGTHS, **_ORIGINAL_FROM_MAX})
 # llama3 and proportional need rope_theta, as in transformers (the others default to 10000): a legacy
 # rope_scaling block of Llama 3.1 does not carry its base 500000
 register_rope_type("llama3", _llama3,
@@ -335,6 +423,9 @@ register_rope_type("llama3", _llama3,
                    stand_ins=_ORIGINAL_FROM_MAX)
 register_rope_type("proportional", _proportional, required_keys=("rope_theta",), optional_keys=("factor",),
                    zero_frequencies=True)
+# vLLM's name for DeepSeek's YaRN (DeepSeek-V2/V3 and V4 configs, as vLLM's model code renames them)
+register_rope_type("deepseek_yarn", _deepseek_yarn, required_keys=("factor", "original_max_position_embeddings"),
+                   optional_keys=("beta_fast", "beta_slow", "mscale", "mscale_all_dim"))
 
 
 def inv_freq(

@@ -197,7 +197,7 @@ FOREIGN = [
     ("rope_freq_base", "rope_theta"), ("rope_ratio", "rope_theta"), ("scaling_factor", "factor"),
     ("rope_scaling_factor", "factor"), ("rope_freq_scale", "factor"), ("attn_factor", "attention_factor"),
     ("attention_scaling", "attention_factor"), ("extrapolation_factor", "no key"), ("alpha", "rope_type 'ntk'"),
-    ("mixed_b", "no rope equivalent"), ("short_mscale", "attention_factor"), ("long_mscale", "attention_factor"),
+    ("mixed_b", "rope_type 'ntk'"), ("short_mscale", "attention_factor"), ("long_mscale", "attention_factor"),
     ("rotary_pct", "partial_rotary_factor"), ("rotary_percentage", "partial_rotary_factor"),
     ("rotary_dim", "partial_rotary_factor"),
 ]

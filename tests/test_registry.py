@@ -17,7 +17,8 @@ import rope
 from rope.config import FOREIGN_KEYS
 from rope.registry import rope_type, unregister_rope_type
 
-BUILT_IN = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional")
+BUILT_IN = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional", "deepseek_yarn",
+            "axial", "mllama4", "xdrope")
 
 
 def alpha_theta(base: float, alpha: float, dim: int) -> torch.Tensor:
