@@ -1,4 +1,4 @@
-"""rope.hf across transformers' model families: for each family of ``rope.hf.FAMILIES``, a tiny
+"""rope.hf across transformers' model families: for each family rope.hf.FAMILIES listed by hand (``EARLIER``), a tiny
 randomly initialised model gives the same logits after rope.hf.install (rope's cos/sin tables, in
 the family's table form) and again with the model's apply function(s) replaced by rope's (exact
 angles); tables rope does not reproduce are refused, the model untouched. The helpers here
@@ -12,61 +12,19 @@ import torch
 import rope
 
 transformers = pytest.importorskip("transformers")
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2, initializer_range=0.2, num_local_experts=4, sliding_window=8)
-LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)  # rope's exact angles against transformers' float32 ones
+from rope.hf.coverage import LOGITS_TOLERANCE, sample_tokens, tiny_config  # noqa: E402
 
-
-def deepseek_v3_config(rope_interleave: bool = True):
-    """DeepSeek-V3's multi-head latent attention rotates only qk_rope_head_dim coordinates, with
-    YaRN (mscale = mscale_all_dim) and, by default, interleaved pairs returned half-split."""
-    from transformers import DeepseekV3Config
-    return DeepseekV3Config(
-        vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
-        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, initializer_range=0.2, rope_interleave=rope_interleave,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
-                         "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 1e4})
-
-
-def gemma4_text_config():
-    """Gemma 4: sliding layers with default RoPE on heads of 16, full-attention layers with
-    proportional RoPE on heads of 32 (from the per-layer config); its apply function takes one tensor."""
-    from transformers import Gemma4TextConfig
-    return Gemma4TextConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
-        vocab_size_per_layer_input=97, max_position_embeddings=64, sliding_window=8, pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, initializer_range=0.2)
-
-
-CONFIGS = {"deepseek_v3": deepseek_v3_config, "gemma4_text": gemma4_text_config}  # families TINY does not fit
 SEEDS = {"deepseek_v3": (6, 7), "gemma4_text": (9, 10)}  # (weights, tokens); others: seeds()
-CASES = [pytest.param(model_type, {}, id=model_type) for model_type in rope.hf.FAMILIES] + [
+EARLIER = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "gpt_neox",
+           "stablelm", "persimmon", "olmo2", "olmo3", "granite", "starcoder2", "smollm3", "seed_oss",
+           "exaone4", "nemotron", "lfm2", "minimax", "hunyuan_v1_dense", "apertus", "vaultgemma", "glm", "glm4",
+           "ernie4_5", "helium", "cohere", "cohere2", "gpt_oss", "deepseek_v3", "gemma4_text", "llama4_text")
+"""The model types rope.hf.FAMILIES listed by hand before rope.hf.coverage generated it; checked
+here function by function (tests/test_hf_coverage.py checks every covered type through patch)."""
+CASES = [pytest.param(model_type, {}, id=model_type) for model_type in EARLIER] + [
     pytest.param("deepseek_v3", {"rope_interleave": False}, id="deepseek_v3-rope_interleave=False")]
-"""(model_type, options of its config) for every family of rope.hf.FAMILIES, and DeepSeek-V3's
-other apply function."""
-
-
-def tiny_config(model_type: str, **options):
-    """A small config of ``model_type``: the family's own (``CONFIGS``, taking ``options``), or
-    transformers' default config with the sizes of ``TINY``."""
-    if model_type in CONFIGS:
-        return CONFIGS[model_type](**options)
-    assert not options, f"{model_type} takes no options"
-    config = AutoConfig.for_model(model_type)
-    for key, value in TINY.items():
-        derived = isinstance(getattr(type(config), key, None), property)  # e.g. Falcon's head_dim
-        if hasattr(config, key) and not derived:
-            setattr(config, key, value)
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[: config.num_hidden_layers]
-    return config
+"""(model_type, options of its config) for the earlier families, and DeepSeek-V3's other apply function."""
 
 
 def seeds(model_type: str) -> tuple[int, int]:
@@ -75,15 +33,9 @@ def seeds(model_type: str) -> tuple[int, int]:
 
 
 def tiny_model(model_type: str, **options):
-    """A randomly initialised causal LM of ``model_type`` (:func:`tiny_config`), in eval mode."""
-    config = tiny_config(model_type, **options)
-    torch.manual_seed(seeds(model_type)[0])
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
-def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
-    """Random token ids in [3, 97) (past the special tokens of TINY), reproducible by seed."""
-    return torch.randint(3, 97, shape, generator=torch.Generator().manual_seed(seed))
+    """A randomly initialised model of ``model_type`` (rope.hf.coverage.tiny_model), in eval mode."""
+    from rope.hf.coverage import tiny_model as build
+    return build(model_type, seed=seeds(model_type)[0], config=tiny_config(model_type, **options))
 
 
 def family_tokens(model_type: str) -> torch.Tensor:

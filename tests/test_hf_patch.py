@@ -1,4 +1,4 @@
-"""rope.hf.patch and rope.hf.unpatch on every family of rope.hf.FAMILIES (the tiny models of
+"""rope.hf.patch and rope.hf.unpatch on the earlier families of rope.hf.FAMILIES (the tiny models of
 tests/test_hf_families.py). After patch the logits are transformers' own, to the family test's
 tolerance. After unpatch they are bit for bit the original logits, and the model's modules and
 the modeling module's functions are the original objects again. Refusals change nothing.
@@ -254,8 +254,9 @@ def numbered_model_type():
 
 
 REFUSALS = [
-    pytest.param(lambda: tiny_model("olmo"), ValueError,
-                 r"model_type 'olmo' is not in rope.hf.FAMILIES, .*\(known: apertus, ", id="unknown model_type"),
+    pytest.param(lambda: tiny_model("gptj"), ValueError,
+                 r"model_type 'gptj' is not in rope.hf.FAMILIES \(refused: its rotary functions "
+                 r"\(apply_rotary_pos_emb, rotate_every_two\) compute none", id="refused model_type"),
     pytest.param(doubled_llama, ValueError, r"patch: install: model.rotary_emb \(Doubled\) is not reproduced",
                  id="tables install refuses"),
     pytest.param(lambda: llama_as("llama4_text"), ValueError,

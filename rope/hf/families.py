@@ -7,9 +7,11 @@ k, rope's function with the same signature and result (:mod:`rope.hf.functions`)
 of the tables the family's ``rotary_emb`` returns (:data:`rope.hf.TABLE_FORMS`), which
 :func:`rope.hf.install` finds by probing and :func:`rope.hf.patch` checks against this table.
 
-Each convention was read from the transformers 5.23 source of the families it lists, and each
-family is checked logit for logit on a tiny model (``tests/test_hf_families.py``,
-``tests/test_hf_patch.py``):
+Each convention was read from the transformers 5.23 source of the families named below. Which
+model types follow it is not listed by hand: :mod:`rope.hf.coverage` decides it from each
+modeling module's functions and a probe of a tiny model, and writes
+:mod:`rope.hf.coverage_table`; every covered type is checked logit for logit on a tiny model
+(``tests/test_hf_coverage.py``, ``tests/test_hf_families.py``, ``tests/test_hf_patch.py``):
 
 * :data:`LLAMA`: ``apply_rotary_pos_emb``, ``q * cos + rotate_half(q) * sin`` with
   ``rotate_half`` splitting the head in halves, pairs (i, i + d/2) (``modeling_llama.py``, and
@@ -33,8 +35,8 @@ family is checked logit for logit on a tiny model (``tests/test_hf_families.py``
 * :data:`LLAMA4`: ``apply_rotary_emb(xq, xk, freqs_cis)``, pairs (2i, 2i + 1) as complex numbers
   times ``freqs_cis`` (``modeling_llama4.py``).
 
-Families not in the table (other model types, or the same family under another name, such as a
-multimodal wrapper's ``model_type``) are refused by :func:`rope.hf.patch`; the functions and
+Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
+:mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
 :func:`rope.hf.install` remain usable for them by hand.
 """
 
@@ -46,6 +48,7 @@ from types import MappingProxyType
 
 from .. import _checks
 from . import functions as ours  # rope's replacements, one per convention
+from .coverage_table import COVERED
 from .embedding import TABLE_FORMS
 
 
@@ -80,20 +83,10 @@ DEEPSEEK_V3 = Convention("deepseek_v3", (("apply_rotary_pos_emb", ours.apply_rot
 GEMMA4 = Convention("gemma4", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_single),), "rotate_half")
 LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_complex),), "complex")
 
-_LLAMA_FAMILIES = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "phi", "gemma", "gemma2", "gemma3_text", "gpt_neox",
-    "stablelm", "persimmon", "olmo2", "olmo3", "granite", "starcoder2", "falcon", "smollm3", "seed_oss", "exaone4",
-    "nemotron", "lfm2", "minimax", "hunyuan_v1_dense", "apertus", "vaultgemma",
-)
+CONVENTIONS = MappingProxyType({c.name: c for c in (LLAMA, GLM, COHERE, GPT_OSS, DEEPSEEK_V3, GEMMA4, LLAMA4)})
+"""Each :class:`Convention` by its name."""
 
-FAMILIES = MappingProxyType({
-    **{model_type: LLAMA for model_type in _LLAMA_FAMILIES},
-    **{model_type: GLM for model_type in ("glm", "glm4", "ernie4_5", "helium")},
-    **{model_type: COHERE for model_type in ("cohere", "cohere2")},
-    "gpt_oss": GPT_OSS,
-    "deepseek_v3": DEEPSEEK_V3,
-    "gemma4_text": GEMMA4,
-    "llama4_text": LLAMA4,
-})
-"""transformers ``model_type`` -> its :class:`Convention` (read-only; module docstring for the
-source of each)."""
+FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})
+"""transformers ``model_type`` -> its :class:`Convention` (read-only): every type of
+:data:`rope.hf.coverage_table.COVERED`, the types :mod:`rope.hf.coverage` found to follow a
+convention and to be reproduced by rope on a tiny model."""

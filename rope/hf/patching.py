@@ -26,6 +26,7 @@ from types import ModuleType
 
 from torch import nn
 
+from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
 from .install import Replacement, rotary_replacements
 
@@ -154,9 +155,11 @@ def _family(model) -> tuple[str, Convention]:
     if not isinstance(model_type, str):
         raise TypeError(f"model.config.model_type must be a str, got {type(model_type).__name__}")
     if model_type not in FAMILIES:
-        raise ValueError(f"patch: model_type {model_type!r} is not in rope.hf.FAMILIES, so rope does not know which "
-                         f"function its attention rotates with (known: {', '.join(sorted(FAMILIES))}); nothing "
-                         "changed. rope.hf.install and rope's apply functions can still be used by hand")
+        why = (f"refused: {REFUSED[model_type]}" if model_type in REFUSED else
+               f"not a model type with rotary embeddings in transformers {TRANSFORMERS_VERSION}")
+        raise ValueError(f"patch: model_type {model_type!r} is not in rope.hf.FAMILIES ({why}; "
+                         "rope.hf.coverage_table lists every type); nothing changed. rope.hf.install and rope's "
+                         "apply functions can still be used by hand")
     return model_type, FAMILIES[model_type]
 
 

@@ -1,0 +1,401 @@
+"""Which transformers model types :func:`rope.hf.patch` covers, decided from their code and a probe.
+
+For every ``model_type`` of the installed transformers whose modeling module mentions rotary
+embeddings, :func:`survey` decides:
+
+1. the convention (:mod:`rope.hf.families`): the modeling module must define the convention's
+   functions by name, and each must return what rope's replacement returns on random q, k and
+   tables of the convention's form (float32, within :data:`FUNCTION_TOLERANCE`);
+   ``source_matches_llama`` also records whether the module's ``apply_rotary_pos_emb`` and
+   ``rotate_half`` are Llama's source, token for token (docstrings aside);
+2. the probe (:func:`probe`): a tiny randomly initialised model of the type (:func:`tiny_model`:
+   sizes of :data:`TINY`, no download) gives the same output after :func:`rope.hf.install`
+   (rope's tables) and with the convention's functions replaced by rope's, to
+   :data:`LOGITS_TOLERANCE` (transformers' float32 angles against rope's exact ones, at positions
+   below 20), and its attention calls a replaced function.
+
+A type that passes both is covered (:data:`rope.hf.coverage_table.COVERED`, from which
+:data:`rope.hf.FAMILIES` is built); any other is refused with the first reason met
+(:data:`rope.hf.coverage_table.REFUSED`), which :func:`rope.hf.patch` names. ``python -m
+rope.hf.coverage`` writes both tables (``rope/hf/coverage_table.py``) and README's table; run it
+after changing transformers' pin, and ``tests/test_hf_coverage.py`` checks that they are current.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import io
+import pathlib
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import families
+from .embedding import RotaryEmbedding
+from .install import install
+
+TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, initializer_range=0.2, sliding_window=8,
+            num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+            kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+            moe_num_experts=4, moe_k=2, moe_topk=2, num_shared_experts=1, expert_intermediate_size=32)
+"""The sizes of a tiny model: each key the config has (and does not derive) is set to this."""
+
+MAX_PARAMETERS = 5_000_000
+"""A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
+
+LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)
+"""rope's exact angles against transformers' float32 ones, on a tiny model at positions below 20."""
+
+FUNCTION_TOLERANCE = 1e-5
+"""How far a modeling module's function may differ from rope's on float32 inputs of size 1."""
+
+CONVENTIONS = (families.DEEPSEEK_V3, families.LLAMA, families.GLM, families.COHERE, families.GPT_OSS,
+               families.GEMMA4, families.LLAMA4)
+"""The conventions tried, those with more functions first (a module with DeepSeek-V3's two
+functions is DeepSeek-V3's, not Llama's)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model type: its modeling module's source file (relative to transformers' package),
+    the convention it follows (``None``: refused), the reason it is refused (``""``: covered),
+    and whether its ``apply_rotary_pos_emb`` and ``rotate_half`` are Llama's source.
+
+    Args:
+        model_type: the ``model_type``.
+        source: ``models/<folder>/modeling_<folder>.py``.
+        convention: the name of its :class:`rope.hf.Convention`, or ``None``.
+        reason: why it is refused, or ``""``.
+        source_matches_llama: its functions are Llama's, token for token.
+    """
+
+    model_type: str
+    source: str
+    convention: str | None
+    reason: str
+    source_matches_llama: bool = False
+
+
+def _transformers():
+    import transformers
+    return transformers
+
+
+def module_name(model_type: str) -> str:
+    """The import name of the modeling module of ``model_type`` (``transformers.models.<folder>.modeling_<folder>``)."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    folder = model_type_to_module_name(model_type)
+    return f"transformers.models.{folder}.modeling_{folder}"
+
+
+def source_file(model_type: str) -> pathlib.Path:
+    """The modeling module's file, without importing it."""
+    root = pathlib.Path(_transformers().__file__).parent
+    return root.joinpath(*module_name(model_type).split(".")[1:]).with_suffix(".py")
+
+
+def rotary_model_types() -> list[str]:
+    """Every ``model_type`` of the installed transformers whose modeling file mentions rotary
+    embeddings (``rotary`` in its source), sorted."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return sorted(t for t in CONFIG_MAPPING_NAMES
+                  if source_file(t).is_file() and "rotary" in source_file(t).read_text().lower())
+
+
+def _body(tree: ast.Module, name: str) -> str | None:
+    """The dumped AST of the module-level function ``name``, docstring dropped; ``None`` if absent."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            return ast.dump(ast.Module(body=[*body], type_ignores=[])) + ast.dump(node.args)
+    return None
+
+
+def source_matches_llama(model_type: str) -> bool:
+    """Whether the modeling file's ``apply_rotary_pos_emb`` and ``rotate_half`` are Llama's, token
+    for token (docstrings aside)."""
+    llama, own = (ast.parse(source_file(t).read_text()) for t in ("llama", model_type))
+    return all(_body(own, name) is not None and _body(own, name) == _body(llama, name)
+               for name in ("apply_rotary_pos_emb", "rotate_half"))
+
+
+def _inputs(convention: families.Convention, generator: torch.Generator):
+    """Random float32 inputs for the convention's functions: the positional arguments, with
+    tables of its form that carry no provenance (so rope's function applies the formula)."""
+    q = torch.randn(1, 4, 5, 16, generator=generator)
+    k = torch.randn(1, 2, 5, 16, generator=generator)
+    positions = torch.randint(0, 4096, (1, 5), generator=generator)
+    tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=convention.tables)(q, positions)
+    if convention.tables == "complex":
+        return q.transpose(1, 2), k.transpose(1, 2), tables * 1
+    cos, sin = (table * 1 for table in tables)
+    return (q, cos, sin) if convention is families.GEMMA4 else (q, k, cos, sin)
+
+
+def _same_function(theirs: Callable, ours: Callable, args) -> bool:
+    """Whether ``theirs(*args)`` returns what ``ours(*args)`` does, to :data:`FUNCTION_TOLERANCE`."""
+    try:
+        got, expected = theirs(*args), ours(*args)
+    except Exception:  # another signature or shape contract: not this convention
+        return False
+    got, expected = (out if isinstance(out, tuple) else (out,) for out in (got, expected))
+    return len(got) == len(expected) and all(
+        isinstance(a, torch.Tensor) and a.shape == b.shape and float((a - b).abs().max()) <= FUNCTION_TOLERANCE
+        for a, b in zip(got, expected))
+
+
+def convention_of(module) -> families.Convention | str:
+    """The convention (:data:`CONVENTIONS`) whose functions ``module`` defines and computes, or
+    the reason none fits: the rotary functions it defines instead."""
+    generator = torch.Generator().manual_seed(0)
+    for convention in CONVENTIONS:
+        if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
+                              _inputs(convention, generator)) for name, ours in convention.functions):
+            return convention
+    own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
+                 and getattr(value, "__module__", None) == module.__name__
+                 and any(word in name for word in ("rotary", "rotate", "rope")))
+    return ("its rotary functions (" + (", ".join(own) or "none at module level") + ") compute none of rope's "
+            "conventions (Llama, GLM, Cohere, GPT-OSS, DeepSeek-V3, Gemma 4, Llama 4)")
+
+
+def deepseek_v3_config(rope_interleave: bool = True):
+    """DeepSeek-V3's multi-head latent attention rotates only qk_rope_head_dim coordinates, with
+    YaRN (mscale = mscale_all_dim) and, by default, interleaved pairs returned half-split."""
+    from transformers import DeepseekV3Config
+    return DeepseekV3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2, rope_interleave=rope_interleave,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1, "rope_theta": 1e4})
+
+
+def gemma4_text_config():
+    """Gemma 4: sliding layers with default RoPE on heads of 16, full-attention layers with
+    proportional RoPE on heads of 32 (from the per-layer config); its apply function takes one tensor."""
+    from transformers import Gemma4TextConfig
+    return Gemma4TextConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=97, max_position_embeddings=64, sliding_window=8, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, initializer_range=0.2)
+
+
+CONFIGS = {"deepseek_v3": deepseek_v3_config, "gemma4_text": gemma4_text_config}
+"""Model types whose tiny config :data:`TINY` does not give, by their own function (taking options)."""
+
+
+def tiny_config(model_type: str, **options):
+    """A small config of ``model_type``: its own (:data:`CONFIGS`, taking ``options``), or
+    transformers' default config with the sizes of :data:`TINY`, set on the config and on each of
+    its sub-configs, wherever the config has the key and does not derive it."""
+    from transformers import AutoConfig
+
+    if model_type in CONFIGS:
+        return CONFIGS[model_type](**options)
+    if options:
+        raise ValueError(f"options: model_type {model_type!r} takes none, got {sorted(options)}")
+    config = AutoConfig.for_model(model_type)
+    _shrink(config)
+    return config
+
+
+def _shrink(config) -> None:
+    for key, value in TINY.items():
+        derived = isinstance(getattr(type(config), key, None), property)  # e.g. Falcon's head_dim
+        if hasattr(config, key) and not derived:
+            with contextlib.suppress(AttributeError, TypeError, ValueError):
+                setattr(config, key, value)
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            _shrink(sub)
+
+
+def model_class(model_type: str):
+    """The class a tiny model of ``model_type`` is built as: its causal LM where transformers maps
+    one, else its base model."""
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModel
+
+
+def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
+    """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`)
+    in eval mode. Raises ``ValueError`` where it would exceed :data:`MAX_PARAMETERS`."""
+    config = tiny_config(model_type) if config is None else config
+    cls = model_class(model_type)
+    with torch.device("meta"):
+        size = sum(p.numel() for p in cls.from_config(config).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"the tiny config still has {size / 1e6:.1f}M parameters (sizes rope's TINY does not set)")
+    torch.manual_seed(seed)
+    return cls.from_config(config).eval()
+
+
+def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
+    """Random token ids in [3, 97) (past the special tokens of :data:`TINY`), reproducible by seed."""
+    return torch.randint(3, TINY["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))
+
+
+def output(model: nn.Module, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """The model's logits (or last hidden state, for a base model) on ``tokens`` at positions
+    ``offset, offset + 1, ...``."""
+    positions = torch.arange(tokens.shape[1])[None].expand(tokens.shape[0], -1) + offset
+    with torch.no_grad():
+        out = model(tokens, position_ids=positions)
+    logits = getattr(out, "logits", None)
+    return logits if logits is not None else out.last_hidden_state
+
+
+def _counting(function: Callable, calls: list) -> Callable:
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+    return counted
+
+
+def probe(model_type: str, convention: families.Convention) -> str:
+    """Why a tiny model of ``model_type`` is not reproduced with ``convention``, or ``""``: its
+    output after :func:`rope.hf.install` and with the convention's functions replaced by rope's
+    (counted: the attention must call one) equals its own to :data:`LOGITS_TOLERANCE`."""
+    module = importlib.import_module(module_name(model_type))
+    try:
+        model = tiny_model(model_type)
+        tokens = sample_tokens()
+        expected = output(model, tokens)
+    except Exception as err:  # transformers' own model does not run at the tiny sizes: not probed
+        return f"not probed: a tiny model does not run ({type(err).__name__}: {_first_line(err)})"
+    if model.config.model_type != model_type:
+        return (f"not probed: its tiny {type(model).__name__} holds a {model.config.model_type!r} config (a part of a "
+                "composite model), so patch would not see this model_type")
+    try:
+        install(model)
+    except ValueError as err:
+        return _first_line(err).removeprefix("install: ")
+    originals = {name: getattr(module, name) for name, _ in convention.functions}
+    calls = {name: [] for name in originals}
+    try:
+        for name, ours in convention.functions:
+            setattr(module, name, _counting(ours, calls[name]))
+        got = output(model, tokens)
+    except Exception as err:  # rope's function refused the model's inputs
+        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {_first_line(err)})"
+    finally:
+        for name, function in originals.items():
+            setattr(module, name, function)
+    if not any(calls.values()):
+        return f"its attention calls none of {', '.join(calls)} (it rotates with another function)"
+    gap = float((got - expected).abs().max())
+    if not torch.allclose(got, expected, **LOGITS_TOLERANCE):
+        return f"its output with rope's tables and functions is off by {gap:.2g}"
+    return ""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return (text[0] if text else "")[:160]
+
+
+def classify(model_type: str) -> Row:
+    """The :class:`Row` of one model type: convention from its code, then the probe."""
+    file = source_file(model_type)
+    source = str(file.relative_to(pathlib.Path(_transformers().__file__).parent))
+    matches = source_matches_llama(model_type)
+    try:
+        module = importlib.import_module(module_name(model_type))
+    except Exception as err:  # a dependency transformers lacks here
+        return Row(model_type, source, None, f"not probed: its modeling module does not import ({_first_line(err)})")
+    convention = convention_of(module)
+    if isinstance(convention, str):
+        return Row(model_type, source, None, convention, matches)
+    reason = probe(model_type, convention)
+    return Row(model_type, source, None if reason else convention.name, reason, matches)
+
+
+def survey(model_types=None) -> list[Row]:
+    """:func:`classify` every type of :func:`rotary_model_types` (or ``model_types``), quietly."""
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    rows = []
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        for model_type in model_types or rotary_model_types():
+            rows.append(classify(model_type))
+    return rows
+
+
+def write_table(rows: list[Row], path: pathlib.Path) -> None:
+    """Write ``rope/hf/coverage_table.py``: ``COVERED`` and ``REFUSED`` from ``rows``."""
+    version = _transformers().__version__
+    lines = ["# ruff: noqa: E501",
+             '"""Generated by ``python -m rope.hf.coverage`` from transformers ' + version + ': do not edit.',
+             "",
+             "``COVERED``: model_type -> (convention, modeling file in transformers, source equals Llama's);",
+             '``REFUSED``: model_type -> the reason (:mod:`rope.hf.coverage`)."""', "",
+             f"TRANSFORMERS_VERSION = {version!r}", "", "COVERED = {"]
+    lines += [f"    {r.model_type!r}: ({r.convention!r}, {r.source!r}, {r.source_matches_llama!r})," for r in rows
+              if r.convention]
+    lines += ["}", "", "REFUSED = {"]
+    lines += [f"    {r.model_type!r}: {r.reason!r}," for r in rows if not r.convention]
+    lines += ["}", ""]
+    path.write_text("\n".join(lines))
+
+
+README_START = "<!-- rope.hf coverage: generated by python -m rope.hf.coverage, do not edit -->"
+README_END = "<!-- end of rope.hf coverage -->"
+
+
+def readme_table(covered=None, refused=None) -> str:
+    """README's table of the covered model types (type, convention, transformers source), by
+    convention then type, from :mod:`rope.hf.coverage_table` (or the mappings given), between
+    :data:`README_START` and :data:`README_END`."""
+    from . import coverage_table
+    covered = coverage_table.COVERED if covered is None else covered
+    refused = coverage_table.REFUSED if refused is None else refused
+    lines = [README_START, "",
+             f"{len(covered)} model types of transformers {coverage_table.TRANSFORMERS_VERSION} are covered and "
+             f"{len(refused)} with rotary code refused (`rope.hf.coverage_table.REFUSED` gives each reason):", "",
+             "| `model_type` | convention | transformers source |", "| --- | --- | --- |"]
+    for model_type, (name, source, _) in sorted(covered.items(), key=lambda item: (item[1][0], item[0])):
+        lines.append(f"| `{model_type}` | {name} | `{source}` |")
+    return "\n".join([*lines, "", README_END])
+
+
+def write_readme(path: pathlib.Path) -> None:
+    """Replace README's coverage table (between the markers) by :func:`readme_table`."""
+    text = path.read_text()
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    path.write_text(text[:start] + readme_table() + text[end:])
+
+
+def main(argv=None) -> int:
+    """``python -m rope.hf.coverage [model_type ...]``: survey, print, and (all types) write the table."""
+    argv = sys.argv[1:] if argv is None else argv
+    rows = survey(argv or None)
+    for r in rows:
+        print(f"{r.model_type:32s} {r.convention or '-':12s} {r.reason}")
+    print(f"{sum(bool(r.convention) for r in rows)} covered, {sum(not r.convention for r in rows)} refused")
+    if not argv:
+        write_table(rows, pathlib.Path(__file__).with_name("coverage_table.py"))
+        importlib.reload(importlib.import_module(f"{__package__}.coverage_table"))
+        write_readme(pathlib.Path(__file__).parents[2] / "README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
