@@ -306,9 +306,11 @@ def probe(model_type: str, convention: families.Convention) -> str:
     return ""
 
 
-def _first_line(err: BaseException) -> str:
+def _first_line(err: BaseException, width: int = 200) -> str:
+    """The first line of an error's message, cut at a word boundary to ``width`` characters."""
     text = str(err).strip().splitlines()
-    return (text[0] if text else "")[:160]
+    line = text[0] if text else ""
+    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def classify(model_type: str) -> Row:
