@@ -272,3 +272,34 @@ def test_kernel_threads_are_torchs_own():
     mapped = {line.split(maxsplit=5)[-1] for line in Path("/proc/self/maps").read_text().splitlines()
               if re.search(r"/lib(gomp|iomp5|omp)\b[^/]*\.so", line)}
     assert {os.path.realpath(path) for path in mapped} == {os.path.realpath(runtime)}
+
+
+@needs_kernel
+def test_rotate_few_refuses_what_it_cannot_read():
+    """rotate_few reads raw memory: every argument outside its contract is refused by name first."""
+    q, k = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 2, 8)
+    theta = torch.rand(4)
+    good = dict(q=q, k=k, positions=[0, 1, 2], position_rows=1, inv_freq=theta, layout="half", rotary_dim=8,
+                cos_factor=1.0, sin_factor=-1.0)
+    bad = [
+        (dict(q=q.double()), TypeError, "q must"),
+        (dict(k=k.to("meta")), TypeError, "k must"),
+        (dict(k=k.half()), ValueError, "must agree"),
+        (dict(k=torch.randn(2, 4, 2, 8)), ValueError, "must agree"),
+        (dict(layout="pairs"), ValueError, "layout must"),
+        (dict(rotary_dim=10), ValueError, "rotary_dim must"),
+        (dict(inv_freq=theta.double()), TypeError, "inv_freq must"),
+        (dict(inv_freq=torch.rand(3)), TypeError, "inv_freq must"),
+        (dict(position_rows=3), ValueError, "position_rows must"),
+        (dict(positions=[0, 1]), ValueError, "positions must"),
+        (dict(positions=[0, 1, 2**29]), ValueError, "positions must"),
+        (dict(positions=[0, 1, 2.0]), ValueError, "positions must"),
+        (dict(positions=torch.arange(3)), ValueError, "positions must"),
+        (dict(cos_factor=float("nan")), ValueError, "cos_factor must"),
+        (dict(sin_factor=2.0**600), ValueError, "sin_factor must"),
+        (dict(inv_freq=torch.tensor([0.5, float("inf"), 0.1, 0.2])), ValueError, "inv_freq must hold finite"),
+    ]
+    rope.cpu.rotary.rotate_few(**good)
+    for change, error, message in bad:
+        with pytest.raises(error, match=message):
+            rope.cpu.rotary.rotate_few(**(good | change))

@@ -23,6 +23,8 @@ import torch
 from . import build
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+LARGEST_POSITION = (1 << 29) - 1
+"""The largest ``|m|`` of :func:`rotate_few`: m theta_i is an exact float64 product below 2^29."""
 THREADED_FROM = 1 << 16
 """Rotated coordinates from which a call uses torch's thread count (starting a thread costs
 tens of microseconds: a decoding step runs on the calling thread)."""
@@ -116,8 +118,10 @@ def rotate_few(q: torch.Tensor, k: torch.Tensor, positions: list[int], position_
         ``(q_out, k_out)``, contiguous, in q's dtype.
 
     Raises:
-        ValueError: where inv_freq holds a value that is not finite.
+        TypeError, ValueError: for arguments outside the above, naming them (a value of inv_freq
+            that is not finite included); RuntimeError where the kernel is not :func:`available`.
     """
+    _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor)
     angles = (positions, position_rows, inv_freq.contiguous(), layout, rotary_dim)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return _FewTokens.apply(q, k, angles, cos_factor, sin_factor)
@@ -160,3 +164,31 @@ class _FewTokens(torch.autograd.Function):
         given_k = dk if dk is not None else torch.zeros((*dq.shape[:2], 0, dq.shape[3]), dtype=dq.dtype)
         grad_q, grad_k = _rotate_few(given_q, given_k, angles, cos_factor, -sin_factor)
         return (grad_q if dq is not None else None, grad_k if dk is not None else None, None, None, None)
+
+
+def _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor) -> None:
+    """What :func:`rotate_few`'s kernel reads must be what it documents (it reads raw memory)."""
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
+            raise TypeError(f"{name} must be a float32, float16 or bfloat16 CPU tensor [batch, seq, heads, head_dim]")
+    if q.dtype != k.dtype or (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
+        raise ValueError(f"q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must agree in dtype, "
+                         "batch, seq and head_dim")
+    if layout not in ("half", "interleaved"):
+        raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
+    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > q.shape[3]:
+        raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {q.shape[3]}], got {rotary_dim!r}")
+    if (not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype != torch.float32 or inv_freq.device.type != "cpu"
+            or tuple(inv_freq.shape) != (rotary_dim // 2,)):
+        raise TypeError(f"inv_freq must be a float32 CPU tensor [rotary_dim / 2] = [{rotary_dim // 2}]")
+    if position_rows not in (1, q.shape[0]) or type(position_rows) is not int:
+        raise ValueError(f"position_rows must be 1 or batch = {q.shape[0]}, got {position_rows!r}")
+    if (not isinstance(positions, list) or len(positions) != position_rows * q.shape[1]
+            or not all(type(m) is int and -LARGEST_POSITION <= m <= LARGEST_POSITION for m in positions)):
+        raise ValueError(f"positions must be a list of position_rows * seq = {position_rows * q.shape[1]} ints "
+                         f"of magnitude below 2^29")
+    for name, factor in (("cos_factor", cos_factor), ("sin_factor", sin_factor)):
+        if type(factor) is not float or not abs(factor) <= 2.0**512:
+            raise ValueError(f"{name} must be a float of magnitude at most 2^512, got {factor!r}")
+    if not available():
+        raise RuntimeError(f"the CPU kernel is not available: {build.unavailable_reason()}")
