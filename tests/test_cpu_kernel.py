@@ -303,3 +303,14 @@ def test_rotate_few_refuses_what_it_cannot_read():
     for change, error, message in bad:
         with pytest.raises(error, match=message):
             rope.cpu.rotary.rotate_few(**(good | change))
+
+
+def test_an_unwritable_cache_says_where_to_build(monkeypatch, tmp_path):
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setenv("ROPE_CACHE_DIR", str(blocker / "cache"))  # a folder under a file: cannot exist
+    monkeypatch.delenv("ROPE_CPU_KERNEL", raising=False)
+    if not shutil.which(os.environ.get("CC") or "cc"):
+        pytest.skip("no C compiler")
+    library, reason = rope.cpu.build.load()
+    assert library is None and "ROPE_CACHE_DIR" in reason and str(blocker) in reason

@@ -133,7 +133,7 @@ def _compile(compiler: str, flags: tuple, target: Path) -> str | None:
         handle, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(handle)
     except OSError as err:
-        return f"cannot write to {target.parent}: {err}"
+        return f"cannot write to {target.parent} (set ROPE_CACHE_DIR to a writable folder): {err}"
     try:
         options = [f for f in flags if not f.startswith("-Wl,") and not f.endswith(".so") and ".so." not in f]
         libraries = [f for f in flags if f not in options]  # after the source: what it links against
