@@ -68,7 +68,7 @@ _MAP_POSITIONS = 8
 @dataclass(frozen=True)
 class RotaryPrecision:
     """The precision of one rotary module's tables for one layer type (errors in units of the
-    model dtype, :mod:`rope.hf.diagnose`); the numbers are ``None`` where ``note`` says why the
+    model dtype, :mod:`rope.hf.precision`); the numbers are ``None`` where ``note`` says why the
     tables were not read.
 
     Args:
@@ -406,10 +406,17 @@ def _settings(module: nn.Module) -> dict:
 
 
 def _same(a: nn.Module, b: nn.Module) -> bool:
-    """Whether two of transformers' rotary modules make the same tables: the same class, config
-    object, settings and buffers (rope's modules are each their own)."""
-    if type(a) is not type(b) or isinstance(a, ROTARY_MODULES) or getattr(a, "config", None) is not getattr(
-            b, "config", None) or _settings(a) != _settings(b):
+    """Whether two rotary modules make the same tables: the same class, and the same RoPE
+    configuration and layout (rope's modules) or config object and settings (transformers'), and
+    the same buffers."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, ROTARY_MODULES):
+        ours, theirs = (dict((name, (m.rope_config, m.tables, m.head_dim)) for name, m in module.named_modules()
+                             if isinstance(m, RotaryEmbedding)) for module in (a, b))
+        if ours != theirs:
+            return False
+    elif getattr(a, "config", None) is not getattr(b, "config", None) or _settings(a) != _settings(b):
         return False
     ours, theirs = dict(a.named_buffers()), dict(b.named_buffers())
     return ours.keys() == theirs.keys() and all(
@@ -421,7 +428,7 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
 def diagnose(model: nn.Module, *, dtype: torch.dtype | None = None, limit: int | None = None,
              threshold: float = 0.5) -> Diagnosis:
     """The precision of every rotary table a model makes: per rotary module and layer type, the
-    worst error against exact angles (in units of the model dtype, :mod:`rope.hf.diagnose`)
+    worst error against exact angles (in units of the model dtype, :mod:`rope.hf.precision`)
     below and beyond ``max_position_embeddings``, and the first position whose error exceeds
     ``threshold``. Patched or not, covered by :func:`rope.hf.patch` or not; the model is not
     changed (copies of its rotary modules are called).
