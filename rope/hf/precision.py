@@ -110,13 +110,11 @@ class Diagnosis:
         rows: one per rotary module and layer type.
         dtype: the model dtype the modules were called with (the unit of the errors).
         threshold: the error, in units, whose first excess each row reports.
-        positions: how many positions each module was read at (to the default limit).
     """
 
     rows: tuple[RotaryPrecision, ...]
     dtype: torch.dtype
     threshold: float
-    positions: int
 
     def __iter__(self):
         return iter(self.rows)
@@ -473,7 +471,7 @@ def diagnose(model: nn.Module, *, dtype: torch.dtype | None = None, limit: int |
         with torch.no_grad():
             rows += [_read(name, tuple(copies), module, layer_type, dtype, length, module_limit, threshold)
                      for layer_type in _layer_types(module)]
-    return Diagnosis(tuple(rows), dtype, threshold, len(sample_positions(limit or SHORTEST_LIMIT)))
+    return Diagnosis(tuple(rows), dtype, threshold)
 
 
 __all__ = ["DENSE", "PER_OCTAVE", "Diagnosis", "RotaryPrecision", "diagnose", "rotary_modules", "sample_positions"]
