@@ -68,6 +68,7 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
     stock = rope.hf.diagnose(model)
     seen = {row.module for row in stock} | {copy for row in stock for copy in row.copies}
     assert seen == {name for name, _ in found}
+    assert len(stock) + sum(len(row.copies) for row in stock) == rows_expected(model)
     for row in stock:
         assert row.note == "" and row.reference == "its class rebuilt from its config", row
         assert row.limit == 2**20 and row.length == model.config.get_text_config().max_position_embeddings
