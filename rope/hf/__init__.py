@@ -32,6 +32,9 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`rotary_replacements` lists the swaps without making them). Install (or patch) before
   casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
   (transformers issue #29496), which install then names, with the fix.
+* :func:`diagnose` measures the rotary tables of any model, patched or not, against exact angles:
+  per rotary module and layer type, the worst error in units of the model's dtype, below and
+  beyond its configured length, and the first position past half a unit (:mod:`rope.hf.precision`).
 * :data:`FAMILIES` maps each ``model_type`` to its :class:`Convention`: which function of the
   modeling module to replace, by which of the functions above, and the form of its tables
   (:mod:`rope.hf.families`, with the source of each).
@@ -74,16 +77,19 @@ from .functions import (
 )
 from .install import PROBE_TOLERANCE, Replacement, install, rotary_replacements
 from .patching import Patch, patch, unpatch
+from .precision import Diagnosis, RotaryPrecision, diagnose
 
 __all__ = [
     "FAMILIES",
     "PROBE_TOLERANCE",
     "TABLE_FORMS",
     "Convention",
+    "Diagnosis",
     "LayerTypeRotaryEmbedding",
     "Patch",
     "Replacement",
     "RotaryEmbedding",
+    "RotaryPrecision",
     "apply_rotary_emb_complex",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_interleave",
@@ -91,6 +97,7 @@ __all__ = [
     "apply_rotary_pos_emb_interleaved_tables",
     "apply_rotary_pos_emb_pair_tables",
     "apply_rotary_pos_emb_single",
+    "diagnose",
     "head_dim_of",
     "install",
     "layer_type_head_dim",
