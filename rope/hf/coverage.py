@@ -53,7 +53,9 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
             moe_num_experts=4, moe_k=2, moe_topk=2, num_shared_experts=1, expert_intermediate_size=32,
             ffn_hidden_size=32, embed_dim=32, num_heads=2, depth=1, out_hidden_size=64, mamba_n_heads=4,
-            mamba_d_head=32, n_mamba_heads=4, mamba_headdim=32, mamba_d_state=16, index_n_heads=4, index_head_dim=16)
+            mamba_d_head=32, mamba_d_ssm=128, n_mamba_heads=4, mamba_headdim=32, mamba_d_state=16,
+            index_n_heads=4, index_head_dim=16,
+            vocab_size_per_layer_input=97, hidden_size_per_layer_input=8)
 """The sizes of a tiny model: each key the config has (and does not derive) is set to this (the
 vision keys ``embed_dim``, ``num_heads``, ``depth``, ``out_hidden_size`` shrink vision towers; the
 ``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer)."""
@@ -274,7 +276,7 @@ def _shrink(config, source: str = "") -> None:
         with contextlib.suppress(AttributeError, TypeError, ValueError):
             config.num_hidden_layers = len(indices)
             for key, value in per_layer.items():
-                setattr(config, key, [value[i] for i in indices])
+                setattr(config, key, [TINY[key]] * len(indices) if key in TINY else [value[i] for i in indices])
     elif isinstance(getattr(config, "layer_types", None), list) and _settable(config, "layer_types"):
         config.layer_types = config.layer_types[: config.num_hidden_layers]
     if rope_head and _settable(config, "head_dim"):
@@ -347,12 +349,13 @@ def _set(**values) -> Callable:
 
 FIXES = {"dbrx": _dbrx,
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
-         "zamba2": _set(use_mem_rope=True)}
+         "zamba2": _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
 DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
 checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
 when configured to (``position_embedding_type="rope"``, ``use_mem_rope``), as their released
-checkpoints are, and the default Granite 4.0-H config has no attention layer."""
+checkpoints are, and the default Granite 4.0-H config has no attention layer; Zamba 2 derives
+its attention width (twice the hidden size) at init, so the tiny one is set."""
 
 
 def model_class(model_type: str, config=None):
@@ -473,8 +476,8 @@ def _no_rotary_emb(model: nn.Module, module) -> str:
                 + (f" and {len(held) - 2} more" if len(held) > 2 else ""))
     own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
                  and getattr(value, "__module__", None) == module.__name__ and "rot" in name)
-    return ("no rotary_emb module (what patch swaps) and no rotary module: "
-            + (f"it rotates in {', '.join(own)}" if own else f"its tiny {type(model).__name__} does not rotate"))
+    return (f"no rotary_emb module (what patch swaps) nor other rotary module in its tiny {type(model).__name__}"
+            + (f"; its modeling module defines {', '.join(own)}" if own else ""))
 
 
 def _first_line(err: BaseException, width: int = 200) -> str:
