@@ -27,6 +27,8 @@ COVERED = sorted(coverage_table.COVERED)
 
 
 ABSOLUTE_POSITIONS = {
+    "beam": "full-attention queries scaled by compute_attention_scaling(position_ids), log1p((position + 1) / 2048)",
+    "recurrent_gemma": "its recurrent blocks reset their state where position_ids == 0",
     "llama4_text": "attention temperature tuning scales queries by log(floor(position / 8192) + 1)",
     "ministral3": "queries scaled by get_llama_4_attn_scale(position_ids)",
     "mistral4": "queries scaled by get_llama_4_attn_scale(position_ids)",
@@ -36,7 +38,7 @@ ABSOLUTE_POSITIONS = {
 """Covered types whose output depends on absolute positions beyond RoPE: the 2^16 shift changes
 rope's logits too, so only the logits near 0 are compared there."""
 
-STILL_CLOSE = {"granite_docling_text", "zaya"}
+STILL_CLOSE = {"granite_docling", "granite_docling_text", "qwen3_next", "zaya"}
 """Types whose tiny model's transformers logits stay within SHIFT_TOLERANCE at 2^16 (few or slow
 rotary pairs): the shift test cannot tell transformers' angles from rope's on them."""
 

@@ -9,7 +9,11 @@ embeddings, :func:`survey` decides:
    ``source_matches_llama`` also records whether the module's ``apply_rotary_pos_emb`` and
    ``rotate_half`` are Llama's source, token for token (docstrings aside);
 2. the probe (:func:`probe`): a tiny randomly initialised model of the type (:func:`tiny_model`:
-   sizes of :data:`TINY`, no download) gives the same output after :func:`rope.hf.install`
+   sizes of :data:`TINY` on the config and its text and vision sub-configs, the first layer of
+   each layer type, rotary sizes fitted to the tiny heads, :data:`FIXES`, no download; a part of
+   a composite model is built as its own class) must hold a ``rotary_emb`` module (else the
+   rotary modules or functions it has instead are named), which :func:`rope.hf.install` must
+   accept, and, run on token ids alone, give the same output after :func:`rope.hf.install`
    (rope's tables) and with the convention's functions replaced by rope's, to
    :data:`LOGITS_TOLERANCE` (transformers' float32 angles against rope's exact ones, at positions
    below 20), and its attention calls a replaced function.
@@ -28,6 +32,7 @@ import contextlib
 import importlib
 import io
 import pathlib
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -37,8 +42,8 @@ import torch
 from torch import nn
 
 from . import families
-from .embedding import RotaryEmbedding
-from .install import install
+from .embedding import RotaryEmbedding, head_dim_of
+from .install import install, rotary_replacements
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -46,8 +51,14 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             shared_expert_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
             kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-            moe_num_experts=4, moe_k=2, moe_topk=2, num_shared_experts=1, expert_intermediate_size=32)
-"""The sizes of a tiny model: each key the config has (and does not derive) is set to this."""
+            moe_num_experts=4, moe_k=2, moe_topk=2, num_shared_experts=1, expert_intermediate_size=32,
+            ffn_hidden_size=32, embed_dim=32, num_heads=2, depth=1, out_hidden_size=64, mamba_n_heads=4,
+            mamba_d_head=32, mamba_d_ssm=128, n_mamba_heads=4, mamba_headdim=32, mamba_d_state=16,
+            index_n_heads=4, index_head_dim=16,
+            vocab_size_per_layer_input=97, hidden_size_per_layer_input=8)
+"""The sizes of a tiny model: each key the config has (and does not derive) is set to this (the
+vision keys ``embed_dim``, ``num_heads``, ``depth``, ``out_hidden_size`` shrink vision towers; the
+``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer)."""
 
 MAX_PARAMETERS = 5_000_000
 """A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
@@ -200,7 +211,8 @@ CONFIGS = {"deepseek_v3": deepseek_v3_config, "gemma4_text": gemma4_text_config}
 def tiny_config(model_type: str, **options):
     """A small config of ``model_type``: its own (:data:`CONFIGS`, taking ``options``), or
     transformers' default config with the sizes of :data:`TINY`, set on the config and on each of
-    its sub-configs, wherever the config has the key and does not derive it."""
+    its sub-configs, wherever the config has the key and does not derive it (:func:`_shrink`), and
+    the type's fix of :data:`FIXES`."""
     from transformers import AutoConfig
 
     if model_type in CONFIGS:
@@ -208,43 +220,179 @@ def tiny_config(model_type: str, **options):
     if options:
         raise ValueError(f"options: model_type {model_type!r} takes none, got {sorted(options)}")
     config = AutoConfig.for_model(model_type)
-    _shrink(config)
+    _shrink(config, _modeling_source(model_type))
+    if model_type in FIXES:
+        FIXES[model_type](config)
     return config
 
 
-def _shrink(config) -> None:
-    for key, value in TINY.items():
-        derived = isinstance(getattr(type(config), key, None), property)  # e.g. Falcon's head_dim
-        if hasattr(config, key) and not derived:
+LAYER_PATTERN = dict(attn_layer_indices=[1], attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                     expert_layer_offset=1, block_types=["recurrent", "attention"], num_kv_shared_layers=0)
+"""Keys from which hybrid models derive their layer types (Bamba, Jamba, RecurrentGemma, Gemma 3n):
+set so that a tiny model of :data:`TINY`'s two layers has an attention layer, which rotates."""
+
+HEAD_DIMS = (16, 32, 48, 64, 96)
+"""Head dimensions tried, smallest first, for a config whose partial rotary factor leaves an odd
+rotary dimension at :data:`TINY`'s."""
+
+
+def _modeling_source(model_type: str) -> str:
+    file = source_file(model_type)
+    return file.read_text() if file.is_file() else ""
+
+
+def _settable(config, key: str) -> bool:
+    return hasattr(config, key) and not isinstance(getattr(type(config), key, None), property)
+
+
+def _layer_indices(config) -> list[int] | None:
+    """The layers a tiny model keeps: the first of each layer type (two at least), or ``None``
+    where the config has no list of layer types it can be given."""
+    types = getattr(config, "layer_types", None)
+    if not isinstance(types, list) or not types or not _settable(config, "num_hidden_layers"):
+        return None
+    first = {}
+    for index, kind in enumerate(types):
+        first.setdefault(kind, index)
+    indices = sorted(first.values())
+    return indices if len(indices) >= 2 else [indices[0], indices[0] + 1][: len(types)]
+
+
+def _shrink(config, source: str = "") -> None:
+    """Set :data:`TINY`'s sizes and :data:`LAYER_PATTERN` on ``config`` and its sub-configs; keep
+    the first layer of each layer type (with every per-layer list of the config); then fit the
+    rotary sizes to the tiny heads (:func:`_fit_rotary`)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    rope_head = (getattr(config, "qk_rope_head_dim", None) is not None  # MLA: head_dim derived as qk_rope_head_dim
+                 and config.qk_rope_head_dim == getattr(config, "head_dim", None))
+    indices = _layer_indices(config)
+    per_layer = {key: value for key, value in vars(config).items()
+                 if isinstance(value, list) and layers and len(value) == layers and _settable(config, key)}
+    for key, value in {**TINY, **LAYER_PATTERN}.items():
+        if _settable(config, key):
             with contextlib.suppress(AttributeError, TypeError, ValueError):
                 setattr(config, key, value)
-    if isinstance(getattr(config, "layer_types", None), list):
+    if indices is not None:
+        with contextlib.suppress(AttributeError, TypeError, ValueError):
+            config.num_hidden_layers = len(indices)
+            for key, value in per_layer.items():
+                setattr(config, key, [TINY[key]] * len(indices) if key in TINY else [value[i] for i in indices])
+    elif isinstance(getattr(config, "layer_types", None), list) and _settable(config, "layer_types"):
         config.layer_types = config.layer_types[: config.num_hidden_layers]
+    if rope_head and _settable(config, "head_dim"):
+        config.head_dim = config.qk_rope_head_dim
+    if hasattr(config, "kv_lora_rank") and _settable(config, "num_key_value_heads"):  # MLA: one key per head
+        config.num_key_value_heads = config.num_attention_heads
+    _fit_rotary(config, source)
     for key in getattr(config, "sub_configs", None) or {}:
         sub = getattr(config, key, None)
         if sub is not None and hasattr(sub, "to_dict"):
-            _shrink(sub)
+            _shrink(sub, source)
 
 
-def model_class(model_type: str):
+def _rope_mapping(config) -> dict | None:
+    params = getattr(config, "rope_parameters", None)
+    return params if isinstance(params, dict) else None
+
+
+def _fit_rotary(config, source: str) -> None:
+    """Make the tiny heads rotate an even number of coordinates (a head dimension of
+    :data:`HEAD_DIMS` where the partial rotary factor needs one) and fit M-RoPE sections: where
+    the config has none and the modeling module defaults to its own
+    (``rope_parameters.get("mrope_section", [...])``), heads as wide as those sections need (the
+    config stays without, so :func:`rope.hf.install` finds them and their style); else the
+    config's sections (or the default, where the head dimension is derived) scaled to the tiny
+    pair count by largest remainders."""
+    params = _rope_mapping(config)
+    if params is None or not hasattr(config, "num_attention_heads"):
+        return
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    section = params.get("mrope_section")
+    default = re.search(r"get\(\s*[\"']mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", source)
+    if section is None and default is not None:
+        default = [int(v) for v in default.group(1).split(",")]
+        if _settable(config, "head_dim"):  # heads wide enough for the module's own default, config left without
+            config.head_dim = round(2 * sum(default) / factor)
+            return
+        section = default  # no head_dim to set: the sections, scaled, go into the config
+    least = 2 if section is None else 12  # M-RoPE: two pairs per section at least
+
+    def fits(dim: int) -> bool:
+        return int(dim * factor) % 2 == 0 and int(dim * factor) >= least
+
+    with contextlib.suppress(ValueError, TypeError, AttributeError, StopIteration):
+        if not fits(head_dim_of(config)) and _settable(config, "head_dim"):
+            config.head_dim = next(d for d in HEAD_DIMS if fits(d))
+    if section is not None:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            params["mrope_section"] = _scaled(list(section), int(head_dim_of(config) * factor) // 2)
+
+
+def _scaled(section: list[int], total: int) -> list[int]:
+    """``section`` scaled to sum to ``total``, each part at least 1, by largest remainders."""
+    exact = [total * part / sum(section) for part in section]
+    parts = [max(1, int(value)) for value in exact]
+    order = sorted(range(len(parts)), key=lambda i: int(exact[i]) - exact[i])
+    for i in order[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def _dbrx(config) -> None:
+    config.attn_config.rope_theta = config.rope_parameters["rope_theta"]
+    config.attn_config.clip_qkv = 8.0
+
+
+def _set(**values) -> Callable:
+    return lambda config: [setattr(config, key, value) for key, value in values.items()]
+
+
+FIXES = {"dbrx": _dbrx,
+         "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
+         "zamba2": _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32)}
+"""Model types whose default config does not build a rotating transformers model, and the fix:
+DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
+checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
+when configured to (``position_embedding_type="rope"``, ``use_mem_rope``), as their released
+checkpoints are, and the default Granite 4.0-H config has no attention layer; Zamba 2 derives
+its attention width (twice the hidden size) at init, so the tiny one is set."""
+
+
+def model_class(model_type: str, config=None):
     """The class a tiny model of ``model_type`` is built as: its causal LM where transformers maps
-    one, else its base model."""
-    from transformers import AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    return AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModel
+    one holding this config, else its base model, else the class of its modeling module made for
+    its config class (a part of a composite model: a text model, a vision tower)."""
+    from transformers.models.auto import modeling_auto
+
+    config_class = type(config) if config is not None else None
+    for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, modeling_auto.MODEL_MAPPING_NAMES):
+        name = mapping.get(model_type)
+        if isinstance(name, str):
+            cls = getattr(importlib.import_module(module_name(model_type)), name, None)
+            cls = cls or getattr(_transformers(), name, None)
+            if cls is not None and (config_class is None or cls.config_class is config_class):
+                return cls
+    module = importlib.import_module(module_name(model_type))
+    own = [value for value in vars(module).values() if isinstance(value, type) and
+           getattr(value, "config_class", None) is config_class and value.__module__ == module.__name__]
+    for suffix in ("ForCausalLM", "Model", ""):
+        for cls in own:
+            if cls.__name__.endswith(suffix) and "PreTrained" not in cls.__name__:
+                return cls
+    raise ValueError(f"its modeling module defines no model class for {config_class.__name__}")
 
 
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
     """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`)
     in eval mode. Raises ``ValueError`` where it would exceed :data:`MAX_PARAMETERS`."""
     config = tiny_config(model_type) if config is None else config
-    cls = model_class(model_type)
+    cls = model_class(model_type, config)
     with torch.device("meta"):
-        size = sum(p.numel() for p in cls.from_config(config).parameters())
+        size = sum(p.numel() for p in cls._from_config(config).parameters())
     if size > MAX_PARAMETERS:
         raise ValueError(f"the tiny config still has {size / 1e6:.1f}M parameters (sizes rope's TINY does not set)")
     torch.manual_seed(seed)
-    return cls.from_config(config).eval()
+    return cls._from_config(config).eval()
 
 
 def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
@@ -275,18 +423,30 @@ def probe(model_type: str, convention: families.Convention) -> str:
     (counted: the attention must call one) equals its own to :data:`LOGITS_TOLERANCE`."""
     module = importlib.import_module(module_name(model_type))
     try:
-        model = tiny_model(model_type)
-        tokens = sample_tokens()
-        expected = output(model, tokens)
-    except Exception as err:  # transformers' own model does not run at the tiny sizes: not probed
-        return f"not probed: a tiny model does not run ({type(err).__name__}: {_first_line(err)})"
+        config = tiny_config(model_type)
+        with torch.device("meta"):  # no memory: which modules it holds
+            skeleton = model_class(model_type, config)._from_config(config)
+    except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
+        return f"not probed: a tiny model is not built ({type(err).__name__}: {_first_line(err)})"
+    if not any(isinstance(getattr(m, "rotary_emb", None), nn.Module) for m in skeleton.modules()):
+        return _no_rotary_emb(skeleton, module)
+    try:
+        model = tiny_model(model_type, config=config)
+    except ValueError as err:
+        return f"not probed: {_first_line(err)}"
     if model.config.model_type != model_type:
         return (f"not probed: its tiny {type(model).__name__} holds a {model.config.model_type!r} config (a part of a "
                 "composite model), so patch would not see this model_type")
     try:
-        install(model)
+        rotary_replacements(model)
     except ValueError as err:
         return _first_line(err).removeprefix("install: ")
+    try:
+        tokens = sample_tokens()
+        expected = output(model, tokens)
+    except Exception as err:  # its forward needs more than token ids (pixels, audio features, ...)
+        return f"not probed: a tiny model does not run on token ids alone ({type(err).__name__}: {_first_line(err)})"
+    install(model)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
     try:
@@ -304,6 +464,20 @@ def probe(model_type: str, convention: families.Convention) -> str:
     if not torch.allclose(got, expected, **LOGITS_TOLERANCE):
         return f"its output with rope's tables and functions is off by {gap:.2g}"
     return ""
+
+
+def _no_rotary_emb(model: nn.Module, module) -> str:
+    """Why a model without a ``rotary_emb`` module is refused: the rotary modules it has instead
+    (class and place), or the module-level rotary functions of its modeling module."""
+    held = [f"{type(m).__name__} at {name}" for name, m in model.named_modules()
+            if name and any(word in type(m).__name__.lower() for word in ("rotary", "rope"))]
+    if held:
+        return (f"no rotary_emb module (what patch swaps): it rotates with {', '.join(held[:2])}"
+                + (f" and {len(held) - 2} more" if len(held) > 2 else ""))
+    own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
+                 and getattr(value, "__module__", None) == module.__name__ and "rot" in name)
+    return (f"no rotary_emb module (what patch swaps) nor other rotary module in its tiny {type(model).__name__}"
+            + (f"; its modeling module defines {', '.join(own)}" if own else ""))
 
 
 def _first_line(err: BaseException, width: int = 200) -> str:
