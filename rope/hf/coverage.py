@@ -16,7 +16,9 @@ embeddings, :func:`survey` decides:
    accept, and, run on token ids alone, give the same output after :func:`rope.hf.install`
    (rope's tables) and with the convention's functions replaced by rope's, to
    :data:`LOGITS_TOLERANCE` (transformers' float32 angles against rope's exact ones, at positions
-   below 20), and its attention calls a replaced function.
+   below 20), its attention calls a replaced function, and no rotary module but rope's runs in
+   that forward (:func:`stock_rotary_calls`: a second table module the layers call, which patch
+   would leave in place, refuses the type).
 
 A type that passes both is covered (:data:`rope.hf.coverage_table.COVERED`, from which
 :data:`rope.hf.FAMILIES` is built); any other is refused with the first reason met
@@ -449,6 +451,7 @@ def probe(model_type: str, convention: families.Convention) -> str:
     install(model)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
+    left = stock_rotary_calls(model)
     try:
         for name, ours in convention.functions:
             setattr(module, name, _counting(ours, calls[name]))
@@ -458,12 +461,58 @@ def probe(model_type: str, convention: families.Convention) -> str:
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
+        called = left.close()
+    if called:
+        name, kind = called[0]
+        return (f"after install its forward still calls {kind} at {name} (patch swaps the modules named "
+                "rotary_emb): those layers would keep transformers' float32 angles")
     if not any(calls.values()):
         return f"its attention calls none of {', '.join(calls)} (it rotates with another function)"
     gap = float((got - expected).abs().max())
     if not torch.allclose(got, expected, **LOGITS_TOLERANCE):
         return f"its output with rope's tables and functions is off by {gap:.2g}"
     return ""
+
+
+class _Calls:
+    """Forward hooks on modules, recording which of them run (:meth:`close` removes the hooks)."""
+
+    def __init__(self, modules: list[tuple[str, nn.Module]]):
+        self.called: list[tuple[str, str]] = []
+        self._handles = [m.register_forward_hook(self._record(name, type(m).__name__)) for name, m in modules]
+
+    def _record(self, name: str, kind: str):
+        def hook(module, args, out):
+            if (name, kind) not in self.called:
+                self.called.append((name, kind))
+        return hook
+
+    def close(self) -> list[tuple[str, str]]:
+        for handle in self._handles:
+            handle.remove()
+        return self.called
+
+
+def stock_rotary_calls(model: nn.Module) -> _Calls:
+    """Hooks that record every rotary module of ``model`` that is not rope's (a module holding an
+    ``inv_freq`` buffer, or a class named ``...Rotary...Embedding``) when it runs: after
+    :func:`rope.hf.install`, a text forward that calls one still uses transformers' tables there."""
+    stock = [(name, m) for name, m in model.named_modules()
+             if not any(_is_ropes(held) for held in (m, *_parents(model, name)))
+             and (isinstance(getattr(m, "inv_freq", None), torch.Tensor)
+                  or re.search(r"Rotary\w*Embedding", type(m).__name__))]
+    return _Calls(stock)
+
+
+def _is_ropes(module: nn.Module) -> bool:
+    """Whether ``module`` is one of rope's (what :func:`rope.hf.install` puts in place)."""
+    return type(module).__module__.split(".")[0] == "rope"
+
+
+def _parents(model: nn.Module, name: str) -> list[nn.Module]:
+    """The modules that hold the submodule ``name`` (its dotted path's prefixes)."""
+    parts = name.split(".")
+    return [model.get_submodule(".".join(parts[:i])) for i in range(1, len(parts))]
 
 
 def _no_rotary_emb(model: nn.Module, module) -> str:
