@@ -34,6 +34,7 @@ from .frequencies import inv_freq, register_rope_type, rope_types
 from .layouts import permute_qk_weight
 from .mrope import apply_mrope
 from .xdrope import apply_xdrope
+from .xpos import apply_xpos
 
 __all__ = [
     "RopeConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "apply_rotary",
     "apply_rotary_2d",
     "apply_xdrope",
+    "apply_xpos",
     "inv_freq",
     "parse_config",
     "permute_qk_weight",
@@ -52,7 +54,7 @@ __version__ = "0.1.0"
 
 _SUBMODULES = frozenset({
     "analysis", "angles", "attention", "axial", "config", "experiment", "frequencies", "hf", "kernels",
-    "layouts", "mrope", "positions", "reference", "xdrope",
+    "layouts", "mrope", "positions", "reference", "xdrope", "xpos",
 })
 
 

@@ -32,7 +32,7 @@ only the range of q' and k' (and the positions this module accepts, below), neve
 
 Range. zeta_i^(+-x), x = (m - c)/B, lies in float64's normal range [2^-1022, 2^1022] for every pair
 exactly when ``|x|`` log2(7/2) <= 1022 (pair 0 has the smallest zeta, 2/7): ``|m - c|`` <=
-:data:`MAX_EXPONENT` B, about 565.47 B (289,518 positions at B = 512). Positions beyond are refused
+:data:`MAX_EXPONENT` B, about 565.47 B (289,519 positions at B = 512). Positions beyond are refused
 by name: q's factor of pair 0 would underflow and k's overflow. ``scale_base`` is at most 2^43, so
 that m - c is an integer below 2^53, exact in float64.
 
@@ -139,7 +139,7 @@ def apply_xpos(
         q: ``[batch, seq, heads_q, head_dim]``, float16, bfloat16, float32 or float64.
         k: ``[batch, seq, heads_k, head_dim]``, of q's dtype.
         positions: integer positions, ``[seq]`` or ``[batch, seq]``, with ``|m - center|`` at most
-            :data:`MAX_EXPONENT` ``scale_base`` (289,518 at 512).
+            :data:`MAX_EXPONENT` ``scale_base`` (289,519 at 512).
         inv_freq: the rotary_dim/2 frequencies theta_i, float32 or float64, as in
             :func:`rope.apply_rotary`.
         scale_base: B, positive, at most 2^43; 512 in flash-attention, lucidrains and torchscale.
