@@ -29,6 +29,9 @@ tables ``(arange(0, d, 2) + 0.4 d) / (1.4 d)`` raised to ``(t - c) / scale_base`
 ``center=0`` (the default) is the formula above without centring; ``center=L // 2`` gives
 flash-attention's and lucidrains' numbers, ``center=(L + 1) // 2`` torchscale's. The choice moves
 only the range of q' and k' (and the positions this module accepts, below), never the scores.
+flash-attention and lucidrains compute zeta_i and the power in float32, so their factors differ
+from the exact ones by up to about ``|x|`` 2^-24 relative (tests/test_xpos.py evaluates their
+formulas in float64).
 
 Range. zeta_i^(+-x), x = (m - c)/B, lies in float64's normal range [2^-1022, 2^1022] for every pair
 exactly when ``|x|`` log2(7/2) <= 1022 (pair 0 has the smallest zeta, 2/7): ``|m - c|`` <=
