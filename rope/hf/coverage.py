@@ -487,6 +487,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
     forward needs more than token ids, its text model's forward (:func:`text_part`) is the one
     run. Returns the reason and the text part run (``""``: the model's own forward)."""
     module = importlib.import_module(module_name(model_type))
+    config = None  # until the tiny config is built
     try:
         config = tiny_config(model_type)
         with torch.device("meta"):  # no memory: which modules it holds
@@ -497,13 +498,14 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
             raise
         return _missing_library(missing.group(1), config, module), ""
     except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
-        return f"not probed: a tiny model is not built ({type(err).__name__}: {_first_line(err)})", ""
+        return (f"not probed: a tiny model is not built ({type(err).__name__}: {_first_line(err)})"
+                + _text_verdict(config), "")
     if not any(isinstance(getattr(m, "rotary_emb", None), nn.Module) for m in skeleton.modules()):
         return _no_rotary_emb(skeleton, module), ""
     try:
         model = tiny_model(model_type, config=config)
     except ValueError as err:
-        return f"not probed: {_first_line(err)}", ""
+        return f"not probed: {_first_line(err)}" + _text_verdict(config), ""
     if model.config.model_type != model_type:
         return (f"not probed: its tiny {type(model).__name__} holds a {model.config.model_type!r} config (a part of a "
                 "composite model), so patch would not see this model_type"), ""
@@ -610,14 +612,19 @@ def _missing_library(library: str, config, module) -> str:
     rotary modules its modeling module defines, and the verdict on its text model, probed alone."""
     own = sorted(name for name, value in vars(module).items() if isinstance(value, type)
                  and value.__module__ == module.__name__ and re.search(r"Rotary\w*Embedding", name))
-    reason = (f"its tiny model needs the {library} library (not installed here), so it was not run; its modeling "
-              f"module defines {', '.join(own) or 'no rotary module class'}")
-    text = config.get_text_config()
-    if text is config:
-        return reason
+    return (f"its tiny model needs the {library} library (not installed here), so it was not run; its modeling "
+            f"module defines {', '.join(own) or 'no rotary module class'}") + _text_verdict(config)
+
+
+def _text_verdict(config) -> str:
+    """For a composite config: its text model's verdict, that type classified alone (``""`` for a
+    config that is its own text config)."""
+    text = config.get_text_config() if config is not None else None
+    if text is None or text is config or text.model_type == config.model_type:
+        return ""
     row = classify(text.model_type)
     verdict = f"passes alone ({row.convention} convention)" if row.convention else f"is refused alone: {row.reason}"
-    return reason + f"; its text model ({text.model_type}) {verdict}"
+    return f"; its text model ({text.model_type}) {verdict}"
 
 
 def _first_line(err: BaseException, width: int = 200) -> str:
