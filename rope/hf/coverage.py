@@ -50,17 +50,23 @@ from .install import install, rotary_replacements
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
             eos_token_id=2, initializer_range=0.2, sliding_window=8,
-            num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-            shared_expert_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+            num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_per_tok=2, top_k_experts=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, n_shared_experts=1, n_group=1, topk_group=1,
+            first_k_dense_replace=1,
             kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
             moe_num_experts=4, moe_k=2, moe_topk=2, num_shared_experts=1, expert_intermediate_size=32,
             ffn_hidden_size=32, embed_dim=32, num_heads=2, depth=1, out_hidden_size=64, mamba_n_heads=4,
             mamba_d_head=32, mamba_d_ssm=128, n_mamba_heads=4, mamba_headdim=32, mamba_d_state=16,
             index_n_heads=4, index_head_dim=16,
-            vocab_size_per_layer_input=97, hidden_size_per_layer_input=8)
+            vocab_size_per_layer_input=97, hidden_size_per_layer_input=8,
+            intermediate_size_mlp=96, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
+            projector_hidden_size=64, moe_hidden_size=32, dense_intermediate_size=96, shared_intermediate_size=32,
+            merged_hidden_size=64, output_dim=64, downsample_hidden_size=32, cross_hidden_size=64,
+            backbone_hidden_size=64)
 """The sizes of a tiny model: each key the config has (and does not derive) is set to this (the
 vision keys ``embed_dim``, ``num_heads``, ``depth``, ``out_hidden_size`` shrink vision towers; the
-``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer)."""
+``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer; the
+projector, adapter and audio keys the parts between towers and text models of multimodal ones)."""
 
 MAX_PARAMETERS = 5_000_000
 """A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
@@ -89,6 +95,8 @@ class Row:
         convention: the name of its :class:`rope.hf.Convention`, or ``None``.
         reason: why it is refused, or ``""``.
         source_matches_llama: its functions are Llama's, token for token.
+        text_part: where its forward needs more than token ids (pixels, audio), the qualified name
+            of its text model, whose forward the probe ran (``""``: the model's own).
     """
 
     model_type: str
@@ -96,6 +104,7 @@ class Row:
     convention: str | None
     reason: str
     source_matches_llama: bool = False
+    text_part: str = ""
 
 
 def _transformers():
@@ -263,7 +272,13 @@ def _layer_indices(config) -> list[int] | None:
 def _shrink(config, source: str = "") -> None:
     """Set :data:`TINY`'s sizes and :data:`LAYER_PATTERN` on ``config`` and its sub-configs; keep
     the first layer of each layer type (with every per-layer list of the config); then fit the
-    rotary sizes to the tiny heads (:func:`_fit_rotary`)."""
+    rotary sizes to the tiny heads (:func:`_fit_rotary`). A config with per-layer values (Gemma 4's
+    ``per_layer_config``) is shrunk as one and split again: each kept layer's values scaled as its
+    global value was (:func:`_split_per_layer`)."""
+    overrides = _per_layer_overrides(config)
+    if overrides is not None:  # read and set per-layer keys globally while shrinking; split again below
+        config.allow_global_per_layer_attribute_access = True
+        before = {key: config._getattr_without_heterogeneous_validation(key) for o in overrides.values() for key in o}
     layers = getattr(config, "num_hidden_layers", None)
     rope_head = (getattr(config, "qk_rope_head_dim", None) is not None  # MLA: head_dim derived as qk_rope_head_dim
                  and config.qk_rope_head_dim == getattr(config, "head_dim", None))
@@ -286,10 +301,34 @@ def _shrink(config, source: str = "") -> None:
     if hasattr(config, "kv_lora_rank") and _settable(config, "num_key_value_heads"):  # MLA: one key per head
         config.num_key_value_heads = config.num_attention_heads
     _fit_rotary(config, source)
+    if overrides is not None:
+        _split_per_layer(config, overrides, before, indices)
     for key in getattr(config, "sub_configs", None) or {}:
         sub = getattr(config, key, None)
         if sub is not None and hasattr(sub, "to_dict"):
             _shrink(sub, source)
+
+
+def _per_layer_overrides(config) -> dict[int, dict] | None:
+    """A heterogeneous config's per-layer values (layer index -> key -> value), or ``None``."""
+    spec = config.__dict__.get("_heterogeneity_spec")
+    return None if spec is None else {index: dict(values) for index, values in spec.per_layer_overrides.items()}
+
+
+def _split_per_layer(config, overrides: dict[int, dict], before: dict, indices: list[int] | None) -> None:
+    """Give the kept layers (``indices``, else the first ones) their per-layer values again, each
+    integer scaled by the factor its global value shrank by (Gemma 4's full-attention head_dim of
+    512 against 256 becomes twice the tiny head_dim), and forbid global reads again."""
+    def scaled(key, value):
+        now, was = config._getattr_without_heterogeneous_validation(key), before[key]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (value, now, was)) and was and now != was:
+            return max(1, round(value * now / was))
+        return value
+
+    kept = indices if indices is not None else range(config.num_hidden_layers)
+    config.per_layer_config = {new: {key: scaled(key, value) for key, value in overrides[old].items()}
+                               for new, old in enumerate(kept) if old in overrides}
+    config.allow_global_per_layer_attribute_access = False
 
 
 def _rope_mapping(config) -> dict | None:
@@ -308,7 +347,9 @@ def _fit_rotary(config, source: str) -> None:
     params = _rope_mapping(config)
     if params is None or not hasattr(config, "num_attention_heads"):
         return
-    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None)) or 1.0
+    nested = [value for value in params.values() if isinstance(value, dict)]  # per layer type
+    factors = {mapping.get("partial_rotary_factor") for mapping in (params, *nested)} - {None}
+    factor = min(factors) if factors else getattr(config, "partial_rotary_factor", None) or 1.0
     section = params.get("mrope_section")
     default = re.search(r"get\(\s*[\"']mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", source)
     if section is None and default is not None:
@@ -351,13 +392,16 @@ def _set(**values) -> Callable:
 
 FIXES = {"dbrx": _dbrx,
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
-         "zamba2": _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32)}
+         "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
+                                       hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
+                                                         if kind == "hybrid"])(config)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
 DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
 checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
 when configured to (``position_embedding_type="rope"``, ``use_mem_rope``), as their released
 checkpoints are, and the default Granite 4.0-H config has no attention layer; Zamba 2 derives
-its attention width (twice the hidden size) at init, so the tiny one is set."""
+its attention width (twice the hidden size) and its shared blocks' layers (``hybrid_layer_ids``,
+from the layer types the tiny config keeps) at init, so the tiny ones are set."""
 
 
 def model_class(model_type: str, config=None):
@@ -402,9 +446,26 @@ def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
     return torch.randint(3, TINY["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))
 
 
-def output(model: nn.Module, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+def text_part(model: nn.Module) -> str | None:
+    """The qualified name of the text model inside a composite ``model``: its outermost submodule
+    holding the text config (``model.config.get_text_config()``, or one of its model_type), or
+    ``None`` where the model is its own text model or holds none."""
+    from transformers import PreTrainedModel
+    text = model.config.get_text_config()
+    if text is model.config:
+        return None
+    return next((name for name, m in model.named_modules() if name and isinstance(m, PreTrainedModel)
+                 and (m.config is text or m.config.model_type == text.model_type)), None)
+
+
+def output(model: nn.Module, tokens: torch.Tensor, offset: int = 0, part: str | None = None) -> torch.Tensor:
     """The model's logits (or last hidden state, for a base model) on ``tokens`` at positions
-    ``offset, offset + 1, ...``."""
+    ``offset, offset + 1, ...``: of the submodule ``part`` (``None``: the text part
+    :data:`rope.hf.coverage_table.TEXT_PARTS` records for its model type, else the model)."""
+    if part is None:
+        from .coverage_table import TEXT_PARTS
+        part = TEXT_PARTS.get(getattr(model.config, "model_type", None), "")
+    model = model.get_submodule(part) if part else model
     positions = torch.arange(tokens.shape[1])[None].expand(tokens.shape[0], -1) + offset
     with torch.no_grad():
         out = model(tokens, position_ids=positions)
@@ -419,35 +480,52 @@ def _counting(function: Callable, calls: list) -> Callable:
     return counted
 
 
-def probe(model_type: str, convention: families.Convention) -> str:
+def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
     """Why a tiny model of ``model_type`` is not reproduced with ``convention``, or ``""``: its
     output after :func:`rope.hf.install` and with the convention's functions replaced by rope's
-    (counted: the attention must call one) equals its own to :data:`LOGITS_TOLERANCE`."""
+    (counted: the attention must call one) equals its own to :data:`LOGITS_TOLERANCE`. Where its
+    forward needs more than token ids, its text model's forward (:func:`text_part`) is the one
+    run. Returns the reason and the text part run (``""``: the model's own forward)."""
     module = importlib.import_module(module_name(model_type))
+    config = None  # until the tiny config is built
     try:
         config = tiny_config(model_type)
         with torch.device("meta"):  # no memory: which modules it holds
             skeleton = model_class(model_type, config)._from_config(config)
+    except ImportError as err:  # a library transformers builds a part with is not installed here
+        missing = re.search(r"requires the (\w+) library", str(err))
+        if missing is None:
+            raise
+        return _missing_library(missing.group(1), config, module), ""
     except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
-        return f"not probed: a tiny model is not built ({type(err).__name__}: {_first_line(err)})"
+        return (f"not probed: a tiny model is not built ({type(err).__name__}: {_first_line(err)})"
+                + _text_verdict(config), "")
     if not any(isinstance(getattr(m, "rotary_emb", None), nn.Module) for m in skeleton.modules()):
-        return _no_rotary_emb(skeleton, module)
+        return _no_rotary_emb(skeleton, module), ""
     try:
         model = tiny_model(model_type, config=config)
     except ValueError as err:
-        return f"not probed: {_first_line(err)}"
+        return f"not probed: {_first_line(err)}" + _text_verdict(config), ""
     if model.config.model_type != model_type:
         return (f"not probed: its tiny {type(model).__name__} holds a {model.config.model_type!r} config (a part of a "
-                "composite model), so patch would not see this model_type")
+                "composite model), so patch would not see this model_type"), ""
     try:
         rotary_replacements(model)
     except ValueError as err:
-        return _first_line(err).removeprefix("install: ")
+        return _first_line(err).removeprefix("install: "), ""
+    tokens, part = sample_tokens(), ""
     try:
-        tokens = sample_tokens()
-        expected = output(model, tokens)
+        expected = output(model, tokens, part=part)
     except Exception as err:  # its forward needs more than token ids (pixels, audio features, ...)
-        return f"not probed: a tiny model does not run on token ids alone ({type(err).__name__}: {_first_line(err)})"
+        part = text_part(model)
+        try:
+            if part is None:
+                raise err
+            expected = output(model, tokens, part=part)
+        except Exception as err:  # nor does a text model inside it
+            return ("not probed: a tiny model does not run on token ids alone"
+                    + (f", nor its text model {part}" if part else "")
+                    + f" ({type(err).__name__}: {_first_line(err)})"), ""
     install(model)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
@@ -455,9 +533,9 @@ def probe(model_type: str, convention: families.Convention) -> str:
     try:
         for name, ours in convention.functions:
             setattr(module, name, _counting(ours, calls[name]))
-        got = output(model, tokens)
+        got = output(model, tokens, part=part)
     except Exception as err:  # rope's function refused the model's inputs
-        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {_first_line(err)})"
+        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {_first_line(err)})", part
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
@@ -465,13 +543,13 @@ def probe(model_type: str, convention: families.Convention) -> str:
     if called:
         name, kind = called[0]
         return (f"after install its forward still calls {kind} at {name} (patch swaps the modules named "
-                "rotary_emb): those layers would keep transformers' float32 angles")
+                "rotary_emb): those layers would keep transformers' float32 angles"), part
     if not any(calls.values()):
-        return f"its attention calls none of {', '.join(calls)} (it rotates with another function)"
+        return f"its attention calls none of {', '.join(calls)} (it rotates with another function)", part
     gap = float((got - expected).abs().max())
     if not torch.allclose(got, expected, **LOGITS_TOLERANCE):
-        return f"its output with rope's tables and functions is off by {gap:.2g}"
-    return ""
+        return f"its output with rope's tables and functions is off by {gap:.2g}", part
+    return "", part
 
 
 class _Calls:
@@ -529,6 +607,26 @@ def _no_rotary_emb(model: nn.Module, module) -> str:
             + (f"; its modeling module defines {', '.join(own)}" if own else ""))
 
 
+def _missing_library(library: str, config, module) -> str:
+    """Why a type whose tiny model needs a library missing here is refused: the library, the
+    rotary modules its modeling module defines, and the verdict on its text model, probed alone."""
+    own = sorted(name for name, value in vars(module).items() if isinstance(value, type)
+                 and value.__module__ == module.__name__ and re.search(r"Rotary\w*Embedding", name))
+    return (f"its tiny model needs the {library} library (not installed here), so it was not run; its modeling "
+            f"module defines {', '.join(own) or 'no rotary module class'}") + _text_verdict(config)
+
+
+def _text_verdict(config) -> str:
+    """For a composite config: its text model's verdict, that type classified alone (``""`` for a
+    config that is its own text config)."""
+    text = config.get_text_config() if config is not None else None
+    if text is None or text is config or text.model_type == config.model_type:
+        return ""
+    row = classify(text.model_type)
+    verdict = f"passes alone ({row.convention} convention)" if row.convention else f"is refused alone: {row.reason}"
+    return f"; its text model ({text.model_type}) {verdict}"
+
+
 def _first_line(err: BaseException, width: int = 200) -> str:
     """The first line of an error's message, cut at a word boundary to ``width`` characters."""
     text = str(err).strip().splitlines()
@@ -548,8 +646,8 @@ def classify(model_type: str) -> Row:
     convention = convention_of(module)
     if isinstance(convention, str):
         return Row(model_type, source, None, convention, matches)
-    reason = probe(model_type, convention)
-    return Row(model_type, source, None if reason else convention.name, reason, matches)
+    reason, part = probe(model_type, convention)
+    return Row(model_type, source, None if reason else convention.name, reason, matches, part if not reason else "")
 
 
 def survey(model_types=None) -> list[Row]:
@@ -571,10 +669,13 @@ def write_table(rows: list[Row], path: pathlib.Path) -> None:
              '"""Generated by ``python -m rope.hf.coverage`` from transformers ' + version + ': do not edit.',
              "",
              "``COVERED``: model_type -> (convention, modeling file in transformers, source equals Llama's);",
+             "``TEXT_PARTS``: covered model_type -> its text model, where its forward needs more than token ids;",
              '``REFUSED``: model_type -> the reason (:mod:`rope.hf.coverage`)."""', "",
              f"TRANSFORMERS_VERSION = {version!r}", "", "COVERED = {"]
     lines += [f"    {r.model_type!r}: ({r.convention!r}, {r.source!r}, {r.source_matches_llama!r})," for r in rows
               if r.convention]
+    lines += ["}", "", "TEXT_PARTS = {"]
+    lines += [f"    {r.model_type!r}: {r.text_part!r}," for r in rows if r.convention and r.text_part]
     lines += ["}", "", "REFUSED = {"]
     lines += [f"    {r.model_type!r}: {r.reason!r}," for r in rows if not r.convention]
     lines += ["}", ""]
