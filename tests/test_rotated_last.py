@@ -17,6 +17,7 @@ import rope
 import rope.cpu.rotary
 from helpers import assert_correctly_rounded, exact_cos_sin
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton kernel: a GPU, else the interpreter
 HEAD_DIM, ROTARY_DIM = 12, 6
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
         torch.float64: torch.int64}
@@ -103,9 +104,9 @@ def test_triton_kernel_keeps_its_promise_and_moves_only_the_block(dtype, layout)
     import rope.kernels.operators  # noqa: F401  (registers torch.ops.rope.rotary)
     from test_triton_rotary import assert_close_to
 
-    q, k = _qk(dtype, 5, seed=1)
-    positions = torch.arange(5) + 70000
-    args = (positions, THETA, layout == "interleaved", ROTARY_DIM, 1.0, False)
+    q, k = (x.to(DEVICE) for x in _qk(dtype, 5, seed=1))
+    positions = torch.arange(5, device=DEVICE) + 70000
+    args = (positions, THETA.to(DEVICE), layout == "interleaved", ROTARY_DIM, 1.0, False)
     q_out, k_out = torch.ops.rope.rotary(q, k, *args, None, "last")
     q_first, k_first = torch.ops.rope.rotary(_rolled(q, ROTARY_DIM), _rolled(k, ROTARY_DIM), *args)
     q_in, k_in = q.clone(), k.clone()
@@ -113,7 +114,7 @@ def test_triton_kernel_keeps_its_promise_and_moves_only_the_block(dtype, layout)
     for x, out, first, in_place in ((q, q_out, q_first, q_in), (k, k_out, k_first, k_in)):
         assert torch.equal(out.view(BITS[dtype]), _rolled(first, -ROTARY_DIM).view(BITS[dtype]))
         assert torch.equal(in_place.view(BITS[dtype]), out.view(BITS[dtype]))
-        assert_close_to(out, formula(x, positions, layout), x)
+        assert_close_to(out, formula(x.cpu(), positions.cpu(), layout), x)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -125,23 +126,23 @@ def test_gradients_are_the_transposed_rotation_of_the_last_block(backend, dtype,
     promise) in every dtype."""
     if backend == "triton":
         pytest.importorskip("triton")
-    q, k = _qk(dtype, seq, seed=2)
-    q.requires_grad_(True)
-    k.requires_grad_(True)
+    device = DEVICE if backend == "triton" else "cpu"
+    q, k = (x.to(device).requires_grad_(True) for x in _qk(dtype, seq, seed=2))
     positions = torch.arange(seq) + 11
     gen = torch.Generator().manual_seed(7)
     wq, wk = (torch.randn(x.shape, generator=gen, dtype=torch.float64).to(dtype).double() for x in (q, k))
-    q_out, k_out = rope.apply_rotary(q, k, positions, THETA, layout="interleaved", rotated="last", backend=backend)
-    ((q_out.double() * wq).sum() + (k_out.double() * wk).sum()).backward()
+    q_out, k_out = rope.apply_rotary(q, k, positions.to(device), THETA.to(device), layout="interleaved",
+                                     rotated="last", backend=backend)
+    ((q_out.cpu().double() * wq).sum() + (k_out.cpu().double() * wk).sum()).backward()
     for x, w in ((q, wq), (k, wk)):
-        x64 = x.detach().double().requires_grad_(True)
+        x64 = x.detach().cpu().double().requires_grad_(True)
         (formula(x64, positions, "interleaved") * w).sum().backward()
         if backend == "torch" or dtype == torch.float64:
-            assert_correctly_rounded(x.grad, x64.grad)
+            assert_correctly_rounded(x.grad.cpu(), x64.grad)
         else:
             from test_triton_rotary import assert_close_to
 
-            assert_close_to(x.grad, x64.grad, w.to(dtype))  # the backward rotates w
+            assert_close_to(x.grad.cpu(), x64.grad, w.to(dtype))  # the backward rotates w
 
 
 def test_mrope_takes_the_last_block_too():
@@ -167,7 +168,7 @@ def test_bad_rotated_is_refused_by_name(bad):
         lambda: rope.cpu.rotary.rotate_few(q, k, [0, 1], 1, THETA, "half", ROTARY_DIM, 1.0, 1.0, bad),
     ]
     try:
-        import rope.kernels.operators  # noqa: F401
+        import rope.kernels.operators
 
         calls.append(lambda: rope.apply_rotary(q, k, positions, THETA, rotated=bad, backend="triton"))
         if isinstance(bad, str):  # the schema refuses a non-str itself (a RuntimeError naming it)
