@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 KERNEL_TESTS = ["tests/test_triton_rotary.py", "tests/test_kernel_exactness.py", "tests/test_fused_attention.py",
-                "tests/test_operators_hostile.py"]
+                "tests/test_operators_hostile.py", "tests/test_rotated_last.py"]
 NOTEBOOKS = ["notebooks/09_precision.ipynb", "notebooks/18_kernels.ipynb", "notebooks/19_rope_inside_attention.ipynb"]
 ATTENTION_LENGTHS = ["1024", "4096", "16384"]
 SKIPPED = 3  # the exit status of a step's script that found nothing to run on (its last line: "SKIP: why")

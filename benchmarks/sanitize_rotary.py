@@ -6,7 +6,8 @@
 (without the caching allocator's larger blocks the checker sees a read just past a tensor.)
 
 Rotary kernel: padded widths (head_dim 72, rotary_dim 48), ragged head blocks (GQA 7/3), strided
-views into a packed qkv tensor, both layouts, in place, the backward pass, each GROUP regime, and
+views into a packed qkv tensor, both layouts, the rotated block first and last (DeepSeek-V4's
+``rotated="last"``), in place, the backward pass, each GROUP regime, and
 M-RoPE (a position row per pair, prefill and decode).
 
 Attention kernels (forward, both backward kernels, decoding): RoPE, ReRoPE and Leaky ReRoPE, causal
@@ -50,13 +51,14 @@ def main():
         qkv = torch.randn(batch, seq, heads_q + 2 * heads_k, 72, device="cuda", generator=gen, dtype=torch.bfloat16)
         q, k = qkv[:, :, :heads_q], qkv[:, :, heads_q:heads_q + heads_k]
         positions = torch.randint(0, 2**31 - 1, (batch, seq), device="cuda", generator=gen)
-        for layout in ("half", "interleaved"):
-            q_out, k_out = rope.apply_rotary(q, k, positions, theta, layout=layout, backend="triton")
+        for layout, rotated in ((lay, rot) for lay in ("half", "interleaved") for rot in ("first", "last")):
+            q_out, k_out = rope.apply_rotary(q, k, positions, theta, layout=layout, rotated=rotated, backend="triton")
             q_leaf = q.detach().clone().requires_grad_()
-            q_grad, = torch.autograd.grad(rope.apply_rotary(q_leaf, k, positions, theta, layout=layout)[0], q_leaf,
-                                          q_out)
+            q_grad, = torch.autograd.grad(rope.apply_rotary(q_leaf, k, positions, theta, layout=layout,
+                                                            rotated=rotated)[0], q_leaf, q_out)
             torch.ops.rope.rotary_(q=q_out, k=k_out, positions=positions, inv_freq=theta,
-                                   interleaved=layout == "interleaved", rotary_dim=48, scale=1.0, conjugate=True)
+                                   interleaved=layout == "interleaved", rotary_dim=48, scale=1.0, conjugate=True,
+                                   rotated=rotated)
             assert torch.allclose(q_out.float(), q.float(), atol=0.07), "rotate then un-rotate must give q back"
             assert torch.isfinite(q_grad).all()
         position_ids = torch.randint(0, 2**31 - 1, (3, batch, seq), device="cuda", generator=gen)

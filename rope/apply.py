@@ -5,7 +5,9 @@ For pair i = (x_a, x_b) of a head at position m, with angle m * theta_i (RoForme
     y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i))
     y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i))
 
-with s the attention factor; coordinates past ``rotary_dim`` pass through unchanged. M-RoPE
+with s the attention factor; the pairs are those of the first ``rotary_dim`` coordinates of a
+head, or with ``rotated="last"`` of the last (DeepSeek-V4, :mod:`rope.layouts`), and the
+other coordinates pass through unchanged. M-RoPE
 (:mod:`rope.mrope`) is the same rotation with a position per pair: pair i turns by
 p_a(i) theta_i, p_a(i) row ``axes[i]`` (t, h or w) of the position ids. :func:`apply_rotary` and
 :func:`rope.mrope.apply_mrope` are one path, :func:`rotate_qk`: the checks, then the fused kernel
@@ -52,7 +54,7 @@ import torch
 from . import _checks
 from .angles import EXACT_PRODUCT_POSITIONS, cos_sin, cos_sin_of_checked
 from .cpu import rotary as cpu_rotary
-from .layouts import LAYOUTS
+from .layouts import LAYOUTS, ROTATED
 from .limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MIN_ATTENTION_FACTOR, MROPE_AXES
 from .rotation import BLOCK_ELEMENTS, rotate_small, rotate_tensors
 
@@ -146,11 +148,12 @@ def check_inputs(q, k, positions, inv_freq, rotary_dim, *, axes=None, values: bo
     return rotary_dim
 
 
-def _check_options(layout, attention_factor, conjugate, backend) -> float:
+def _check_options(layout, rotated, attention_factor, conjugate, backend) -> float:
     """Validate the keyword options of :func:`rotate_qk`; return the attention factor as a float,
     at least float64's smallest normal number (below it, s cos and s sin lose bits to underflow
     and the accuracy bound of the module docstring would not hold)."""
     _checks.choice("layout", layout, LAYOUTS)
+    _checks.choice("rotated", rotated, ROTATED)
     _checks.choice("backend", backend, BACKENDS)
     _checks.flag("conjugate", conjugate)
     return _checks.number("attention_factor", attention_factor, positive=True, minimum=MIN_ATTENTION_FACTOR)
@@ -219,7 +222,8 @@ def _checked_cos_sin(positions, inv_freq, *, per_pair: bool = False):
     return cos_sin_of_checked(positions, inv_freq, per_pair=per_pair, float64=has_float64(positions.device))
 
 
-def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False):
+def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.0, conjugate=False,
+                      rotated="first"):
     """q and k rotated by the cos and sin of their pairs' angles, ``[seq, pairs]`` (shared by the
     batch) or ``[batch, seq, pairs]`` (or already ``[batch or 1, seq, 1, pairs]``): times the
     attention factor (sin negated for the conjugate), :func:`rope.rotation.rotate_tensors` on both.
@@ -233,6 +237,7 @@ def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.
         rotary_dim: the rotated width.
         attention_factor: multiplies cos and sin.
         conjugate: rotate by the negated angles, R^T.
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates are rotated.
 
     Returns:
         ``(q_out, k_out)``, rotated.
@@ -242,7 +247,7 @@ def rotate_by_cos_sin(q, k, cos, sin, *, layout, rotary_dim, attention_factor=1.
     if attention_factor != 1.0 or conjugate:
         cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
     safe = q.dtype == torch.float64 or cos.dtype == torch.float32 or attention_factor > _SAFE_FACTOR
-    return rotate_tensors((q, k), cos, sin, layout, rotary_dim, safe=safe)
+    return rotate_tensors((q, k), cos, sin, layout, rotary_dim, safe=safe, rotated=rotated)
 
 
 def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
@@ -258,7 +263,7 @@ def per_pair_positions(position_ids: torch.Tensor, axes: torch.Tensor) -> torch.
     return position_ids[rows].movedim(0, -1)
 
 
-def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, attention_factor, conjugate):
+def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotated, rotary_dim, attention_factor, conjugate):
     """``torch.ops.rope.rotary`` (:mod:`rope.kernels.operators`, imported here: it imports Triton),
     which checks its arguments itself: shapes, dtypes, devices and the kernel's limits, then the
     values of the frequencies and axes. Checked here only what the operator's schema would convert
@@ -275,12 +280,12 @@ def _kernel_rotation(q, k, positions, inv_freq, axes, *, layout, rotary_dim, att
         axes = _checks.integer_tensor("axes", axes).to(device=q.device, dtype=torch.int64, non_blocking=True)
     return torch.ops.rope.rotary(
         q=q, k=k, positions=positions, inv_freq=inv_freq, interleaved=layout == "interleaved",
-        rotary_dim=rotary_dim, scale=attention_factor, conjugate=conjugate, axes=axes,
+        rotary_dim=rotary_dim, scale=attention_factor, conjugate=conjugate, axes=axes, rotated=rotated,
     )
 
 
-def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim=None, attention_factor=1.0,
-              conjugate=False, backend="auto") -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotated="first", rotary_dim=None,
+              attention_factor=1.0, conjugate=False, backend="auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The one path of :func:`apply_rotary` and :func:`rope.mrope.apply_mrope`: check the options,
     then rotate with the fused kernel or on the torch path, each checking the tensors once.
 
@@ -300,6 +305,7 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
         inv_freq: the rotary_dim/2 frequencies theta_i.
         axes: the M-RoPE axis of each pair, integer ``[pairs]``, or ``None`` for plain RoPE.
         layout: as in :func:`apply_rotary`.
+        rotated: as in :func:`apply_rotary`.
         rotary_dim: as in :func:`apply_rotary`.
         attention_factor: as in :func:`apply_rotary`.
         conjugate: as in :func:`apply_rotary`.
@@ -308,16 +314,16 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
     Returns:
         ``(q_out, k_out)``, as :func:`apply_rotary` returns them.
     """
-    attention_factor = _check_options(layout, attention_factor, conjugate, backend)
+    attention_factor = _check_options(layout, rotated, attention_factor, conjugate, backend)
     if use_kernel(q, backend, inv_freq, attention_factor):
-        return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotary_dim=rotary_dim,
+        return _kernel_rotation(q, k, positions, inv_freq, axes, layout=layout, rotated=rotated, rotary_dim=rotary_dim,
                                 attention_factor=attention_factor, conjugate=conjugate)
     rotary_dim = check_inputs(q, k, positions, inv_freq, rotary_dim, axes=axes, values=False)
     if axes is None and positions.numel() <= _FEW_POSITIONS and _decoding_on_the_cpu(q, k, rotary_dim, inv_freq,
                                                                                     attention_factor):
-        rotated = _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate)
-        if rotated is not None:
-            return rotated
+        few = _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate, rotated)
+        if few is not None:
+            return few
     if axes is None:  # the frequencies' values are checked by rope.angles.cos_sin_of_checked
         cos, sin = _checked_cos_sin(positions.reshape(*positions.shape[:-1] or (1,), positions.shape[-1], 1),
                                     inv_freq)  # [batch or 1, seq, 1, pairs]
@@ -327,7 +333,7 @@ def rotate_qk(q, k, positions, inv_freq, *, axes=None, layout="half", rotary_dim
         cos, sin = _checked_cos_sin(per_pair.reshape(*per_pair.shape[:-2] or (1,), per_pair.shape[-2], 1,
                                                      per_pair.shape[-1]), inv_freq, per_pair=True)
     return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim,
-                             attention_factor=attention_factor, conjugate=conjugate)
+                             attention_factor=attention_factor, conjugate=conjugate, rotated=rotated)
 
 
 _FEW_POSITIONS = 16
@@ -343,7 +349,7 @@ def _decoding_on_the_cpu(q, k, rotary_dim: int, inv_freq, attention_factor: floa
             if q.shape[3] else False)
 
 
-def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate):
+def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_factor, conjugate, rotated):
     """Decoding's torch path in one step, for the arguments :func:`_decoding_on_the_cpu` takes and
     positions below 2^29 (else ``None``): the angles as exact float64 products m theta_i
     (:func:`rope.angles.cos_sin_of_checked`'s fast case), q and k together: in one call of the
@@ -356,14 +362,15 @@ def _rotate_few_tokens(q, k, positions, inv_freq, layout, rotary_dim, attention_
     if cpu_rotary.available():  # angles, frequency check and both rotations in one call
         sin_factor = -attention_factor if conjugate else attention_factor
         rows = positions.shape[0] if positions.dim() == 2 else 1
-        return cpu_rotary.rotate_few(q, k, values, rows, inv_freq, layout, rotary_dim, attention_factor, sin_factor)
+        return cpu_rotary.rotate_few(q, k, values, rows, inv_freq, layout, rotary_dim, attention_factor, sin_factor,
+                                     rotated)
     _checks.frequency_values("inv_freq", inv_freq)
     angles = positions.to(torch.float64).view(-1, positions.shape[-1], 1, 1) * inv_freq  # exact
     cos, sin = torch.cos(angles), torch.sin(angles)
     if attention_factor != 1.0 or conjugate:
         cos, sin = cos * attention_factor, sin * (-attention_factor if conjugate else attention_factor)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
-        return rotate_tensors((q, k), cos, sin, layout, rotary_dim, safe=False)
+    if rotated != "first" or torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return rotate_tensors((q, k), cos, sin, layout, rotary_dim, safe=False, rotated=rotated)
     return rotate_small(q, k, cos, sin, layout, rotary_dim)
 
 
@@ -374,6 +381,7 @@ def apply_rotary(
     inv_freq: torch.Tensor,
     *,
     layout: str = "half",
+    rotated: str = "first",
     rotary_dim: int | None = None,
     attention_factor: float = 1.0,
     conjugate: bool = False,
@@ -391,6 +399,10 @@ def apply_rotary(
             (float16/bfloat16 are refused: :func:`rope._checks.finite_frequencies`). Constants
             to autograd: one that requires grad is refused while gradients are recorded.
         layout: ``"half"`` (pairs (i, i + d/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
+        rotated: which d coordinates of each head are rotated: ``"first"`` (0 .. d-1, every
+            partial-rotary model but one) or ``"last"`` (head_dim-d .. head_dim-1, pairs counted
+            from head_dim - d: DeepSeek-V4, which is ``layout="interleaved", rotated="last"``;
+            :mod:`rope.layouts` gives the sources).
         rotary_dim: rotated width d (default ``2 * len(inv_freq)``); the rest of the head passes through.
         attention_factor: multiplies cos and sin (YaRN, LongRoPE), as transformers does; at
             least 2^-1022.
@@ -413,5 +425,5 @@ def apply_rotary(
     Raises:
         TypeError, ValueError: for any bad argument, naming it (README, "Errors").
     """
-    return rotate_qk(q, k, positions, inv_freq, layout=layout, rotary_dim=rotary_dim,
+    return rotate_qk(q, k, positions, inv_freq, layout=layout, rotated=rotated, rotary_dim=rotary_dim,
                      attention_factor=attention_factor, conjugate=conjugate, backend=backend)

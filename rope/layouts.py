@@ -6,7 +6,23 @@ m * theta_i. Which coordinates form pair i is the layout:
 * ``"half"`` (GPT-NeoX, Llama in Hugging Face, ``rotate_half``): pair i is (i, i + d/2);
 * ``"interleaved"`` (GPT-J, the RoFormer paper, Meta's original Llama code): pair i is (2i, 2i+1).
 
-Both are the same rotation up to a fixed permutation P of the coordinates: R_half = P R_int P^T.
+Which d coordinates of a head are rotated is the second choice, ``rotated``:
+
+* ``"first"`` (every partial-rotary model but one: GPT-NeoX, Phi, GLM, ...): coordinates
+  0 .. d-1; the last head_dim - d pass through;
+* ``"last"`` (DeepSeek-V4): coordinates head_dim-d .. head_dim-1, the first head_dim - d pass
+  through ("nope" then "rope" in each head). Its pairs are interleaved, (2i, 2i+1) counted from
+  the block's start: transformers' ``apply_rotary_pos_emb`` in
+  ``models/deepseek_v4/modeling_deepseek_v4.py`` rotates ``x[..., -rope_dim:]`` with
+  ``rotate_half`` on ``x[..., 0::2]``, ``x[..., 1::2]``, and d = ``qk_rope_head_dim`` =
+  head_dim * ``partial_rotary_factor`` (64 of 512); vLLM's ``DeepseekV4ScalingRotaryEmbedding``
+  (``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py``) passes
+  ``rope_dim_offset = head_size - rotary_dim`` and ``vllm/models/deepseek_v4/common/rope.py``
+  builds it with ``is_neox_style=False``, ``rope_dim = rope_head_dim``
+  (https://github.com/vllm-project/vllm, https://github.com/huggingface/transformers). So
+  DeepSeek-V4 is ``layout="interleaved", rotated="last"``; both layouts are taken with both.
+
+Both layouts are the same rotation up to a fixed permutation P of the coordinates: R_half = P R_int P^T.
 Since scores are q^T R_m^T R_n k, permuting the rows of W_q and W_k by P turns a checkpoint
 trained in one layout into one that gives identical attention scores in the other.
 """
@@ -18,10 +34,24 @@ import torch
 from ._checks import choice, integer, tensor
 
 LAYOUTS = ("half", "interleaved")
+ROTATED = ("first", "last")
+"""Which rotary_dim coordinates of a head are rotated (module docstring)."""
 
 
 def check_layout(layout: str) -> None:
     choice("layout", layout, LAYOUTS)
+
+
+def rotary_start(head_dim: int, rotary_dim: int, rotated: str) -> int:
+    """The index of the first rotated coordinate: 0 for ``rotated="first"``, head_dim - rotary_dim
+    for ``"last"``; the rotated block is [start, start + rotary_dim), the rest passes through.
+
+    Args:
+        head_dim: the head dimension.
+        rotary_dim: the rotated width, at most head_dim.
+        rotated: ``"first"`` or ``"last"`` (:data:`ROTATED`), already checked.
+    """
+    return head_dim - rotary_dim if rotated == "last" else 0
 
 
 def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -158,6 +158,7 @@ def apply_mrope(
     axes: torch.Tensor,
     *,
     layout: str = "half",
+    rotated: str = "first",
     rotary_dim: int | None = None,
     attention_factor: float = 1.0,
     conjugate: bool = False,
@@ -175,6 +176,8 @@ def apply_mrope(
             integer ``[rotary_dim / 2]`` tensor on any device (int64 on q's device, as a model's
             buffer is, saves a copy per call).
         layout: ``"half"`` (Qwen) or ``"interleaved"`` (GLM-4V) pairing of coordinates.
+        rotated: as in :func:`rope.apply_rotary`: the first (every M-RoPE model) or the last
+            rotary_dim coordinates of each head.
         rotary_dim: rotated width (default ``2 * len(inv_freq)``); the rest passes through.
         attention_factor: multiplies cos and sin.
         conjugate: rotate by minus the angles (the transpose).
@@ -189,7 +192,7 @@ def apply_mrope(
         TypeError, ValueError: for any bad argument, naming it (README, "Errors"); on CUDA a bad
             axis value fails an asynchronous device assertion instead (no host synchronisation).
     """
-    return rotate_qk(q, k, position_ids, inv_freq, axes=axes, layout=layout, rotary_dim=rotary_dim,
+    return rotate_qk(q, k, position_ids, inv_freq, axes=axes, layout=layout, rotated=rotated, rotary_dim=rotary_dim,
                      attention_factor=attention_factor, conjugate=conjugate, backend=backend)
 
 

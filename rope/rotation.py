@@ -5,7 +5,9 @@ For pair i = (x_a, x_b) and the cos c and sin s of its angle (RoFormer eq. 34)::
     y_a = x_a c - x_b s,        y_b = x_b c + x_a s,
 
 computed in float64 (float32 where the device has no float64) and rounded once to x's dtype;
-coordinates past ``rotary_dim`` pass through. The gradient is the same rotation with s negated.
+the rotated block is the first ``rotary_dim`` coordinates of a head, or with ``rotated="last"``
+(DeepSeek-V4, :mod:`rope.layouts`) the last, and the others pass through. The gradient is the
+same rotation with s negated.
 
 Error. With c and s within 2^-52 of cos and sin, the float64 value is within 2^-50.5 ``|(x_a, x_b)|``
 of the exact rotation (two products and a sum, each rounded once, plus the error of c and s on
@@ -49,6 +51,7 @@ import torch
 
 from . import _checks
 from .cpu import rotary as cpu_rotary
+from .layouts import rotary_start
 
 BLOCK_ELEMENTS = 1 << 18
 """Rotated coordinates per block on the CPU: float64 input and output buffers of 2 MiB each (held
@@ -160,7 +163,7 @@ def _rotated_pair(x_a, x_b, cos, sin, safe: bool):
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
-                 *, safe: bool | None = None) -> torch.Tensor:
+                 *, safe: bool | None = None, rotated: str = "first") -> torch.Tensor:
     """(x_a, x_b) -> (x_a cos - x_b sin, x_b cos + x_a sin) on the layout's pairs, computed in
     the dtype of cos and sin (float64, or float32 where float64 does not exist) and rounded once
     to x's dtype; the tail passes through. cos and sin broadcast against ``x_a`` (e.g.
@@ -176,15 +179,17 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
         layout: ``"half"`` or ``"interleaved"`` (:mod:`rope.layouts`).
         rotary_dim: the rotated width; the coordinates past it pass through.
         safe: guard against intermediate overflow; ``None`` chooses as above.
+        rotated: ``"first"`` or ``"last"`` (:data:`rope.layouts.ROTATED`): which rotary_dim
+            coordinates are rotated; the others pass through.
 
     Returns:
         The rotated x, in x's dtype and shape.
     """
-    return rotate_tensors((x,), cos, sin, layout, rotary_dim, safe=safe)[0]
+    return rotate_tensors((x,), cos, sin, layout, rotary_dim, safe=safe, rotated=rotated)[0]
 
 
 def rotate_tensors(xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                   rotary_dim: int, *, safe: bool | None = None) -> tuple[torch.Tensor, ...]:
+                   rotary_dim: int, *, safe: bool | None = None, rotated: str = "first") -> tuple[torch.Tensor, ...]:
     """:func:`rotate_pairs` of several tensors by the same cos and sin (queries and keys), in
     one pass where they are small enough for one block on the CPU (decoding); differentiable.
 
@@ -196,6 +201,7 @@ def rotate_tensors(xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.T
         layout: ``"half"`` or ``"interleaved"`` (:mod:`rope.layouts`).
         rotary_dim: the rotated width; the coordinates past it pass through.
         safe: guard against intermediate overflow (:func:`rotate_pairs`).
+        rotated: which rotary_dim coordinates are rotated (:func:`rotate_pairs`).
 
     Returns:
         The rotated tensors, each in its dtype and shape.
@@ -203,13 +209,23 @@ def rotate_tensors(xs: tuple[torch.Tensor, ...], cos: torch.Tensor, sin: torch.T
     if safe is None:
         safe = xs[0].dtype == cos.dtype or cos.dtype == torch.float32
     if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
-        return _Rotation.apply(cos, sin, layout, rotary_dim, safe, *xs)
-    return _rotate_once(xs, cos, sin, layout, rotary_dim, safe)  # no autograd record to make
+        return _Rotation.apply(cos, sin, layout, rotary_dim, safe, rotated, *xs)
+    return _rotate_once(xs, cos, sin, layout, rotary_dim, safe, rotated=rotated)  # no autograd record to make
 
 
-def _rotate_once(xs, cos, sin, layout, rotary_dim, safe, *, views: bool = True) -> tuple[torch.Tensor, ...]:
+def _rotate_once(xs, cos, sin, layout, rotary_dim, safe, *, rotated: str = "first",
+                 views: bool = True) -> tuple[torch.Tensor, ...]:
     """Each x rotated and rounded once (no autograd); ``views``: small results may be views of one
-    tensor (not for autograd, which refuses in-place changes to such outputs)."""
+    tensor (not for autograd, which refuses in-place changes to such outputs). ``rotated="last"``:
+    the CPU kernel takes the block's start; the torch operations rotate the narrowed block as a
+    whole head and join the first coordinates to it (one more copy, off the kernel's path)."""
+    if rotated == "last" and any(x.shape[-1] > rotary_dim for x in xs):
+        if cpu_rotary.available() and all(_by_blocks(x, cos, safe) for x in xs):
+            return tuple(cpu_rotary.rotate(x, cos, sin, layout, rotary_dim, rotated) for x in xs)
+        starts = [rotary_start(x.shape[-1], rotary_dim, rotated) for x in xs]
+        blocks = _rotate_once(tuple(x.narrow(-1, start, rotary_dim) for x, start in zip(xs, starts)), cos, sin,
+                              layout, rotary_dim, safe, views=False)
+        return tuple(torch.cat((x.narrow(-1, 0, start), y), dim=-1) for x, start, y in zip(xs, starts, blocks))
     if all(_by_blocks(x, cos, safe) for x in xs):
         if cpu_rotary.available():  # one pass over memory for each x
             return tuple(cpu_rotary.rotate(x, cos, sin, layout, rotary_dim) for x in xs)
@@ -229,18 +245,20 @@ class _Rotation(torch.autograd.Function):
     """y = R x rounded once for each x, with dx = R^T dy rounded once (cos and sin are constants)."""
 
     @staticmethod
-    def forward(ctx, cos, sin, layout, rotary_dim, safe, *xs):
+    def forward(ctx, cos, sin, layout, rotary_dim, safe, rotated, *xs):
         ctx.save_for_backward(cos, sin)
-        ctx.options = (layout, rotary_dim, safe)
+        ctx.options = (layout, rotary_dim, safe, rotated)
         ctx.set_materialize_grads(False)  # an output unused by the loss gives its input no gradient
-        return _rotate_once(xs, cos, sin, layout, rotary_dim, safe, views=False)
+        return _rotate_once(xs, cos, sin, layout, rotary_dim, safe, rotated=rotated, views=False)
 
     @staticmethod
     def backward(ctx, *grads):
         cos, sin = ctx.saved_tensors
         given = [g for g in grads if g is not None]
-        rotated = iter(rotate_tensors(tuple(given), cos, -sin, *ctx.options[:2], safe=ctx.options[2]) if given else ())
-        return (None,) * 5 + tuple(None if g is None else next(rotated) for g in grads)
+        layout, rotary_dim, safe, rotated = ctx.options
+        back = iter(rotate_tensors(tuple(given), cos, -sin, layout, rotary_dim, safe=safe, rotated=rotated)
+                    if given else ())
+        return (None,) * 6 + tuple(None if g is None else next(back) for g in grads)
 
 
 # --- The CPU path: block by block, in reused float64 buffers -------------------------------------

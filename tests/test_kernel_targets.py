@@ -32,14 +32,14 @@ def _in_a_compiler_process(expression: str):
     return ast.literal_eval(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # about 60 s per target, empty Triton cache (40 rotary and 9 attention variants compiled)
+@pytest.mark.slow  # about 60 s per target, empty Triton cache (44 rotary and 9 attention variants compiled)
 @pytest.mark.parametrize("arch", [75, 80, 90])
 def test_kernel_compiles_for_the_target(arch):
     done = subprocess.run([sys.executable, "-m", "rope.kernels.targets", str(arch)],
                           capture_output=True, text=True, env=compiler_environment(), timeout=600)
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(lines) == 40 + 9 and all(line.startswith(f"ok sm_{arch} ") for line in lines)
+    assert len(lines) == 44 + 9 and all(line.startswith(f"ok sm_{arch} ") for line in lines)
 
 
 ONE_VARIANT = """if True:

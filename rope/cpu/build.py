@@ -154,10 +154,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Give the kernel's entry points their C signatures."""
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
     lib.rope_rotate.restype = ctypes.c_int
-    lib.rope_rotate.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, pointer, int64,
+    lib.rope_rotate.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, pointer, int64, int64,
                                 ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.rope_rotate_few.restype = ctypes.c_int
     lib.rope_rotate_few.argtypes = [pointer, int64, pointer, ctypes.c_double, ctypes.c_double,
                                     pointer, pointer, pointer, pointer, pointer, pointer, pointer, pointer,
-                                    int64, ctypes.c_int, ctypes.c_int]
+                                    int64, int64, ctypes.c_int, ctypes.c_int]
     return lib

@@ -5,7 +5,9 @@
  *     y_a = x_a c_i - x_b s_i,    y_b = x_b c_i + x_a s_i    (RoFormer eq. 34),
  *
  * each product and the sum rounded to float64 (no fused multiply-add: -ffp-contract=off), then the
- * result rounded once, to nearest even, to x's dtype; coordinates past rotary_dim are copied.
+ * result rounded once, to nearest even, to x's dtype. The rotated block is the rotary_dim
+ * coordinates from rotary_start (0, or head_dim - rotary_dim for rope's rotated="last": DeepSeek-V4);
+ * the coordinates outside it are copied.
  * This is the arithmetic of rope.rotation's torch operations, in one pass over memory.
  *
  * Rounding float64 to float16 and bfloat16 once (to_bfloat16, to_float16). Where y lies in
@@ -85,19 +87,24 @@ typedef struct {
     char *out;                /* output, contiguous [batch, seq, heads, head_dim] */
     const double *cos, *sin;  /* tables, element strides ts[3] over (batch, seq, heads), pairs contiguous */
     int64_t shape[4], xs[4], ts[3];
-    int64_t rotary_dim;
+    int64_t rotary_dim, rotary_start;  /* the rotated block: [rotary_start, rotary_start + rotary_dim) */
     int dtype, interleaved;
     int64_t first, last;      /* the rows of this worker */
 } Job;
 
-/* One row: the pairs (half layout: i and i + half; interleaved: 2i and 2i + 1) rotated, the tail
- * copied. Rows of contiguous coordinates have a loop for each layout, which the compiler
- * vectorizes; other strides take the general loop. */
+/* One row: the pairs of the rotated block (half layout: i and i + half; interleaved: 2i and
+ * 2i + 1, counted from the block's start) rotated, the coordinates before and after it copied.
+ * Rows of contiguous coordinates have a loop for each layout, which the compiler vectorizes;
+ * other strides take the general loop. The block's start moves both pointers once per row, so
+ * the loops are those of a block at 0 (rotated="first" pays one empty copy loop). */
 #define ROTATE_ROW(NAME, T, LOAD, STORE)                                                         \
     static void NAME(const Job *j, const char *xr, char *orow, const double *c, const double *s) { \
-        const T *x = (const T *)xr;                                                              \
-        T *restrict o = (T *)orow;                                                               \
-        int64_t half = j->rotary_dim / 2, d = j->shape[3], st = j->xs[3];                        \
+        const T *xrow = (const T *)xr;                                                           \
+        T *orow_t = (T *)orow;                                                                   \
+        int64_t half = j->rotary_dim / 2, d = j->shape[3], st = j->xs[3], r0 = j->rotary_start;  \
+        for (int64_t i = 0; i < r0; i++) orow_t[i] = xrow[i * st];                               \
+        const T *x = xrow + r0 * st;                                                             \
+        T *restrict o = orow_t + r0;                                                             \
         if (!j->interleaved && st == 1) {                                                        \
             for (int64_t i = 0; i < half; i++) {                                                 \
                 double xa = LOAD(x[i]), xb = LOAD(x[i + half]);                                 \
@@ -119,7 +126,7 @@ typedef struct {
                 o[pb] = STORE(xb * c[i] + xa * s[i]);                                              \
             }                                                                                    \
         }                                                                                        \
-        for (int64_t i = j->rotary_dim; i < d; i++) o[i] = x[i * st];                            \
+        for (int64_t i = r0 + j->rotary_dim; i < d; i++) orow_t[i] = xrow[i * st];               \
     }
 
 #define LOAD_FLOAT32(v) ((double)(v))
@@ -144,29 +151,31 @@ static void run_rows(const Job *j) {
 }
 
 static void fill_job(Job *j, const void *x, void *out, const double *cos, const double *sin, const int64_t *shape,
-                     const int64_t *x_strides, const int64_t *table_strides, int64_t rotary_dim, int dtype,
-                     int interleaved) {
+                     const int64_t *x_strides, const int64_t *table_strides, int64_t rotary_dim,
+                     int64_t rotary_start, int dtype, int interleaved) {
     j->x = (const char *)x; j->out = (char *)out; j->cos = cos; j->sin = sin;
     for (int i = 0; i < 4; i++) { j->shape[i] = shape[i]; j->xs[i] = x_strides[i]; }
     for (int i = 0; i < 3; i++) j->ts[i] = table_strides[i];
-    j->rotary_dim = rotary_dim; j->dtype = dtype; j->interleaved = interleaved;
+    j->rotary_dim = rotary_dim; j->rotary_start = rotary_start; j->dtype = dtype; j->interleaved = interleaved;
     j->first = 0; j->last = shape[0] * shape[1] * shape[2];
 }
 
-/* Rotate x [batch, seq, heads, head_dim] into out, its rows split into `threads` equal runs. Built
+/* Rotate x [batch, seq, heads, head_dim] into out (the block of rotary_dim coordinates from
+ * rotary_start; the rest copied), its rows split into `threads` equal runs. Built
  * with OpenMP against the runtime torch's own threads use (rope.cpu.build), the runs go to those
  * threads; a second pool would compete with them for the cores while they wait. Built without
  * OpenMP, the runs go one after the other. Returns 0. */
 int rope_rotate(const void *x, void *out, const double *cos, const double *sin, const int64_t *shape,
-                const int64_t *x_strides, const int64_t *table_strides, int64_t rotary_dim, int dtype,
-                int interleaved, int threads) {
+                const int64_t *x_strides, const int64_t *table_strides, int64_t rotary_dim,
+                int64_t rotary_start, int dtype, int interleaved, int threads) {
     enum { MAX_THREADS = 256 };
     Job jobs[MAX_THREADS];
     int64_t rows = shape[0] * shape[1] * shape[2];
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     for (int w = 0; w < threads; w++) {
-        fill_job(&jobs[w], x, out, cos, sin, shape, x_strides, table_strides, rotary_dim, dtype, interleaved);
+        fill_job(&jobs[w], x, out, cos, sin, shape, x_strides, table_strides, rotary_dim, rotary_start, dtype,
+                 interleaved);
         jobs[w].first = rows * w / threads;
         jobs[w].last = rows * (w + 1) / threads;
     }
@@ -177,12 +186,14 @@ int rope_rotate(const void *x, void *out, const double *cos, const double *sin, 
 
 /* Decoding: q and k [batch, seq, heads, head_dim] rotated on the calling thread by the angles of
  * `positions` ([position_rows = 1 or batch, seq], |m| < 2^29) and the float32 frequencies `theta`
- * (rotary_dim / 2 of them): cos_factor cos(m theta_i) and sin_factor sin(m theta_i). Returns 0, or
+ * (rotary_dim / 2 of them): cos_factor cos(m theta_i) and sin_factor sin(m theta_i), the block of
+ * rotary_dim coordinates from rotary_start rotated, the rest copied. Returns 0, or
  * 1 without writing anything where a theta_i is not finite, 2 where memory runs out. */
 int rope_rotate_few(const int64_t *positions, int64_t position_rows, const float *theta, double cos_factor,
                     double sin_factor, const void *q, void *q_out, const int64_t *q_shape,
                     const int64_t *q_strides, const void *k, void *k_out, const int64_t *k_shape,
-                    const int64_t *k_strides, int64_t rotary_dim, int dtype, int interleaved) {
+                    const int64_t *k_strides, int64_t rotary_dim, int64_t rotary_start, int dtype,
+                    int interleaved) {
     int64_t pairs = rotary_dim / 2, seq = q_shape[1], count = position_rows * seq * pairs;
     for (int64_t i = 0; i < pairs; i++)
         if (!isfinite(theta[i])) return 1;
@@ -196,9 +207,11 @@ int rope_rotate_few(const int64_t *positions, int64_t position_rows, const float
         }
     int64_t table_strides[3] = {position_rows > 1 ? seq * pairs : 0, pairs, 0};
     Job j;
-    fill_job(&j, q, q_out, table, table + count, q_shape, q_strides, table_strides, rotary_dim, dtype, interleaved);
+    fill_job(&j, q, q_out, table, table + count, q_shape, q_strides, table_strides, rotary_dim, rotary_start, dtype,
+             interleaved);
     run_rows(&j);
-    fill_job(&j, k, k_out, table, table + count, k_shape, k_strides, table_strides, rotary_dim, dtype, interleaved);
+    fill_job(&j, k, k_out, table, table + count, k_shape, k_strides, table_strides, rotary_dim, rotary_start, dtype,
+             interleaved);
     run_rows(&j);
     free(table);
     return 0;

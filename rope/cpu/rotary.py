@@ -9,9 +9,11 @@ Shapes::
 
 For each pair (x_a, x_b) of a row and its table entries c, s: (x_a c - x_b s, x_b c + x_a s),
 each product and the sum rounded to float64, the result rounded once to x's dtype (``rotary.c``
-proves the rounding); coordinates past ``rotary_dim`` are copied. Bit for bit the numbers of the
-torch operations in :mod:`rope.rotation`. :func:`rotate_few` computes its tables itself: cos and
-sin of the float64 products m theta_i, exact for ``|m|`` < 2^29, as :mod:`rope.angles` does there.
+proves the rounding). The rotated block is the first ``rotary_dim`` coordinates of each row, or
+with ``rotated="last"`` (DeepSeek-V4, :mod:`rope.layouts`) the last; the others are copied. Bit
+for bit the numbers of the torch operations in :mod:`rope.rotation`. :func:`rotate_few` computes
+its tables itself: cos and sin of the float64 products m theta_i, exact for ``|m|`` < 2^29, as
+:mod:`rope.angles` does there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ctypes
 
 import torch
 
+from ..layouts import ROTATED, rotary_start
 from . import build
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -35,7 +38,8 @@ def available() -> bool:
     return build.library() is not None
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, rotary_dim: int,
+           rotated: str = "first") -> torch.Tensor:
     """x rotated by cos and sin on the layout's pairs (shapes above), for callers that checked
     them: x on the CPU in a dtype of :data:`DTYPE_CODES`, cos and sin float64 on the CPU
     broadcasting as above, ``rotary_dim`` even and at most head_dim, and :func:`available`.
@@ -45,7 +49,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
         cos: cos of each pair's angle (any factor folded in).
         sin: sin of each pair's angle.
         layout: ``"half"`` or ``"interleaved"`` (:mod:`rope.layouts`).
-        rotary_dim: the rotated width; the coordinates past it are copied.
+        rotary_dim: the rotated width; the other coordinates are copied.
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates of a row are rotated.
 
     Returns:
         The rotated x, contiguous, in x's dtype.
@@ -54,7 +59,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
         TypeError, ValueError: for arguments outside the above, naming them; RuntimeError where
             the kernel is not :func:`available`.
     """
-    _check(x, cos, sin, layout, rotary_dim)
+    _check(x, cos, sin, layout, rotary_dim, rotated)
     out = torch.empty(x.shape, dtype=x.dtype)
     if out.numel() == 0:
         return out
@@ -68,11 +73,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
     build.library().rope_rotate(
         x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), (ctypes.c_int64 * 4)(*x.shape),
         (ctypes.c_int64 * 4)(*x.stride()), (ctypes.c_int64 * 3)(*cos.stride()[:3]), rotary_dim,
-        DTYPE_CODES[x.dtype], layout == "interleaved", threads)
+        rotary_start(x.shape[3], rotary_dim, rotated), DTYPE_CODES[x.dtype], layout == "interleaved", threads)
     return out
 
 
-def _check(x, cos, sin, layout, rotary_dim) -> None:
+def _check_rotated(rotated) -> None:
+    if not isinstance(rotated, str) or rotated not in ROTATED:
+        raise ValueError(f'rotated must be "first" or "last", got {rotated!r}')
+
+
+def _check(x, cos, sin, layout, rotary_dim, rotated) -> None:
     """What the kernel reads must be what :func:`rotate` documents (it reads raw memory)."""
     if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
         raise TypeError("x must be a float32, float16 or bfloat16 CPU tensor [batch, seq, heads, head_dim], got "
@@ -80,6 +90,7 @@ def _check(x, cos, sin, layout, rotary_dim) -> None:
                            else type(x).__name__))
     if layout not in ("half", "interleaved"):
         raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
+    _check_rotated(rotated)
     if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > x.shape[3]:
         raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {x.shape[3]}], got {rotary_dim!r}")
     wanted = (*x.shape[:3], rotary_dim // 2)
@@ -94,7 +105,8 @@ def _check(x, cos, sin, layout, rotary_dim) -> None:
 
 
 def rotate_few(q: torch.Tensor, k: torch.Tensor, positions: list[int], position_rows: int, inv_freq: torch.Tensor,
-               layout: str, rotary_dim: int, cos_factor: float, sin_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+               layout: str, rotary_dim: int, cos_factor: float, sin_factor: float,
+               rotated: str = "first") -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated by the angles m theta_i of a few tokens in one call: pair i of a token at
     position m turns by ``(cos_factor cos(m theta_i), sin_factor sin(m theta_i))`` (a negated
     sin_factor gives the transposed rotation); differentiable (the gradient is the transposed
@@ -113,6 +125,7 @@ def rotate_few(q: torch.Tensor, k: torch.Tensor, positions: list[int], position_
         rotary_dim: the rotated width.
         cos_factor: multiplies every cos (the attention factor).
         sin_factor: multiplies every sin (the attention factor, negated for the conjugate).
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates of a row are rotated.
 
     Returns:
         ``(q_out, k_out)``, contiguous, in q's dtype.
@@ -121,15 +134,15 @@ def rotate_few(q: torch.Tensor, k: torch.Tensor, positions: list[int], position_
         TypeError, ValueError: for arguments outside the above, naming them (a value of inv_freq
             that is not finite included); RuntimeError where the kernel is not :func:`available`.
     """
-    _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor)
-    angles = (positions, position_rows, inv_freq.contiguous(), layout, rotary_dim)
+    _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor, rotated)
+    angles = (positions, position_rows, inv_freq.contiguous(), layout, rotary_dim, rotated)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return _FewTokens.apply(q, k, angles, cos_factor, sin_factor)
     return _rotate_few(q, k, angles, cos_factor, sin_factor)
 
 
 def _rotate_few(q, k, angles, cos_factor: float, sin_factor: float):
-    positions, position_rows, inv_freq, layout, rotary_dim = angles
+    positions, position_rows, inv_freq, layout, rotary_dim, rotated = angles
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype), torch.empty(k.shape, dtype=k.dtype)
     if q_out.numel() + k_out.numel() == 0:
         return q_out, k_out
@@ -138,7 +151,7 @@ def _rotate_few(q, k, angles, cos_factor: float, sin_factor: float):
         (ctypes.c_int64 * len(positions))(*positions), position_rows, inv_freq.data_ptr(), cos_factor, sin_factor,
         q.data_ptr(), q_out.data_ptr(), shape(*q.shape), shape(*q.stride()),
         k.data_ptr(), k_out.data_ptr(), shape(*k.shape), shape(*k.stride()),
-        rotary_dim, DTYPE_CODES[q.dtype], layout == "interleaved")
+        rotary_dim, rotary_start(q.shape[3], rotary_dim, rotated), DTYPE_CODES[q.dtype], layout == "interleaved")
     if status == 1:
         raise ValueError("inv_freq must hold finite values (no NaN or inf)")
     if status:
@@ -166,7 +179,8 @@ class _FewTokens(torch.autograd.Function):
         return (grad_q if dq is not None else None, grad_k if dk is not None else None, None, None, None)
 
 
-def _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor) -> None:
+def _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor,
+               rotated) -> None:
     """What :func:`rotate_few`'s kernel reads must be what it documents (it reads raw memory)."""
     for name, x in (("q", q), ("k", k)):
         if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
@@ -176,6 +190,7 @@ def _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos
                          "batch, seq and head_dim")
     if layout not in ("half", "interleaved"):
         raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
+    _check_rotated(rotated)
     if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > q.shape[3]:
         raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {q.shape[3]}], got {rotary_dim!r}")
     if (not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype != torch.float32 or inv_freq.device.type != "cpu"

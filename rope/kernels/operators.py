@@ -10,8 +10,10 @@ gradient of every other consumer. There is no gradient with respect to ``inv_fre
 angles are exact integer turns, constants to autograd): a ``inv_freq`` that requires grad is
 refused while autograd records.
 
-Both take an optional last argument ``axes`` for M-RoPE (:mod:`rope.mrope`): pair i then reads
-row ``axes[i]`` of ``[3, ...]`` positions.
+Both take an optional argument ``axes`` for M-RoPE (:mod:`rope.mrope`): pair i then reads
+row ``axes[i]`` of ``[3, ...]`` positions; and ``rotated``, ``"first"`` (the default) or
+``"last"``: which rotary_dim coordinates of a head are rotated (DeepSeek-V4 rotates the last,
+:mod:`rope.layouts`).
 
 ``rotary_`` rotates q and k in place, for inference (e.g. a KV cache): autograd cannot record
 an in-place rotation through a custom operator, so q and k that require grad are refused.
@@ -66,6 +68,7 @@ except ImportError:  # older torch (2.4, the oldest supported) calls it hint_int
     from torch.fx.experimental.symbolic_shapes import hint_int as _example_value
 
 from .. import _checks
+from ..layouts import ROTATED
 from ..limits import KERNEL_MAX_HEAD_DIM, KERNEL_SCALE_RANGE, MAX_FREQUENCY, MROPE_AXES
 from . import triton_rotary
 
@@ -123,10 +126,11 @@ def _check_axes(axes: torch.Tensor | None, rotary_dim) -> None:
                          f"got {axes.shape[0]}")
 
 
-def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, **flags) -> None:
+def _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, rotated, **flags) -> None:
     """Everything but tensor values, in the real and the fake implementations alike."""
     for name, value in flags.items():
         _checks.flag(name, value)
+    _checks.choice("rotated", rotated, ROTATED)
     _check_heads(q, k)
     read_only = dict(positions=positions, inv_freq=inv_freq, **({} if axes is None else {"axes": axes}))
     _checks.same_device("q", q, k=k, **read_only)
@@ -272,12 +276,14 @@ def _check_in_place(q, k, positions, inv_freq, axes) -> None:
                 raise ValueError(f"{name} shares memory with {other}: rotating it in place would change {other}")
 
 
-def _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes) -> None:
+def _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes,
+            rotated) -> None:
     """The kernel, where there is something to rotate."""
     if q.numel() or k.numel():
         triton_rotary.launch(
             q, k, q_out, k_out, positions, inv_freq,
             interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=conjugate, axes=axes,
+            rotated=rotated,
         )
 
 
@@ -296,6 +302,7 @@ def rotary(
     scale: float,
     conjugate: Number,
     axes: torch.Tensor | None = None,
+    rotated: str = "first",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s R q, s R k) (or with R^T when ``conjugate``), new contiguous tensors; ``axes`` makes it
     M-RoPE (positions ``[3, ...]``, see :func:`rope.kernels.triton_rotary.launch`). q and k may
@@ -311,6 +318,7 @@ def rotary(
         scale: the attention factor s, in :data:`rope.limits.KERNEL_SCALE_RANGE`.
         conjugate: rotate by R^T instead (a bool).
         axes: the M-RoPE axis of each pair, integer ``[rotary_dim / 2]`` with values 0, 1, 2, or ``None``.
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates of a head are rotated.
 
     Returns:
         ``(q_out, k_out)``, of q's and k's dtype and shape.
@@ -318,18 +326,18 @@ def rotary(
     Raises:
         TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
     """
-    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, rotated,
                      interleaved=interleaved, conjugate=conjugate)
     _check_values(q, positions, inv_freq, axes)
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
-    _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes)
+    _launch(q, k, q_out, k_out, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes, rotated)
     return q_out, k_out
 
 
 @rotary.register_fake
-def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes=None):
-    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes=None, rotated="first"):
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, rotated,
                      interleaved=interleaved, conjugate=conjugate)
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
@@ -337,11 +345,12 @@ def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes
 def _setup_context(ctx, inputs, output):
     """Runs only while autograd records (some input requires grad): refuses a ``inv_freq`` that
     requires grad, whose gradient would otherwise be silently missing."""
-    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes = inputs  # defaults filled in
+    _, _, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes, rotated = inputs  # defaults filled in
     _refuse_grad("inv_freq", inv_freq, "the rotation has no gradient with respect to the frequencies "
                  "(exact integer turns); pass inv_freq.detach() if none is needed")
     ctx.save_for_backward(positions, inv_freq, axes)
-    ctx.options = dict(interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=not conjugate)
+    ctx.options = dict(interleaved=interleaved, rotary_dim=rotary_dim, scale=scale, conjugate=not conjugate,
+                       rotated=rotated)
 
 
 def _refuse_grad(name: str, x: torch.Tensor, why: str) -> None:
@@ -352,7 +361,7 @@ def _refuse_grad(name: str, x: torch.Tensor, why: str) -> None:
 def _backward(ctx, grad_q, grad_k):
     positions, inv_freq, axes = ctx.saved_tensors
     grad_q, grad_k = rotary(q=grad_q, k=grad_k, positions=positions, inv_freq=inv_freq, axes=axes, **ctx.options)
-    return grad_q, grad_k, None, None, None, None, None, None, None
+    return grad_q, grad_k, None, None, None, None, None, None, None, None
 
 
 rotary.register_autograd(_backward, setup_context=_setup_context)
@@ -369,6 +378,7 @@ def rotary_(
     scale: float,
     conjugate: Number,
     axes: torch.Tensor | None = None,
+    rotated: str = "first",
 ) -> None:
     """q <- s R q and k <- s R k in place; the last dimension of q and k must be contiguous, and
     q and k must not overlap (separate views of one buffer, e.g. of a packed qkv, are fine).
@@ -384,19 +394,20 @@ def rotary_(
         scale: the attention factor s, in :data:`rope.limits.KERNEL_SCALE_RANGE`.
         conjugate: rotate by R^T instead (a bool).
         axes: the M-RoPE axis of each pair, integer ``[rotary_dim / 2]`` with values 0, 1, 2, or ``None``.
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates of a head are rotated.
 
     Raises:
         TypeError, ValueError: for any bad argument, naming it (module docstring, "Checks").
     """
-    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, rotated,
                      interleaved=interleaved, conjugate=conjugate)
     _check_in_place(q, k, positions, inv_freq, axes)
     _check_values(q, positions, inv_freq, axes)
-    _launch(q, k, q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes)
+    _launch(q, k, q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes, rotated)
 
 
 @rotary_.register_fake
-def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes=None):
-    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes,
+def _(q, k, positions, inv_freq, interleaved, rotary_dim, scale, conjugate, axes=None, rotated="first"):
+    _check_arguments(q, k, positions, inv_freq, rotary_dim, scale, axes, rotated,
                      interleaved=interleaved, conjugate=conjugate)
     _check_in_place(q, k, positions, inv_freq, axes)

@@ -5,7 +5,8 @@
 Triton's NVIDIA backend and the ptxas it bundles build a cubin for any target on any machine,
 so a machine without a GPU can check what only a GPU would otherwise show: that the kernels use
 no feature their targets lack (sm_75 is the T4 of a Colab runtime, with no native bfloat16; sm_80
-the A100; sm_90 the H100): the rotary kernel in 40 variants, the RoPE-inside-attention kernels
+the A100; sm_90 the H100): the rotary kernel in 44 variants (4 of them rotating the last
+coordinates, ``rotated="last"``), the RoPE-inside-attention kernels
 (:mod:`.triton_attention` and its backward) in those of :data:`ATTENTION_VARIANTS`. Run it as a
 separate process with ``TRITON_INTERPRET`` unset: Triton's interpreter, which the CPU test suite
 switches on, replaces the compiler. Prints one line per variant and exits non-zero if any fails.
@@ -74,7 +75,8 @@ def default_arithmetic(dtype: str) -> str:
 
 
 def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], interleaved: bool, tail: int,
-                    mrope: bool = False, scale_after: bool | None = None, arithmetic: str | None = None):
+                    mrope: bool = False, scale_after: bool | None = None, arithmetic: str | None = None,
+                    rotated: str = "first"):
     """The kernel for q/k of Triton type ``dtype`` (e.g. "bf16"), head_dim 128 with ``tail``
     unrotated coordinates, launch ``sizes`` = (BLOCK_S, BLOCK_H, GROUP, num_warps), M-RoPE or not,
     with the attention factor's power of two applied after the rotation (``scale_after``; None:
@@ -90,6 +92,7 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
         sizes: the launch sizes (BLOCK_S, BLOCK_H, GROUP, num_warps).
         interleaved: the interleaved layout, else the half layout.
         tail: the unrotated coordinates of the 128.
+        rotated: ``"first"`` or ``"last"``: the rotated block at 0, or after the ``tail``.
         mrope: the M-RoPE variant (a position row per pair).
         scale_after: the attention factor's power of two applied after the rotation (a factor above
             1, or for bfloat16 in float-float math above 1/2), or None for factor 1.
@@ -109,7 +112,7 @@ def compile_variant(arch: int, dtype: str, sizes: tuple[int, int, int, int], int
                  scale64="fp64", power64="fp64")
     types.update({name: "i64" for name in STRIDES + ["sp_b", "sp_s", "sp_a"]})
     constants = kernel_constants(128, 128 - tail, interleaved=interleaved, conjugate=False, arithmetic=arithmetic,
-                                 copy_tail=True, mrope=mrope, scale_after=scale_after)
+                                 copy_tail=True, mrope=mrope, scale_after=scale_after, rotated=rotated)
     constants.update(BLOCK_S=block_s, BLOCK_H=block_h, GROUP=group)
     types.update({name: "constexpr" for name in constants})
     names = rotary_kernel.arg_names  # the signature in the kernel's order
@@ -325,8 +328,9 @@ def spill_report(arch: int) -> list[tuple[str, dict]]:
     """(label, usage) of every launch size a GPU may run, for ``arch`` (usage as :func:`ptxas_usage`
     gives it): the rotary kernel's candidates and its few-token sizes (``few_token_launches``;
     bfloat16, head_dim 128, the half layout) in float-float math (the default for 16-bit dtypes),
-    float64 math (on request) and float32 math (on request), float64 in float64 math, and the
-    attention kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
+    float64 math (on request) and float32 math (on request), float64 in float64 math, DeepSeek-V4's
+    variant (interleaved, the last 64 coordinates rotated) in float-float math, and the attention
+    kernels of :data:`ATTENTION_VARIANTS` at their launchers' GPU sizes.
 
     Args:
         arch: the target's compute capability, e.g. 90 for sm_90.
@@ -337,6 +341,10 @@ def spill_report(arch: int) -> list[tuple[str, dict]]:
             label = f"rotary {dtype} {arithmetic} math sizes={sizes}"
             rows.append((label, ptxas_usage(lambda: compile_variant(arch, dtype, sizes, interleaved=False, tail=0,
                                                                     arithmetic=arithmetic))[1]))
+    for sizes in candidates_of("float-float") + few_token_launches(32):
+        label = f"rotary bf16 float-float math interleaved rotated=last tail=64 sizes={sizes}"
+        rows.append((label, ptxas_usage(lambda: compile_variant(arch, "bf16", sizes, interleaved=True, tail=64,
+                                                                arithmetic="float-float", rotated="last"))[1]))
     for variant in ATTENTION_VARIANTS:
         label = "attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} logn={}".format(
             *variant)
@@ -445,6 +453,8 @@ def main(arches: list[int]) -> int:
     # math with a tail also with an attention factor above 1; then M-RoPE; float32 and float64 math
     # for bfloat16, float64 math for float32, float-float math for float16 with a factor above 1
     # and for bfloat16 with one below 1/2. The first and last candidate of the math's list each time.
+    # Last, each dtype's default math with the last 64 coordinates rotated (rotated="last", interleaved:
+    # DeepSeek-V4's variant).
     variants = [(dtype, sizes, interleaved, tail, False, True if tail > 0 and dtype == "fp32" else None,
                  default_arithmetic(dtype))
                 for dtype, end, interleaved, tail in itertools.product(
@@ -457,12 +467,16 @@ def main(arches: list[int]) -> int:
                  ("fp32", FLOAT64_TUNING_CANDIDATES[-1], False, 0, True, False, "float64"),
                  ("fp16", candidates_of("float-float")[-1], True, 0, False, True, "float-float"),
                  ("bf16", candidates_of("float-float")[0], False, 64, False, False, "float-float")]
-    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, arithmetic) in itertools.product(arches,
-                                                                                                      variants):
+    variants = [(*variant, "first") for variant in variants]
+    variants += [(dtype, candidates_of(default_arithmetic(dtype))[0], True, 64, False, None, default_arithmetic(dtype),
+                  "last") for dtype in ("bf16", "fp16", "fp32", "fp64")]
+    for arch, (dtype, sizes, interleaved, tail, mrope, scale_after, arithmetic, rotated) in itertools.product(
+            arches, variants):
         label = (f"sm_{arch} {dtype} sizes={sizes} interleaved={interleaved} tail={tail} mrope={mrope}"
-                 + f" scale_after={scale_after}" * (scale_after is not None) + f" {arithmetic} math")
+                 + f" scale_after={scale_after}" * (scale_after is not None) + f" {arithmetic} math"
+                 + f" rotated={rotated}" * (rotated != "first"))
         failures += _report(label, lambda: compile_variant(arch, dtype, sizes, interleaved, tail, mrope, scale_after,
-                                                           arithmetic))
+                                                           arithmetic, rotated))
     for arch, variant in itertools.product(arches, ATTENTION_VARIANTS):
         label = ("sm_{} attention dtype={} mode={} causal={} interleaved={} head_dim={} tail={} kernel={} "
                  "logn={}").format(arch, *variant)

@@ -5,7 +5,9 @@ For pair i = (x_a, x_b) of a head of the token at integer position m (RoFormer e
     y_a = s (x_a cos(m theta_i) - x_b sin(m theta_i)),   y_b = s (x_b cos(m theta_i) + x_a sin(m theta_i)),
 
 with s the attention factor and the sign of the sines flipped for the conjugate (transpose)
-rotation, which is also the backward pass. Coordinates past ``rotary_dim`` are copied.
+rotation, which is also the backward pass. The pairs are those of the ``rotary_dim`` coordinates
+from ``ROTARY_START`` (0, or head_dim - rotary_dim for ``rotated="last"``: DeepSeek-V4,
+:mod:`rope.layouts`), a compile-time offset added to the pointers; the other coordinates are copied.
 
 Three compile-time variants of the arithmetic (the ``MATH`` constexpr, :data:`MATHS`), none with a
 table of cos/sin per position (float-float math reads one 4 KB table of 257 angles):
@@ -128,6 +130,7 @@ import triton.language as tl
 
 from .. import _checks
 from ..angles import INV_TWO_PI_PIECES, TWO_PI, inverse_two_pi_windows
+from ..layouts import ROTATED, rotary_start
 from ..limits import KERNEL_SCALE_RANGE, MAX_POSITION
 from .emulation import fma, interpreter_rounds_fma_twice
 from .exact_turns import by_quadrant, exact_cos_sin
@@ -323,8 +326,10 @@ def pair_offsets(HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.con
 def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64,
                       HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
                       INTERLEAVED: tl.constexpr, COPY_TAIL: tl.constexpr, MATH: tl.constexpr,
-                      SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr):
-    """Write the rotated pairs (xa, xb were loaded from x_row) and, out of place, the tail.
+                      SCALE_AFTER: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
+                      ROTARY_START: tl.constexpr):
+    """Write the rotated pairs (xa, xb were loaded from x_row + ROTARY_START) and, out of place,
+    the TAIL coordinates that pass through: after the block, or before it where ROTARY_START > 0.
 
     float32 math: y_a = fma(x_a, c, -RN(x_b s')), y_b = fma(x_b, c, RN(x_a s')), times 2^k with
     SCALE_AFTER. float-float math: :func:`.float_float.rotated_pair` (rounded to odd), times 2^k
@@ -358,19 +363,23 @@ def _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, po
         if SCALE_AFTER:
             ya = ya * power
             yb = yb * power
-    tl.store(o_row + a, round_to_dtype(ya, xa.dtype, BF16_BY_BITS), mask=mask)
-    tl.store(o_row + b, round_to_dtype(yb, xb.dtype, BF16_BY_BITS), mask=mask)
+    tl.store(o_row + ROTARY_START + a, round_to_dtype(ya, xa.dtype, BF16_BY_BITS), mask=mask)
+    tl.store(o_row + ROTARY_START + b, round_to_dtype(yb, xb.dtype, BF16_BY_BITS), mask=mask)
     if COPY_TAIL:
-        t = 2 * HALF + tl.arange(0, TAIL_PAD)
-        tail_mask = row_mask & (t < 2 * HALF + TAIL)[None, None, :]
+        if ROTARY_START:  # the block is last: the coordinates before it pass through
+            t = tl.arange(0, TAIL_PAD)
+        else:
+            t = 2 * HALF + tl.arange(0, TAIL_PAD)
+        tail_mask = row_mask & (tl.arange(0, TAIL_PAD) < TAIL)[None, None, :]
         tail = tl.load(x_row + t[None, None, :], mask=tail_mask)
         tl.store(o_row + t[None, None, :], tail, mask=tail_mask)
 
 
 @triton.jit
-def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr):
+def _load_pairs(x_row, row_mask, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+                ROTARY_START: tl.constexpr):
     a, b, j_mask = pair_offsets(HALF, HALF_PAD, INTERLEAVED)
-    a, b, j_mask = a[None, None, :], b[None, None, :], j_mask[None, None, :]
+    a, b, j_mask = a[None, None, :] + ROTARY_START, b[None, None, :] + ROTARY_START, j_mask[None, None, :]
     mask = row_mask & j_mask
     return tl.load(x_row + a, mask=mask, other=0.0), tl.load(x_row + b, mask=mask, other=0.0)
 
@@ -449,6 +458,7 @@ def rotary_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, TAIL: tl.constexpr, TAIL_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_TAIL: tl.constexpr, MATH: tl.constexpr,
     SCALE_AFTER: tl.constexpr, MROPE: tl.constexpr, BF16_BY_BITS: tl.constexpr, FMA_BY_PARTS: tl.constexpr,
+    ROTARY_START: tl.constexpr,
     # Launch sizes (autotuned on a GPU)
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr,
 ):
@@ -471,21 +481,22 @@ def rotary_kernel(
     x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first, blocks_q, batch, s, s_mask, heads_q, heads_k,
                                          sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                          sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
-    xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
+    xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED, ROTARY_START)
     c_hi, c_lo, s_hi, s_lo = _coefficients(POS, FREQ, AXES, WINDOWS, TABLE, batch, s, s_mask, sp_b, sp_s, sp_a,
                                            scale, scale_lo, scale64, HALF, HALF_PAD, CONJUGATE, MATH, MROPE,
                                            FMA_BY_PARTS)
     _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF, HALF_PAD,
-                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS)
+                      TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER, BF16_BY_BITS, FMA_BY_PARTS,
+                      ROTARY_START)
     for i in tl.static_range(1, GROUP):
         if first + i < blocks:
             x_row, o_row, row_mask = _head_block(Q, K, QO, KO, first + i, blocks_q, batch, s, s_mask, heads_q,
                                                  heads_k, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h,
                                                  sqo_b, sqo_s, sqo_h, sko_b, sko_s, sko_h, BLOCK_H)
-            xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED)
+            xa, xb = _load_pairs(x_row, row_mask, HALF, HALF_PAD, INTERLEAVED, ROTARY_START)
             _rotate_and_store(x_row, o_row, row_mask, xa, xb, c_hi, c_lo, s_hi, s_lo, power, power64, HALF,
                               HALF_PAD, TAIL, TAIL_PAD, INTERLEAVED, COPY_TAIL, MATH, SCALE_AFTER,
-                              BF16_BY_BITS, FMA_BY_PARTS)
+                              BF16_BY_BITS, FMA_BY_PARTS, ROTARY_START)
 
 
 TUNING_CANDIDATES = [(1, 16, 1, 2), (2, 8, 1, 2), (4, 4, 1, 2), (8, 4, 1, 2), (2, 16, 1, 4), (2, 32, 1, 4),
@@ -551,7 +562,7 @@ tuned_kernel = triton.autotune(
     configs=[triton.Config({"BLOCK_S": s, "BLOCK_H": h, "GROUP": g}, num_warps=w)
              for s, h, g, w in dict.fromkeys(TUNING_CANDIDATES + FLOAT_FLOAT_TUNING_CANDIDATES
                                              + FLOAT64_TUNING_CANDIDATES)],
-    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "MATH", "MROPE"],
+    key=["tokens_bucket", "heads_q", "heads_k", "HALF", "TAIL", "INTERLEAVED", "MATH", "MROPE", "ROTARY_START"],
     prune_configs_by={"early_config_prune": _candidates_of_the_math},
     restore_value=["QO", "KO"],  # in place, QO is Q: tuning must not rotate it several times
 )(rotary_kernel)
@@ -643,17 +654,18 @@ def launch_device(x: torch.Tensor):
 
 def kernel_constants(head_dim: int, rotary_dim: int, *, interleaved: bool, conjugate: bool, arithmetic: str,
                      copy_tail: bool, mrope: bool = False, scale_after: bool = False,
-                     bf16_by_bits: bool = False, fma_by_parts: bool = False) -> dict:
+                     bf16_by_bits: bool = False, fma_by_parts: bool = False, rotated: str = "first") -> dict:
     """The ``tl.constexpr`` arguments of :func:`rotary_kernel` other than the launch sizes;
-    ``arithmetic`` is one of :data:`MATHS`."""
+    ``arithmetic`` is one of :data:`MATHS`, ``rotated`` one of :data:`rope.layouts.ROTATED`."""
     if arithmetic not in MATHS:
         raise ValueError(f"arithmetic={arithmetic!r}: expected one of {MATHS}")
+    _checks.choice("rotated", rotated, ROTATED)
     half, tail = rotary_dim // 2, head_dim - rotary_dim
     return dict(
         HALF=half, HALF_PAD=triton.next_power_of_2(half), TAIL=tail, TAIL_PAD=triton.next_power_of_2(max(tail, 1)),
         INTERLEAVED=interleaved, CONJUGATE=conjugate, COPY_TAIL=copy_tail and tail > 0, MATH=arithmetic,
         SCALE_AFTER=scale_after and arithmetic != "float64", MROPE=mrope, BF16_BY_BITS=bf16_by_bits,
-        FMA_BY_PARTS=fma_by_parts,
+        FMA_BY_PARTS=fma_by_parts, ROTARY_START=rotary_start(head_dim, rotary_dim, rotated),
     )
 
 
@@ -735,7 +747,7 @@ def _runtime_arguments(q, k, q_out, k_out, positions, inv_freq, axes, *, arithme
 
 
 def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, scale, conjugate, axes=None,
-           block_s=None, block_h=None, group=None, num_warps=4, float64_math=None):
+           rotated="first", block_s=None, block_h=None, group=None, num_warps=4, float64_math=None):
     """Rotate q into q_out and k into k_out (the outputs may alias the inputs: in place).
 
     q ``[batch, seq, heads_q, head_dim]``, k ``[batch, seq, heads_k, head_dim]``, last dimension
@@ -743,6 +755,8 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     ``[rotary_dim/2]``, every theta_i below 2^16 (float32 math); ``scale`` the attention factor,
     in :data:`rope.limits.KERNEL_SCALE_RANGE`. M-RoPE: ``axes`` (int64 ``[rotary_dim/2]``, values 0, 1, 2) gives
     each pair's row of the positions, then ``[3, seq]`` or ``[3, batch, seq]`` (:mod:`rope.mrope`).
+    ``rotated``: ``"first"`` or ``"last"``, which rotary_dim coordinates of a head are rotated
+    (:mod:`rope.layouts`; the others are copied).
     ``float64_math``: the arithmetic (see the module docstring, :func:`default_math`). None (the
     default) chooses by dtype: float-float math for float16 and bfloat16 (correctly rounded except
     within 2^-43 ``|pair|`` of a rounding tie), float32 math for float32 (within the stated bound),
@@ -772,7 +786,7 @@ def launch(q, k, q_out, k_out, positions, inv_freq, *, interleaved, rotary_dim, 
     options = kernel_constants(
         head_dim, rotary_dim, interleaved=interleaved, conjugate=conjugate, arithmetic=arithmetic,
         copy_tail=q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr(), mrope=axes is not None,
-        scale_after=scale_after, bf16_by_bits=interpreting(), fma_by_parts=needs_fma_by_parts(),
+        scale_after=scale_after, bf16_by_bits=interpreting(), fma_by_parts=needs_fma_by_parts(), rotated=rotated,
     )
     fixed = block_s or block_h or group
     if q.is_cuda and not fixed and not interpreting():
