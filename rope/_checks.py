@@ -226,3 +226,11 @@ def frequency_values(name: str, inv_freq: torch.Tensor) -> None:
         low, high = _FLOAT64_FREQUENCY_RANGE
         assert_values(name, ((size == 0) | ((size >= low) & (size < high))).all(),
                       "float64 values of magnitude 0 or in [2^-100, 2^127)")
+
+
+def first_line(err: BaseException, width: int) -> str:
+    """The first line of an error's message, cut at a word boundary to ``width`` characters (with
+    " ..." where cut): how a reason quotes an error it caught."""
+    lines = str(err).strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."

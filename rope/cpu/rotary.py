@@ -22,7 +22,7 @@ import ctypes
 
 import torch
 
-from ..layouts import ROTATED, rotary_start
+from ..layouts import LAYOUTS, ROTATED, rotary_start
 from . import build
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -77,22 +77,28 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, r
     return out
 
 
-def _check_rotated(rotated) -> None:
+def _check_head_tensor(name: str, x) -> None:
+    """A float32, float16 or bfloat16 CPU tensor ``[batch, seq, heads, head_dim]``."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
+        raise TypeError(f"{name} must be a float32, float16 or bfloat16 CPU tensor [batch, seq, heads, head_dim], got "
+                        + (f"{x.dtype} {x.device.type} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
+                           else type(x).__name__))
+
+
+def _check_rotation(layout, rotary_dim, rotated, head_dim: int) -> None:
+    """The layout, an even rotary_dim of at most head_dim, and which coordinates turn."""
+    if layout not in LAYOUTS:
+        raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
     if not isinstance(rotated, str) or rotated not in ROTATED:
         raise ValueError(f'rotated must be "first" or "last", got {rotated!r}')
+    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {head_dim}], got {rotary_dim!r}")
 
 
 def _check(x, cos, sin, layout, rotary_dim, rotated) -> None:
     """What the kernel reads must be what :func:`rotate` documents (it reads raw memory)."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
-        raise TypeError("x must be a float32, float16 or bfloat16 CPU tensor [batch, seq, heads, head_dim], got "
-                        + (f"{x.dtype} {x.device.type} of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor)
-                           else type(x).__name__))
-    if layout not in ("half", "interleaved"):
-        raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
-    _check_rotated(rotated)
-    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > x.shape[3]:
-        raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {x.shape[3]}], got {rotary_dim!r}")
+    _check_head_tensor("x", x)
+    _check_rotation(layout, rotary_dim, rotated, x.shape[3])
     wanted = (*x.shape[:3], rotary_dim // 2)
     for name, table in (("cos", cos), ("sin", sin)):
         if not isinstance(table, torch.Tensor) or table.dtype != torch.float64 or table.device.type != "cpu":
@@ -182,17 +188,12 @@ class _FewTokens(torch.autograd.Function):
 def _check_few(q, k, positions, position_rows, inv_freq, layout, rotary_dim, cos_factor, sin_factor,
                rotated) -> None:
     """What :func:`rotate_few`'s kernel reads must be what it documents (it reads raw memory)."""
-    for name, x in (("q", q), ("k", k)):
-        if not isinstance(x, torch.Tensor) or x.dtype not in DTYPE_CODES or x.device.type != "cpu" or x.dim() != 4:
-            raise TypeError(f"{name} must be a float32, float16 or bfloat16 CPU tensor [batch, seq, heads, head_dim]")
+    _check_head_tensor("q", q)
+    _check_head_tensor("k", k)
     if q.dtype != k.dtype or (q.shape[0], q.shape[1], q.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]):
         raise ValueError(f"q {tuple(q.shape)} {q.dtype} and k {tuple(k.shape)} {k.dtype} must agree in dtype, "
                          "batch, seq and head_dim")
-    if layout not in ("half", "interleaved"):
-        raise ValueError(f'layout must be "half" or "interleaved", got {layout!r}')
-    _check_rotated(rotated)
-    if type(rotary_dim) is not int or rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > q.shape[3]:
-        raise ValueError(f"rotary_dim must be an even int in [2, head_dim = {q.shape[3]}], got {rotary_dim!r}")
+    _check_rotation(layout, rotary_dim, rotated, q.shape[3])
     if (not isinstance(inv_freq, torch.Tensor) or inv_freq.dtype != torch.float32 or inv_freq.device.type != "cpu"
             or tuple(inv_freq.shape) != (rotary_dim // 2,)):
         raise TypeError(f"inv_freq must be a float32 CPU tensor [rotary_dim / 2] = [{rotary_dim // 2}]")

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import _checks
 from . import families
 from .embedding import RotaryEmbedding, head_dim_of
 from .install import install, rotary_replacements
@@ -498,21 +499,21 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
             raise
         return _missing_library(missing.group(1), config, module), ""
     except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
-        return (f"not probed: a tiny model is not built ({type(err).__name__}: {_first_line(err)})"
+        return (f"not probed: a tiny model is not built ({type(err).__name__}: {_checks.first_line(err, 200)})"
                 + _text_verdict(config), "")
     if not any(isinstance(getattr(m, "rotary_emb", None), nn.Module) for m in skeleton.modules()):
         return _no_rotary_emb(skeleton, module), ""
     try:
         model = tiny_model(model_type, config=config)
     except ValueError as err:
-        return f"not probed: {_first_line(err)}" + _text_verdict(config), ""
+        return f"not probed: {_checks.first_line(err, 200)}" + _text_verdict(config), ""
     if model.config.model_type != model_type:
         return (f"not probed: its tiny {type(model).__name__} holds a {model.config.model_type!r} config (a part of a "
                 "composite model), so patch would not see this model_type"), ""
     try:
         rotary_replacements(model)
     except ValueError as err:
-        return _first_line(err).removeprefix("install: "), ""
+        return _checks.first_line(err, 200).removeprefix("install: "), ""
     tokens, part = sample_tokens(), ""
     try:
         expected = output(model, tokens, part=part)
@@ -525,7 +526,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
         except Exception as err:  # nor does a text model inside it
             return ("not probed: a tiny model does not run on token ids alone"
                     + (f", nor its text model {part}" if part else "")
-                    + f" ({type(err).__name__}: {_first_line(err)})"), ""
+                    + f" ({type(err).__name__}: {_checks.first_line(err, 200)})"), ""
     install(model)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
@@ -535,7 +536,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
             setattr(module, name, _counting(ours, calls[name]))
         got = output(model, tokens, part=part)
     except Exception as err:  # rope's function refused the model's inputs
-        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {_first_line(err)})", part
+        quoted = _checks.first_line(err, 200)
+        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {quoted})", part
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
@@ -627,13 +629,6 @@ def _text_verdict(config) -> str:
     return f"; its text model ({text.model_type}) {verdict}"
 
 
-def _first_line(err: BaseException, width: int = 200) -> str:
-    """The first line of an error's message, cut at a word boundary to ``width`` characters."""
-    text = str(err).strip().splitlines()
-    line = text[0] if text else ""
-    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
-
-
 def classify(model_type: str) -> Row:
     """The :class:`Row` of one model type: convention from its code, then the probe."""
     file = source_file(model_type)
@@ -642,7 +637,8 @@ def classify(model_type: str) -> Row:
     try:
         module = importlib.import_module(module_name(model_type))
     except Exception as err:  # a dependency transformers lacks here
-        return Row(model_type, source, None, f"not probed: its modeling module does not import ({_first_line(err)})")
+        quoted = _checks.first_line(err, 200)
+        return Row(model_type, source, None, f"not probed: its modeling module does not import ({quoted})")
     convention = convention_of(module)
     if isinstance(convention, str):
         return Row(model_type, source, None, convention, matches)

@@ -368,14 +368,15 @@ def _read(name: str, copies: tuple[str, ...], module: nn.Module, layer_type, dty
         pairs = _layout(reader)
     except Exception as err:  # it does not follow the (x, position_ids) contract: reported, not raised
         return RotaryPrecision(name, layer_type, copies, reader.reference_source, length, None, None, None, None, None,
-                               None, f"{type(err).__name__}: {_first_line(err)}")
+                               None, f"{type(err).__name__}: {_checks.first_line(err, 160)}")
     read, errors, note = [], [], ""
     for group in _groups(sample_positions(limit, length), length):
         positions = torch.tensor(group, dtype=torch.int64)
         try:
             errors.append(_errors(reader, positions, pairs, eps))
         except Exception as err:  # e.g. a cache of max_position_embeddings: read up to here
-            note = f"fails at positions {group[0]:,}-{group[-1]:,}: {type(err).__name__}: {_first_line(err)}"
+            quoted = _checks.first_line(err, 160)
+            note = f"fails at positions {group[0]:,}-{group[-1]:,}: {type(err).__name__}: {quoted}"
             break
         read += group
     errors_all = torch.cat(errors) if errors else torch.zeros(0, dtype=torch.float64)
@@ -388,12 +389,6 @@ def _read(name: str, copies: tuple[str, ...], module: nn.Module, layer_type, dty
     return RotaryPrecision(name, layer_type, copies, reader.reference_source, length, read[-1] if read else None,
                            max(within) if within else None, max(beyond) if beyond else None,
                            None if worst is None else read[worst], first, previous, note)
-
-
-def _first_line(err: BaseException, width: int = 160) -> str:
-    lines = str(err).strip().splitlines()
-    line = lines[0] if lines else ""
-    return line if len(line) <= width else line[:width].rsplit(" ", 1)[0] + " ..."
 
 
 def _settings(module: nn.Module) -> dict:
