@@ -11,13 +11,15 @@ in ``modeling_rope_utils.py``); every type also reads the :data:`rope.registry.C
 built-in types:
 
 ======================================  ====================================================
-``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk``, ``dynamic``, ``yarn``,
-                                        ``longrope``, ``llama3``, ``proportional``, ``deepseek_yarn``,
+``rope_type`` (or legacy ``type``)      ``default``, ``linear``, ``ntk_aware``, ``ntk`` (vLLM's),
+                                        ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ``proportional``,
+                                        ``deepseek_yarn``, ``deepseek_llama_scaling``, ``telechat3-yarn``,
                                         ``axial``, ``mllama4``, ``xdrope``; missing means ``default``
 vLLM's and HunYuan's keys               ``alpha`` (``dynamic``, ``xdrope``), ``mixed_b`` (``ntk``),
                                         ``short_mscale``, ``long_mscale`` (``longrope``),
                                         ``apply_yarn_scaling`` (``yarn``), ``xdrope_section``
-                                        (``xdrope``): read as those libraries mean them
+                                        (``xdrope``), ``extrapolation_factor``, ``attn_factor``
+                                        (``telechat3-yarn``): read as those libraries mean them
 ``rope_theta``                          the base b of theta_i = b^(-2i/d), > 1; default 10000, except for
                                         ``llama3`` and ``proportional``, which need it (as in transformers)
 ``partial_rotary_factor``               fraction of the head dimension that rotates, in (0, 1]
@@ -139,12 +141,14 @@ FOREIGN_KEYS: dict[str, str] = {
     "rope_scaling_factor": "rope's key for the extension factor s is 'factor'",
     "rope_freq_scale": "llama.cpp's rope_freq_scale is 1/s: give rope_type 'linear' with factor = 1 / rope_freq_scale",
     "attn_factor": ("vLLM's attn_factor multiplies YaRN's mscale; rope's 'attention_factor' replaces the whole "
-                    "factor: give attention_factor = attn_factor * (0.1 ln(factor) + 1)"),
+                    "factor: give attention_factor = attn_factor * (0.1 ln(factor) + 1) (rope_type 'telechat3-yarn' "
+                    "reads attn_factor as vLLM does)"),
     "attention_scaling": "rope's key for the factor on cos and sin is 'attention_factor'",
     "extrapolation_factor": ("vLLM's YaRN extrapolation_factor weights the kept frequencies; rope (as transformers) "
-                             "keeps them with weight 1 and has no key for it"),
+                             "keeps them with weight 1 and has no key for it (rope_type 'telechat3-yarn' reads it as "
+                             "vLLM does)"),
     "alpha": ("HunYuan's NTK alpha raises the base to rope_theta * alpha^(d/(d-2)); rope_type 'dynamic' reads it "
-              "as HunYuan and vLLM do (or give rope_type 'ntk' with factor = alpha)"),
+              "as HunYuan and vLLM do (or give rope_type 'ntk_aware' with factor = alpha)"),
     "mixed_b": "vLLM's mixed NTK exponent mixed_b is read by rope_type 'ntk' only",
     "short_mscale": ("PhiMoE's short_mscale and long_mscale are read by rope_type 'longrope' only; elsewhere "
                      "rope's key is 'attention_factor'"),

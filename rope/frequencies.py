@@ -18,8 +18,8 @@ error, an OverflowError or a silently wrong tensor:
   rotating); the only zeros are those proportional RoPE means (its unrotated pairs);
 * yarn's beta_fast and beta_slow must give a finite correction range: a beta so far from its
   default that L / (2 pi beta) overflows or underflows float64 is refused;
-* the NTK base b s^(d/(d-2)) of ``ntk`` and ``dynamic`` needs d >= 4 (d = 2 divides by 0) and
-  must not overflow float64;
+* the NTK base b s^(d/(d-2)) of ``ntk_aware`` and ``dynamic`` needs d >= 4 (d = 2 divides by 0)
+  and must not overflow float64;
 * the attention factor must be finite and > 0: yarn's mscale(s, m) = 0.1 m ln s + 1 must be > 0
   for ``mscale`` and ``mscale_all_dim`` (a zero denominator is refused), and longrope's
   sqrt(1 + ln s / ln L) needs L >= 2 when s > 1 (ln 1 = 0 divides);
@@ -40,8 +40,8 @@ from . import _checks
 from .config import MAX_LENGTH, YARN_BETA_FAST, YARN_BETA_SLOW, RopeConfig, RopeConfigWarning, parse_config
 from .registry import Frequencies, register_rope_type, rope_type, rope_types
 
-__all__ = ["default_theta", "inv_freq", "register_rope_type", "rope_types", "yarn_correction_range",
-           "yarn_kept_weights", "yarn_mscale"]
+__all__ = ["TELECHAT3_SLOPE", "YARN_SLOPE", "default_theta", "inv_freq", "register_rope_type", "rope_types",
+           "yarn_correction_range", "yarn_kept_weights", "yarn_mscale"]
 
 _LOG_FLOAT64_MAX = math.log(sys.float_info.max)
 
@@ -117,25 +117,37 @@ def _ntk_base(cfg: RopeConfig, dim: int, growth: float, **sources: Any) -> float
     return cfg.rope_theta * growth**exponent
 
 
-def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
+def _ntk_aware(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     """NTK-aware scaling (bloc97, 2023): base b' = b * s^(d/(d-2)).
 
     The exponent makes the lowest frequency theta_{d/2-1} = b'^(-(d-2)/d) = theta_{d/2-1}/s
-    (interpolated by s) while theta_0 = 1 is unchanged (extrapolated).
-
-    With ``mixed_b`` (vLLM's ``NTKScalingRotaryEmbedding``, after Su Jianlin's mixed NTK,
-    https://kexue.fm/archives/9706): the base stays b and pair i is divided by
-    lambda_i = exp(a (i + 1)^mixed_b) with a = ln s / (d/2)^mixed_b, so the last pair is
-    interpolated by exactly s (lambda_{d/2-1} = s) and the first barely moves.
+    (interpolated by s) while theta_0 = 1 is unchanged (extrapolated). rope's name; no other
+    library calls this rope_type ``ntk_aware`` (transformers has it only inside ``dynamic``).
     """
-    if cfg.given("mixed_b"):
-        b = cfg.extra["mixed_b"]
-        slope = math.log(cfg.factor) / (dim / 2) ** b
-        index = torch.arange(1, dim // 2 + 1, dtype=torch.float64)
-        theta = default_theta(cfg.rope_theta, dim) / torch.exp(slope * index**b)
-        return _float32(theta, cfg.rope_type, rope_theta=cfg.rope_theta, factor=cfg.factor, mixed_b=b), 1.0
     sources = {"rope_theta": cfg.rope_theta, "factor": cfg.factor}
     theta = default_theta(_ntk_base(cfg, dim, cfg.factor, **sources), dim)
+    return _float32(theta, cfg.rope_type, **sources), 1.0
+
+
+def _ntk(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
+    """vLLM's ``ntk`` (``NTKScalingRotaryEmbedding`` in
+    ``vllm/model_executor/layers/rotary_embedding/ntk_scaling_rope.py``,
+    https://github.com/vllm-project/vllm, after Su Jianlin's https://kexue.fm/archives/9706; the
+    only public library with a rope_type of this name): pair i = 0 .. d/2 - 1 gets
+    theta_i = b^(-2i/d) / lambda_i.
+
+    Without ``mixed_b``, vLLM takes the base b s and divides every frequency by s^(2/d):
+    theta_i = (b s)^(-2i/d) / s^(2/d) = b^(-2i/d) / s^((i+1)/(d/2)), so lambda_i = s^((i+1)/(d/2)):
+    the last pair is interpolated by exactly s and the first by s^(2/d) (not kept, as
+    ``ntk_aware`` keeps it). With ``mixed_b`` = kappa the base stays b and
+    lambda_i = exp(a (i + 1)^kappa), a = ln s / (d/2)^kappa: again lambda_{d/2-1} = s, and the
+    first pairs barely move for kappa > 1. Both are lambda_i = exp(ln s ((i + 1)/(d/2))^kappa),
+    the first with kappa = 1, which is how it is computed here (in float64; d = 2 is legal).
+    """
+    kappa = cfg.extra.get("mixed_b", 1.0)
+    index = torch.arange(1, dim // 2 + 1, dtype=torch.float64)
+    theta = default_theta(cfg.rope_theta, dim) / torch.exp(math.log(cfg.factor) * (index / (dim // 2)) ** kappa)
+    sources = {"rope_theta": cfg.rope_theta, "factor": cfg.factor, **cfg.extra}
     return _float32(theta, cfg.rope_type, **sources), 1.0
 
 
@@ -173,18 +185,27 @@ def _ntk_alpha(cfg: RopeConfig, dim: int) -> Frequencies:
     return _float32(default_theta(base, dim), cfg.rope_type, **sources), 1.0
 
 
-def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+YARN_SLOPE = 0.1
+"""The slope of YaRN's attention factor 0.1 m ln s + 1 (Peng et al. 2023, eq. 22)."""
+TELECHAT3_SLOPE = 0.07
+"""The slope of TeleChat3's variant, 0.07 ln s + 1 (vLLM's ``TeleChat3RoPEScaledRotaryEmbedding``)."""
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0, *, slope: float = YARN_SLOPE) -> float:
     """YaRN's attention temperature (Peng et al. 2023, eq. 22 with mscale = 1): the factor on cos
     and sin, sqrt(1/t) = 0.1 * mscale * ln(s) + 1 for s > 1, else 1 (transformers' ``get_mscale``,
-    DeepSeek's ``yarn_get_mscale``). ``scale`` must be > 0.
+    DeepSeek's ``yarn_get_mscale``); with ``slope`` c, c * mscale * ln(s) + 1 (TeleChat3's c =
+    0.07, :data:`TELECHAT3_SLOPE`). ``scale`` must be > 0.
 
     Args:
         scale: the extension factor s, > 0.
         mscale: the multiplier m of 0.1 ln(s) (DeepSeek-V3's ``mscale`` and ``mscale_all_dim``).
+        slope: the slope c of c m ln(s) + 1, 0.1 in YaRN (:data:`YARN_SLOPE`).
     """
     scale = _checks.number("scale", scale, positive=True)
     mscale = _checks.number("mscale", mscale)
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+    slope = _checks.number("slope", slope)
+    return 1.0 if scale <= 1 else slope * mscale * math.log(scale) + 1.0
 
 
 def yarn_correction_range(
@@ -292,35 +313,62 @@ def _yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
     blends between (transformers' form; ``truncate`` floors/ceils the two bounds).
     """
     s = cfg.extension_factor()
-    length = cfg.original_length()
-    fast = YARN_BETA_FAST if cfg.beta_fast is None else cfg.beta_fast
-    slow = YARN_BETA_SLOW if cfg.beta_slow is None else cfg.beta_slow
-    kept = yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, cfg.truncate)
-    theta = default_theta(cfg.rope_theta, dim)
-    blended = kept * theta + (1 - kept) * theta / s
+    blended = _yarn_blend(cfg, dim, s, cfg.original_length(), cfg.truncate)
     return _float32(blended, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s), _yarn_attention(cfg, s)
 
 
+def _yarn_blend(cfg: RopeConfig, dim: int, s: float, length: int, truncate: bool,
+                extrapolation: float = 1.0) -> torch.Tensor:
+    """YaRN's frequencies, float64: k_i theta_i + (1 - k_i) theta_i / s with k_i = e gamma_i,
+    gamma_i of :func:`yarn_kept_weights` (``beta_fast`` and ``beta_slow`` of ``cfg``, else 32 and
+    1) and e = ``extrapolation`` (vLLM's ``extrapolation_factor``; 1 in transformers)."""
+    fast = YARN_BETA_FAST if cfg.beta_fast is None else cfg.beta_fast
+    slow = YARN_BETA_SLOW if cfg.beta_slow is None else cfg.beta_slow
+    kept = yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, truncate)
+    if extrapolation != 1.0:
+        kept = extrapolation * kept
+    theta = default_theta(cfg.rope_theta, dim)
+    return kept * theta + (1 - kept) * theta / s
+
+
 def _deepseek_yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
-    """vLLM's ``deepseek_yarn`` (``DeepseekScalingRotaryEmbedding`` in
+    """vLLM's ``deepseek_yarn`` and ``deepseek_llama_scaling``, one branch of its ``get_rope``
+    (``DeepseekScalingRotaryEmbedding`` in
     ``vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py``,
     https://github.com/vllm-project/vllm): YaRN's frequencies with the bounds always truncated, and
     the attention factor mscale(s, mscale) / mscale(s, mscale_all_dim) with mscale(s, m) =
     0.1 m ln s + 1, ``mscale`` 1 and ``mscale_all_dim`` 0 when not given. Unlike ``yarn``, a 0 is a
     0 here, not "absent" (DeepSeek-V4 gives both as 0: factor 1). DeepSeek's softmax scale
-    mscale(s, mscale_all_dim)^2 lives in the model's attention, not here."""
+    mscale(s, mscale_all_dim)^2 lives in the model's attention, not here; the two names differ
+    only there: vLLM's DeepSeek models rename a config to ``deepseek_llama_scaling`` where
+    ``apply_yarn_scaling`` is False (Mistral Large 3's) and then leave that softmax scale out."""
     s = cfg.factor
-    length = cfg.original_max_position_embeddings
-    fast = YARN_BETA_FAST if cfg.beta_fast is None else cfg.beta_fast
-    slow = YARN_BETA_SLOW if cfg.beta_slow is None else cfg.beta_slow
-    kept = yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, True)
-    theta = default_theta(cfg.rope_theta, dim)
-    blended = kept * theta + (1 - kept) * theta / s
+    blended = _yarn_blend(cfg, dim, s, cfg.original_max_position_embeddings, True)
     mscale = 1.0 if cfg.mscale is None else cfg.mscale
     mscale_all_dim = 0.0 if cfg.mscale_all_dim is None else cfg.mscale_all_dim
     ratio = _mscale(s, mscale, "mscale") / _mscale(s, mscale_all_dim, "mscale_all_dim")
     attention = _attention(ratio, cfg.rope_type, factor=s, mscale=mscale, mscale_all_dim=mscale_all_dim)
     return _float32(blended, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s), attention
+
+
+def _telechat3_yarn(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
+    """vLLM's ``telechat3-yarn`` (``TeleChat3RoPEScaledRotaryEmbedding`` in
+    ``vllm/model_executor/layers/rotary_embedding/telechat3_scaling_rope.py``,
+    https://github.com/vllm-project/vllm, a subclass of its ``YaRNScalingRotaryEmbedding``): vLLM's
+    YaRN frequencies, k_i theta_i + (1 - k_i) theta_i / s with k_i = e gamma_i (e =
+    ``extrapolation_factor``, default 1; gamma_i the ramp of ``beta_fast`` and ``beta_slow`` over
+    L = ``original_max_position_embeddings``, bounds floored and ceiled unless ``truncate`` is
+    False), and the attention factor (0.07 ln s + 1) * ``attn_factor`` for s > 1 (``attn_factor``
+    alone for s = 1, default 1): YaRN's with the slope 0.07 in place of 0.1. The two vLLM keys are
+    read as vLLM reads them (elsewhere rope refuses them, :data:`rope.config.FOREIGN_KEYS`);
+    transformers has no such type."""
+    s = cfg.factor
+    extrapolation = cfg.extra.get("extrapolation_factor", 1.0)
+    attn_factor = cfg.extra.get("attn_factor", 1.0)
+    blended = _yarn_blend(cfg, dim, s, cfg.original_max_position_embeddings, cfg.truncate, extrapolation)
+    attention = yarn_mscale(s, slope=TELECHAT3_SLOPE) * attn_factor
+    theta = _float32(blended, cfg.rope_type, rope_theta=cfg.rope_theta, factor=s, extrapolation_factor=extrapolation)
+    return theta, _attention(attention, cfg.rope_type, factor=s, attn_factor=attn_factor)
 
 
 def _longrope(cfg: RopeConfig, dim: int, seq_len: int | None) -> Frequencies:
@@ -390,6 +438,10 @@ def _positive(name: str, value) -> float:
     return _checks.number(name, value, positive=True)
 
 
+def _non_negative(name: str, value) -> float:
+    return _checks.number(name, value, minimum=0.0)
+
+
 def _at_least_one(name: str, value) -> float:
     return _checks.number(name, value, minimum=1.0)
 
@@ -398,10 +450,11 @@ _ORIGINAL_FROM_MAX = {"original_max_position_embeddings": ("max_position_embeddi
 _FACTOR_FROM_LENGTHS = {"factor": ("max_position_embeddings", "original_max_position_embeddings")}
 _YARN_KEYS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
 
-# The built-in types, with transformers' key sets (``ntk`` is rope's fixed NTK-aware type).
+# The built-in types, with transformers' key sets (``ntk_aware`` is rope's fixed NTK-aware type).
 register_rope_type("default", _default)
 register_rope_type("linear", _linear, required_keys=("factor",))
-# Keys of vLLM and HunYuan that these types read as those libraries mean them
+register_rope_type("ntk_aware", _ntk_aware, required_keys=("factor",))
+# Keys of vLLM and HunYuan that these types read as those libraries mean them (``ntk`` is vLLM's)
 register_rope_type("ntk", _ntk, required_keys=("factor",), optional_keys=("mixed_b",),
                    key_checks={"mixed_b": _positive})
 register_rope_type("dynamic", _dynamic, required_keys=("factor", "max_position_embeddings"),
@@ -423,9 +476,16 @@ register_rope_type("llama3", _llama3,
                    stand_ins=_ORIGINAL_FROM_MAX)
 register_rope_type("proportional", _proportional, required_keys=("rope_theta",), optional_keys=("factor",),
                    zero_frequencies=True)
-# vLLM's name for DeepSeek's YaRN (DeepSeek-V2/V3 and V4 configs, as vLLM's model code renames them)
-register_rope_type("deepseek_yarn", _deepseek_yarn, required_keys=("factor", "original_max_position_embeddings"),
-                   optional_keys=("beta_fast", "beta_slow", "mscale", "mscale_all_dim"))
+# vLLM's name for DeepSeek's YaRN (DeepSeek-V2/V3 and V4 configs, as vLLM's model code renames them);
+# deepseek_llama_scaling is the same branch of vLLM's get_rope (DeepseekScalingRotaryEmbedding)
+_DEEPSEEK_KEYS = {"required_keys": ("factor", "original_max_position_embeddings"),
+                  "optional_keys": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}
+register_rope_type("deepseek_yarn", _deepseek_yarn, **_DEEPSEEK_KEYS)
+register_rope_type("deepseek_llama_scaling", _deepseek_yarn, **_DEEPSEEK_KEYS)
+# vLLM's TeleChat3 YaRN, with vLLM's YaRN keys extrapolation_factor and attn_factor
+register_rope_type("telechat3-yarn", _telechat3_yarn, required_keys=("factor", "original_max_position_embeddings"),
+                   optional_keys=("beta_fast", "beta_slow", "truncate", "extrapolation_factor", "attn_factor"),
+                   key_checks={"extrapolation_factor": _non_negative, "attn_factor": _positive})
 
 
 def inv_freq(

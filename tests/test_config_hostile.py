@@ -31,7 +31,8 @@ COMMON = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "max_posit
 READS = {  # besides COMMON: the keys each formula reads
     "default": set(),
     "linear": {"factor"},
-    "ntk": {"factor"},
+    "ntk_aware": {"factor"},
+    "ntk": {"factor"},  # vLLM's; its mixed_b has its own test (test_rope_types_vllm.py)
     "dynamic": {"factor", "alpha"},  # HunYuan's alpha: a fixed base b alpha^(d/(d-2)), factor unread
     "yarn": {"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"},
     "longrope": {"factor", "short_factor", "long_factor", "attention_factor"},
@@ -39,7 +40,7 @@ READS = {  # besides COMMON: the keys each formula reads
     "proportional": {"factor"},
 }
 NEEDED = {  # needed keys, and the keys that, all given, stand in for each
-    "linear": {"factor": None}, "ntk": {"factor": None},
+    "linear": {"factor": None}, "ntk_aware": {"factor": None}, "ntk": {"factor": None},
     "dynamic": {"factor": ("alpha",), "max_position_embeddings": ("alpha",)},
     "yarn": {"factor": ("max_position_embeddings", "original_max_position_embeddings"),
              "original_max_position_embeddings": ("max_position_embeddings",)},
@@ -81,7 +82,7 @@ def legal_configs(draw, rope_type):
         config["partial_rotary_factor"] = draw(st.sampled_from([0.5, 0.25] if head_dim >= 32 else [0.5]))
     rotary = head_dim if rope_type == "proportional" else int(head_dim * config.get("partial_rotary_factor", 1.0))
     length = draw(st.integers(16, 8192))
-    if rope_type in ("linear", "ntk", "dynamic", "yarn", "longrope", "llama3") or (
+    if rope_type in ("linear", "ntk_aware", "ntk", "dynamic", "yarn", "longrope", "llama3") or (
             rope_type == "proportional" and draw(st.booleans())):
         config["factor"] = draw(st.floats(1.0, 100.0))
     if rope_type == "dynamic":
@@ -135,7 +136,9 @@ def reference(config, head_dim, seq_len):
         theta = plain
     elif rope_type == "linear":
         theta = [t / s for t in plain]
-    elif rope_type in ("ntk", "dynamic"):  # NTK-aware base b s^(d/(d-2)); dynamic grows s with l
+    elif rope_type == "ntk":  # vLLM's NTKScalingRotaryEmbedding: base b s, every frequency over s^(2/d)
+        theta = [(b * s) ** (-(2 * i) / d) / s ** (2 / d) for i in range(d // 2)]
+    elif rope_type in ("ntk_aware", "dynamic"):  # NTK-aware base b s^(d/(d-2)); dynamic grows s with l
         if rope_type == "dynamic" and "alpha" in c:
             s = get("alpha")
         elif rope_type == "dynamic":
@@ -276,8 +279,9 @@ def check(config, head_dim, seq_len, key, value):
     assert warned == warned_keys(config)
 
 
-# the types whose formula reference() writes; the types of issue 28 (deepseek_yarn, axial, mllama4,
-# xdrope) have their own references in test_rope_types_vllm.py
+# the types whose formula reference() writes; the other types of issue 28 (deepseek_yarn,
+# deepseek_llama_scaling, telechat3-yarn, axial, mllama4, xdrope, ntk's mixed_b) have their own
+# references in test_rope_types_vllm.py
 ROPE_TYPES = [name for name in rope.rope_types() if name in READS]
 
 

@@ -141,7 +141,7 @@ def test_llama3(head_dim, theta, factor, ompe, low, gap, partial):
 @given(head_dims, thetas, factors)
 def test_ntk_closed_form(head_dim, theta, factor):
     """NTK-aware: b' = b s^(d/(d-2)); theta_0 stays 1, the lowest frequency is divided by s."""
-    ours, attention = rope.inv_freq({"rope_type": "ntk", "rope_theta": theta, "factor": factor}, head_dim)
+    ours, attention = rope.inv_freq({"rope_type": "ntk_aware", "rope_theta": theta, "factor": factor}, head_dim)
     d = head_dim
     base = theta * factor ** (d / (d - 2))
     expected = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)

@@ -17,8 +17,8 @@ import rope
 from rope.config import FOREIGN_KEYS
 from rope.registry import rope_type, unregister_rope_type
 
-BUILT_IN = ("default", "linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional", "deepseek_yarn",
-            "axial", "mllama4", "xdrope")
+BUILT_IN = ("default", "linear", "ntk_aware", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional",
+            "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn", "axial", "mllama4", "xdrope")
 
 
 def alpha_theta(base: float, alpha: float, dim: int) -> torch.Tensor:
@@ -239,7 +239,7 @@ def test_unknown_types_name_the_registry():
 
 
 def test_the_registry_docstring_example_runs():
-    """The example in rope.registry's docstring registers HunYuan's alpha, equal to rope's ntk type
+    """The example in rope.registry's docstring registers HunYuan's alpha, equal to rope's ntk_aware type
     with factor = alpha (what rope.config's refusal of the foreign key 'alpha' tells users)."""
     import textwrap
 
@@ -250,7 +250,7 @@ def test_the_registry_docstring_example_runs():
     try:
         exec(example, {"rope": rope, "torch": torch})
         theta, _ = rope.inv_freq({"rope_type": "alpha_ntk", "alpha": 1000.0}, 128)
-        ntk, _ = rope.inv_freq({"rope_type": "ntk", "factor": 1000.0}, 128)
+        ntk, _ = rope.inv_freq({"rope_type": "ntk_aware", "factor": 1000.0}, 128)
         assert torch.allclose(theta, ntk, rtol=1e-6, atol=0)
     finally:
         unregister_rope_type("alpha_ntk")

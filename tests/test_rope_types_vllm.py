@@ -1,7 +1,8 @@
 """The rope_types and keys of vLLM, HunYuan and the vision towers (issue 28), each against its
 source's formula written here in float64 (the source named in each test), over inputs drawn
-afresh by hypothesis: HunYuan's ``alpha``, vLLM's ``mixed_b``, Phi-3's ``short_mscale`` and
-``long_mscale``, ``deepseek_yarn``, ``apply_yarn_scaling``, ``axial``, ``mllama4`` and ``xdrope``."""
+afresh by hypothesis: HunYuan's ``alpha``, vLLM's ``ntk`` (with and without ``mixed_b``), Phi-3's
+``short_mscale`` and ``long_mscale``, ``deepseek_yarn`` and ``deepseek_llama_scaling``,
+``telechat3-yarn``, ``apply_yarn_scaling``, ``axial``, ``mllama4`` and ``xdrope``."""
 
 import math
 import warnings
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 import rope
 from rope.axial import llama4_vision_positions
+from rope.registry import rope_type
 from tests.helpers import assert_correctly_rounded
 
 dims = st.integers(1, 16).map(lambda n: 8 * n)  # multiples of 8: two axes of whole pairs
@@ -74,6 +76,32 @@ def test_ntk_mixed_b(dim, theta, factor, b):
     assert math.isclose(ours[-1].item() * factor, default(theta, dim)[-1].item(), rel_tol=1e-6)  # lambda = s
 
 
+@given(st.integers(1, 64).map(lambda n: 2 * n), thetas, factors)
+def test_ntk_is_vllms(dim, theta, factor):
+    """vLLM's NTKScalingRotaryEmbedding without mixed_b: inv_freq of the base b * factor, divided
+    by factor ** (2 / dim): theta_i = (b s)^(-2i/d) / s^(2/d) (d = 2 too). rope's NTK-aware base
+    b s^(d/(d-2)), which keeps theta_0 = 1, is ``ntk_aware``."""
+    ours, attention = rope.inv_freq({"rope_type": "ntk", "rope_theta": theta, "factor": factor}, dim)
+    reference = default(theta * factor, dim) / factor ** (2 / dim)
+    assert_rounded_once(ours, reference)
+    assert attention == 1.0
+    assert math.isclose(ours[-1].item() * factor, default(theta, dim)[-1].item(), rel_tol=1e-6)  # the last pair: s
+    mixed_one, _ = rope.inv_freq({"rope_type": "ntk", "rope_theta": theta, "factor": factor, "mixed_b": 1.0}, dim)
+    assert torch.allclose(mixed_one.double(), reference, rtol=2.0**-23, atol=0)  # mixed_b = 1 is the same
+    if dim >= 4 and factor > 1.01:
+        aware, _ = rope.inv_freq({"rope_type": "ntk_aware", "rope_theta": theta, "factor": factor}, dim)
+        assert aware[0].item() == 1.0 and ours[0].item() < 1.0  # ntk_aware keeps the first pair, vLLM's does not
+
+
+def test_ntk_keys():
+    with pytest.raises(ValueError, match="'mixed_b' is not rope's.*'ntk'"):
+        rope.inv_freq({"rope_type": "ntk_aware", "factor": 2.0, "mixed_b": 1.0}, 16)
+    with pytest.raises(ValueError, match="'mixed_b' must be > 0"):
+        rope.inv_freq({"rope_type": "ntk", "factor": 2.0, "mixed_b": 0.0}, 16)
+    with pytest.raises(ValueError, match="rope_type 'ntk' needs the config key 'factor'"):
+        rope.inv_freq({"rope_type": "ntk"}, 16)
+
+
 @given(st.data(), dims, thetas, lengths, st.floats(1.5, 32.0))
 def test_phi3_short_and_long_mscale(data, dim, theta, ompe, ratio):
     """vLLM's Phi3LongRoPEScaledRotaryEmbedding: the short table times short_mscale, the long one
@@ -124,6 +152,96 @@ def test_deepseek_yarn(dim, theta, factor, ompe, m, m_all, betas):
     assert_rounded_once(ours, reference)
     expected = mscale(factor, 1.0 if m is None else m) / mscale(factor, 0.0 if m_all is None else m_all)
     assert math.isclose(attention, expected, rel_tol=1e-12)
+
+
+@given(dims, thetas, factors, lengths, st.sampled_from([None, 0.0, 1.0, 1.7]), st.sampled_from([None, 0.0, 0.5]),
+       st.sampled_from([(None, None), (16.0, 2.0)]))
+def test_deepseek_llama_scaling_is_deepseek_yarn(dim, theta, factor, ompe, m, m_all, betas):
+    """vLLM's get_rope sends "deepseek_yarn" and "deepseek_llama_scaling" to one branch
+    (DeepseekScalingRotaryEmbedding, the same keys): the same numbers, bit for bit."""
+    config = {"rope_theta": theta, "factor": factor, "original_max_position_embeddings": ompe, "mscale": m,
+              "mscale_all_dim": m_all, "beta_fast": betas[0], "beta_slow": betas[1]}
+    yarn, yarn_attention = rope.inv_freq({"rope_type": "deepseek_yarn", **config}, dim)
+    llama, llama_attention = rope.inv_freq({"rope_type": "deepseek_llama_scaling", **config}, dim)
+    assert torch.equal(yarn, llama) and yarn_attention == llama_attention
+    entries = [rope_type(name) for name in ("deepseek_yarn", "deepseek_llama_scaling")]
+    assert entries[0].required == entries[1].required and entries[0].optional == entries[1].optional
+
+
+def telechat3_reference(dim, theta, factor, ompe, fast, slow, truncate, extrapolation, attn_factor):
+    """vLLM's TeleChat3RoPEScaledRotaryEmbedding: YaRNScalingRotaryEmbedding._compute_inv_freq
+    (yarn_find_correction_range with truncate, yarn_linear_ramp_mask, the mask times
+    extrapolation_factor) and mscale = get_mscale(factor) * attn_factor with get_mscale(s) =
+    0.07 ln s + 1 (1 for s <= 1)."""
+
+    def correction_dim(rotations):
+        return dim * math.log(ompe / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    mask = (1 - ramp) * extrapolation
+    pos_freqs = 1 / default(theta, dim)
+    inv_freq = 1 / (factor * pos_freqs) * (1 - mask) + 1 / pos_freqs * mask
+    mscale = (1.0 if factor <= 1 else 0.07 * math.log(factor) + 1.0) * attn_factor
+    return inv_freq, mscale
+
+
+MISSING = object()
+
+
+@given(dims, thetas, factors, lengths, st.sampled_from([(None, None), (16.0, 2.0), (64.0, 0.5)]),
+       st.sampled_from([MISSING, None, True, False]), st.sampled_from([MISSING, 0.0, 0.5, 1.0]),
+       st.sampled_from([MISSING, 0.5, 1.0, 1.7]))
+def test_telechat3_yarn(dim, theta, factor, ompe, betas, truncate, extrapolation, attn_factor):
+    """vLLM's telechat3-yarn: vLLM's YaRN with the attention factor's slope 0.07 in place of 0.1,
+    reading vLLM's extrapolation_factor and attn_factor; truncate absent means True, None falsy
+    (vLLM passes the None on to its ``if truncate``)."""
+    config = {"rope_type": "telechat3-yarn", "rope_theta": theta, "factor": factor,
+              "original_max_position_embeddings": ompe, "beta_fast": betas[0], "beta_slow": betas[1]}
+    for key, value in (("truncate", truncate), ("extrapolation_factor", extrapolation), ("attn_factor", attn_factor)):
+        if value is not MISSING:
+            config[key] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours, attention = rope.inv_freq(config, dim)
+    reference, mscale_ = telechat3_reference(
+        dim, theta, factor, ompe, betas[0] or 32, betas[1] or 1, True if truncate is MISSING else truncate,
+        1.0 if extrapolation is MISSING else extrapolation, 1.0 if attn_factor is MISSING else attn_factor)
+    assert_rounded_once(ours, reference)
+    assert math.isclose(attention, mscale_, rel_tol=1e-12)
+    yarn = {key: value for key, value in config.items() if key not in ("extrapolation_factor", "attn_factor")}
+    if extrapolation in (MISSING, 1.0):  # the frequencies of rope's yarn (transformers'), the factor's slope 0.07
+        assert torch.equal(ours, rope.inv_freq({**yarn, "rope_type": "yarn"}, dim)[0])
+
+
+def test_telechat3_yarn_keys():
+    config = {"rope_type": "telechat3-yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    with pytest.raises(ValueError, match="'attn_factor' must be > 0"):
+        rope.inv_freq({**config, "attn_factor": 0.0}, 64)
+    with pytest.raises(ValueError, match="'extrapolation_factor' must be >= 0"):
+        rope.inv_freq({**config, "extrapolation_factor": -0.5}, 64)
+    with pytest.raises(TypeError, match="'attn_factor' must be a real number"):
+        rope.inv_freq({**config, "attn_factor": "1.0"}, 64)
+    with pytest.raises(ValueError, match="needs the config key 'original_max_position_embeddings'"):
+        rope.inv_freq({"rope_type": "telechat3-yarn", "factor": 4.0, "max_position_embeddings": 4096}, 64)
+    with pytest.warns(rope.RopeConfigWarning, match="'mscale' is ignored"):  # vLLM's branch does not pass it either
+        rope.inv_freq({**config, "mscale": 1.0}, 64)
+    for key in ("attn_factor", "extrapolation_factor"):  # other types still refuse vLLM's YaRN keys
+        with pytest.raises(ValueError, match=f"'{key}' is not rope's.*'telechat3-yarn'"):
+            rope.inv_freq({**config, "rope_type": "yarn", key: 1.0}, 64)
+
+
+def test_transformers_has_no_telechat3_type():
+    """The installed transformers has no TeleChat3 rope type (nor a _compute_telechat_yarn_parameters):
+    rope's telechat3-yarn follows vLLM alone. Where transformers gains one, test rope against it here."""
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    assert not [name for name in rope_utils.ROPE_INIT_FUNCTIONS if "telechat" in name]
+    assert not [name for name in dir(rope_utils) if "telechat" in name.lower()]
 
 
 def test_deepseek_v4_zero_mscales_mean_one():

@@ -1,5 +1,5 @@
 """rope.analysis.scaling against plain float64 loops, the defining equations and rope.inv_freq
-(its ntk, dynamic, yarn and llama3 types)."""
+(its ntk_aware, dynamic, yarn and llama3 types)."""
 
 import math
 
@@ -64,7 +64,7 @@ def test_ntk_base_keeps_the_top_frequency_and_interpolates_the_bottom_one(half, 
     assert math.isclose(scaled[-1].item() * factor, theta[-1].item(), rel_tol=1e-12)
     expected_ratio = torch.tensor([factor ** (-2 * i / (dim - 2)) for i in range(half)], dtype=torch.float64)
     torch.testing.assert_close(scaled / theta, expected_ratio, rtol=1e-12, atol=0)
-    ours, _ = rope.inv_freq({"rope_type": "ntk", "rope_theta": base, "factor": factor}, dim)
+    ours, _ = rope.inv_freq({"rope_type": "ntk_aware", "rope_theta": base, "factor": factor}, dim)
     assert_within_one_float32_ulp(ours, scaled)
 
 
@@ -325,7 +325,7 @@ def test_base_change_is_ntk_aware_scaling(base, ratio, dim):
     s = sa.ntk_factor_for_base(base, new_base, dim)
     assert math.isclose(base * s ** (dim / (dim - 2)), new_base, rel_tol=1e-12)
     assert math.isclose(sa.ntk_aware_base(base, s, dim), new_base, rel_tol=1e-12)  # the inverse
-    ntk, _ = rope.inv_freq({"rope_type": "ntk", "rope_theta": base, "factor": s}, dim)
+    ntk, _ = rope.inv_freq({"rope_type": "ntk_aware", "rope_theta": base, "factor": s}, dim)
     assert_correctly_rounded(ntk, default_theta(new_base, dim))
 
 

@@ -9,7 +9,7 @@ given the training length L. With s = max(1, length / L), the frequency methods 
 ==================  =====================================================================
 ``rope``            ``default``: RoPE as trained, positions past L are extrapolated
 ``pi``              ``linear``, factor s: theta_i / s (Chen et al. 2023)
-``ntk``             ``ntk``, factor s: base b s^(d/(d-2)) (bloc97 2023)
+``ntk``             ``ntk_aware``, factor s: base b s^(d/(d-2)) (bloc97 2023)
 ``dynamic_ntk``     ``dynamic``, factor 1: base b (l/L)^(d/(d-2)) with l the length of the
                     prefix being read (emozilla 2023); evaluated prefix by prefix
 ``ntk_by_parts``    ``yarn`` with ``attention_factor`` 1: the per-pair ramp of YaRN alone
@@ -269,7 +269,7 @@ METHODS: dict[str, Method] = {
     for m in (
         Method("rope", "RoPE, no scaling", "rope", _rotary(lambda c: {"rope_type": "default"})),
         Method("pi", "PI", "rope", _rotary(lambda c: {"rope_type": "linear", "factor": c.factor})),
-        Method("ntk", "NTK-aware", "rope", _rotary(lambda c: {"rope_type": "ntk", "factor": c.factor})),
+        Method("ntk", "NTK-aware", "rope", _rotary(lambda c: {"rope_type": "ntk_aware", "factor": c.factor})),
         Method(
             "dynamic_ntk", "Dynamic NTK", "rope",
             _rotary(lambda c: {"rope_type": "dynamic", "factor": 1.0, "max_position_embeddings": c.training_length},
