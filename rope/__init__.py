@@ -7,7 +7,8 @@ The library (``import rope``):
 * :func:`apply_rotary` — rotate q and k (both layouts, partial rotary, GQA, any positions), on the
   fused kernel for CUDA tensors; :func:`apply_mrope` (t, h, w positions, one path with
   :func:`apply_rotary`), :func:`apply_xdrope` (HunYuan-VL's four axes) and :func:`apply_rotary_2d`
-  for multimodal and image positions;
+  for multimodal and image positions; :func:`apply_xpos` (XPos) and :func:`apply_fope` (FoPE's
+  learned per-head mixtures of the frequencies);
 * :mod:`rope.layouts` — half-split vs interleaved pairing and checkpoint weight permutation;
 * :mod:`rope.angles` — rotation angles reduced modulo 2 pi exactly (fixed-point turns);
 * :mod:`rope.reference` — float64 matrix, complex and elementwise forms;
@@ -30,6 +31,7 @@ import importlib
 from .apply import apply_rotary
 from .axial import apply_rotary_2d
 from .config import RopeConfig, RopeConfigWarning, parse_config
+from .fope import apply_fope
 from .frequencies import inv_freq, register_rope_type, rope_types
 from .layouts import permute_qk_weight
 from .mrope import apply_mrope
@@ -39,6 +41,7 @@ from .xpos import apply_xpos
 __all__ = [
     "RopeConfig",
     "RopeConfigWarning",
+    "apply_fope",
     "apply_mrope",
     "apply_rotary",
     "apply_rotary_2d",
@@ -53,7 +56,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 _SUBMODULES = frozenset({
-    "analysis", "angles", "attention", "axial", "config", "experiment", "frequencies", "hf", "kernels",
+    "analysis", "angles", "attention", "axial", "config", "experiment", "fope", "frequencies", "hf", "kernels",
     "layouts", "mrope", "positions", "reference", "xdrope", "xpos",
 })
 

@@ -68,7 +68,10 @@ every other key, :func:`parse_config`:
   ``attn_factor`` and ``extrapolation_factor``, HunYuan's ``alpha``, ``base``, ``theta``,
   ``rotary_emb_base``, ``scaling_factor`` ...) with a ``ValueError`` that names the key and says
   what rope's key is: honouring it under rope's reading could be wrong, and ignoring it would
-  silently change the numbers (a type registered to read such a key reads it);
+  silently change the numbers (a type registered to read such a key reads it); FoPE's keys
+  (``use_fope``, ``num_inv_freq``, ``fope_sep_head``, ``fope_init_factor``: vLLM's
+  ``FourierRotaryEmbedding``) are refused so, pointing to :func:`rope.apply_fope`, since learned
+  per-head coefficients, not a frequency table, define FoPE;
 * keeps the keys of a registered type that :class:`RopeConfig` has no field for in
   :attr:`RopeConfig.extra`, each through the type's key check (:mod:`rope.registry`);
 * refuses ``type`` and ``rope_type`` that disagree (``type: mrope`` agrees with any ``rope_type``), and
@@ -157,6 +160,10 @@ FOREIGN_KEYS: dict[str, str] = {
     "rotary_pct": "rope's key for the rotated fraction of the head is 'partial_rotary_factor'",
     "rotary_percentage": "rope's key for the rotated fraction of the head is 'partial_rotary_factor'",
     "rotary_dim": "rope's key for the rotated width is 'partial_rotary_factor' = rotary_dim / head_dim",
+    **dict.fromkeys(("use_fope", "num_inv_freq", "fope_sep_head", "fope_init_factor"), (
+        "it is a key of FoPE (vLLM's FourierRotaryEmbedding), whose learned per-head coefficients cos_coef and "
+        "sin_coef mix the frequencies, so no frequency table holds it: rotate with rope.apply_fope (its frequencies "
+        "from rope.fope.fope_inv_freq), or drop the FoPE keys where FoPE is off")),
 }
 """Keys of other ecosystems with a numeric meaning, refused with what rope's key is."""
 
@@ -439,6 +446,8 @@ def _checked_extra(entry: registry.RopeType, extra: Mapping[str, Any]) -> dict[s
         raise TypeError(f"extra must be a mapping of config keys, got {type(extra).__name__}")
     checked = {}
     for key, value in extra.items():
+        if key in FOREIGN_KEYS and key not in entry.keys:
+            raise ValueError(f"extra config key {key!r} is not rope's: {FOREIGN_KEYS[key]}")
         if key in FIELD_KEYS or key not in entry.keys:
             where = "a field of RopeConfig" if key in FIELD_KEYS else f"not read by rope_type {entry.name!r}"
             raise ValueError(f"extra config key {key!r} is {where}")

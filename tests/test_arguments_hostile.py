@@ -1,6 +1,6 @@
 """Bad scalar arguments to the public functions of positions, encodings, decay, general, kv_cache,
 logn, dual_chunk, linear_attention, precision, scaling_analysis, extrapolation_analysis,
-frequencies, config and the experiment: one policy everywhere (rope._checks).
+frequencies, fope, config and the experiment: one policy everywhere (rope._checks).
 
 * a flag given as a string, an int, None or a NumPy bool raises TypeError naming it;
 * an integer given as a float (3.0, NumPy float), a list, a bool, a string or None raises TypeError
@@ -19,7 +19,7 @@ import torch
 import rope
 import rope.experiment
 from helpers import names
-from rope import axial, layouts, mrope, positions
+from rope import axial, fope, layouts, mrope, positions
 from rope.analysis import decay, general, precision
 from rope.analysis import extrapolation as ea
 from rope.analysis import scaling as sa
@@ -33,6 +33,7 @@ SKEW = (lambda a: a - a.T)(torch.randn(4, 4, generator=GEN, dtype=torch.float64)
 ORTHOGONAL = torch.linalg.qr(torch.randn(4, 4, generator=GEN, dtype=torch.float64))[0]
 Q, K, V = (torch.randn(1, 5, 2, 8, generator=GEN) for _ in range(3))
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 16}
+COEF = torch.randn(2, 2, 2, generator=GEN)  # FoPE's coefficients: 2 key heads, R = 2
 TASK = TaskSpec(markov_vocab=8, successors=2, anchors=4, span=2)
 
 INT, OPTIONAL_INT, NUMBER, FLAG = "int", "optional int", "number", "flag"
@@ -111,6 +112,11 @@ CASES = [
      dict(factor=NUMBER, mscale=NUMBER, mscale_all_dim=NUMBER)),
     ("yarn_mscale", sa.yarn_mscale, dict(scale=4.0, mscale=1.0, slope=0.5),
      dict(scale=NUMBER, mscale=NUMBER, slope=NUMBER)),
+    ("fope_inv_freq", fope.fope_inv_freq,
+     dict(rope_theta=1e4, rotary_dim=8, num_inv_freq=2, max_position_embeddings=64),
+     dict(rope_theta=NUMBER, rotary_dim=INT, num_inv_freq=OPTIONAL_INT, max_position_embeddings=OPTIONAL_INT)),
+    ("apply_fope", lambda **a: rope.apply_fope(Q, K, torch.arange(5), THETA32[:2], cos_coef=COEF, sin_coef=COEF, **a),
+     dict(sep_head=True), dict(sep_head=FLAG)),
     ("largest_unseen_arc", lambda **a: ea.largest_unseen_arc(THETA64, **a), dict(training_length=16),
      dict(training_length=INT)),
     ("fit_series_coefficients",

@@ -200,7 +200,8 @@ FOREIGN = [
     ("attention_scaling", "attention_factor"), ("extrapolation_factor", "no key"), ("alpha", "rope_type 'ntk_aware'"),
     ("mixed_b", "rope_type 'ntk'"), ("short_mscale", "attention_factor"), ("long_mscale", "attention_factor"),
     ("rotary_pct", "partial_rotary_factor"), ("rotary_percentage", "partial_rotary_factor"),
-    ("rotary_dim", "partial_rotary_factor"),
+    ("rotary_dim", "partial_rotary_factor"), ("use_fope", "rope.apply_fope"), ("num_inv_freq", "rope.apply_fope"),
+    ("fope_sep_head", "rope.apply_fope"), ("fope_init_factor", "rope.apply_fope"),
 ]
 
 
