@@ -324,9 +324,7 @@ def _yarn_blend(cfg: RopeConfig, dim: int, s: float, length: int, truncate: bool
     1) and e = ``extrapolation`` (vLLM's ``extrapolation_factor``; 1 in transformers)."""
     fast = YARN_BETA_FAST if cfg.beta_fast is None else cfg.beta_fast
     slow = YARN_BETA_SLOW if cfg.beta_slow is None else cfg.beta_slow
-    kept = yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, truncate)
-    if extrapolation != 1.0:
-        kept = extrapolation * kept
+    kept = extrapolation * yarn_kept_weights(dim, cfg.rope_theta, length, fast, slow, truncate)
     theta = default_theta(cfg.rope_theta, dim)
     return kept * theta + (1 - kept) * theta / s
 
