@@ -37,7 +37,8 @@ llama3                                  ``low_freq_factor``, ``high_freq_factor`
 M-RoPE: ``mrope_section``               pairs that follow the t, h, w positions (:mod:`rope.mrope`);
 M-RoPE: ``mrope_interleaved``           interleaved assignment (Qwen3-VL) instead of chunked (Qwen2-VL);
                                         ``interleaved`` is Qwen3-Omni's name for it;
-M-RoPE: ``mrope_style``                 (rope's own key) ``chunked``, ``interleaved`` or ``alternating``
+M-RoPE: ``mrope_style``                 (rope's own key) ``chunked``, ``interleaved``, ``alternating`` or
+                                         ``openpangu`` (rope_type ``openpangu`` sets it)
 ======================================  ====================================================
 
 A needed key may have stand-ins (:attr:`rope.registry.RopeType.stand_ins`): ``original_max_position_embeddings``
@@ -201,7 +202,8 @@ class RopeConfig:
         high_freq_factor: llama3: L / high_freq_factor is the wavelength below which pairs keep
             their frequency (> low_freq_factor).
         mrope_section: M-RoPE: the pairs that follow the t, h, w positions (:mod:`rope.mrope`).
-        mrope_style: M-RoPE: ``"chunked"`` (Qwen2-VL), ``"interleaved"`` (Qwen3-VL) or ``"alternating"``.
+        mrope_style: M-RoPE: ``"chunked"`` (Qwen2-VL), ``"interleaved"`` (Qwen3-VL), ``"alternating"``
+            (ERNIE 4.5 VL) or ``"openpangu"`` (vLLM's rope_type ``openpangu``).
         extra: the keys of a registered type that have no field here, each through its key check.
     """
 
@@ -491,6 +493,8 @@ def parse_config(config: Mapping[str, Any] | RopeConfig) -> RopeConfig:
     if "truncate" in config and config["truncate"] is None and "truncate" in entry.keys:
         values["truncate"] = False  # transformers' get("truncate", True) is None: no truncation
     style = _mrope_style(given)
+    if entry.name == "openpangu":
+        style = _openpangu_style(given, style)
     if style is not None:
         values["mrope_style"] = style
     return RopeConfig(rope_type=entry.name, extra=extra, **values)
@@ -548,6 +552,17 @@ def _mrope_style(given: Mapping[str, Any]) -> str | None:
     if len(set(said.values())) > 1:
         raise ValueError("config keys " + " and ".join(f"{k!r} ({given[k]!r})" for k in said) + " disagree")
     return next(iter(said.values()), None)
+
+
+def _openpangu_style(given: Mapping[str, Any], style: str | None) -> str:
+    """vLLM's rope_type ``openpangu`` (``MRotaryEmbeddingInterleaved``) needs an ``mrope_section``
+    and ``mrope_interleaved`` true; its pairs follow :func:`rope.mrope.openpangu_axes`."""
+    if "mrope_section" not in given:
+        raise ValueError("rope_type 'openpangu' needs config key 'mrope_section' (pairs on t, h, w), as vLLM does")
+    if style not in ("interleaved", "openpangu"):
+        raise ValueError("rope_type 'openpangu' needs config key 'mrope_interleaved' true, as vLLM does, got "
+                         f"{given.get('mrope_interleaved', given.get('mrope_style'))!r}")
+    return "openpangu"
 
 
 def _warn_ignored(key: str, rope_type: str) -> None:

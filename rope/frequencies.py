@@ -484,6 +484,8 @@ register_rope_type("deepseek_llama_scaling", _deepseek_yarn, **_DEEPSEEK_KEYS)
 register_rope_type("telechat3-yarn", _telechat3_yarn, required_keys=("factor", "original_max_position_embeddings"),
                    optional_keys=("beta_fast", "beta_slow", "truncate", "extrapolation_factor", "attn_factor"),
                    key_checks={"extrapolation_factor": _non_negative, "attn_factor": _positive})
+# vLLM's openPangu-VL M-RoPE: default frequencies, pairs dealt to t/h/w by rope.mrope.openpangu_axes
+register_rope_type("openpangu", _default)
 
 
 def inv_freq(

@@ -23,6 +23,11 @@ s_t + s_h + s_w = rotary_dim / 2 (pairs in the order of :func:`rope.layouts.pair
   gets fast and slow frequencies (transformers' ``recomposition_frequencies`` of Qwen3-VL).
 * alternating (ERNIE 4.5 VL): h and w take turns over the fast pairs, t takes the slowest
   (:func:`section_axes` reads that model's section, listed as (s_h, s_w, s_t)).
+* openpangu (vLLM's ``rope_type`` ``openpangu``, ``MRotaryEmbeddingInterleaved`` in
+  ``vllm/model_executor/layers/rotary_embedding/openpangu_rope.py``): the last pair follows t;
+  the others are dealt one at a time, each to the axis with pairs left that has so far received
+  the smallest fraction of its share (ties to the lower axis), never the previous pair's axis
+  while another axis has pairs left (:func:`openpangu_axes`).
 
 :func:`apply_mrope` is :func:`rope.apply_rotary` with the axes (one path,
 :func:`rope.apply.rotate_qk`): the torch path computes angles, cos, sin and products in float64
@@ -43,7 +48,7 @@ from ._checks import integer_tensor
 from .apply import check_axes, exact_cos_sin, per_pair_positions, rotate_qk
 from .limits import MROPE_AXES
 
-MROPE_STYLES = ("chunked", "interleaved", "alternating")
+MROPE_STYLES = ("chunked", "interleaved", "alternating", "openpangu")
 
 
 def check_section(mrope_section, name: str = "mrope_section") -> tuple[int, int, int]:
@@ -72,12 +77,13 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
     its section as (s_h, s_w, s_t), read here in that order): h and w alternate over the first
     s_h + s_w pairs (h on even i), t takes the last s_t, so s_h must equal s_w. Either way axis a
     gets exactly s_a pairs; a section that does not fit (sum != pairs, interleaved positions past
-    the last pair, unequal h and w when alternating) is an error.
+    the last pair, unequal h and w when alternating) is an error. ``openpangu``: the sequence of
+    :func:`openpangu_axes`.
 
     Args:
         mrope_section: the config's ``mrope_section``, three positive ints summing to ``pairs``.
         pairs: the number of rotated pairs, rotary_dim / 2.
-        style: ``"chunked"``, ``"interleaved"`` or ``"alternating"``.
+        style: ``"chunked"``, ``"interleaved"``, ``"alternating"`` or ``"openpangu"``.
     """
     sections = check_section(mrope_section)
     pairs = _checks.integer("pairs", pairs, minimum=1)
@@ -88,6 +94,8 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
     _checks.choice("style", style, MROPE_STYLES)
     if style == "chunked":
         return torch.repeat_interleave(torch.arange(len(MROPE_AXES)), torch.tensor(sections))
+    if style == "openpangu":
+        return openpangu_axes(sections)
     index = torch.arange(pairs)
     if style == "alternating":
         s_h, s_w, s_t = sections
@@ -104,6 +112,31 @@ def section_axes(mrope_section, pairs: int, *, style: str = "chunked") -> torch.
             f"pair 1 (h) and pair 2 (w) gives {counts[1]} and {counts[2]} pairs"
         )
     return axes
+
+
+def openpangu_axes(mrope_section) -> torch.Tensor:
+    """openPangu-VL's assignment of pairs to axes (vLLM's ``get_mrope_interleaved_id_list``
+    with ``force_last``), int64 ``[s_t + s_h + s_w]``.
+
+    The last pair is reserved for t, so axis a has n_a = (s_t - 1, s_h, s_w) pairs to deal. Pair
+    i goes to the axis a with pairs left that minimises (placed_a / n_a, a), placed_a counting the
+    pairs a has received; the axis of pair i - 1 is skipped unless it is the only one with pairs
+    left. Every axis therefore spreads over fast and slow frequencies in proportion to its share.
+
+    Args:
+        mrope_section: ``(s_t, s_h, s_w)``, three positive ints.
+    """
+    share = list(check_section(mrope_section))
+    share[0] -= 1
+    placed = [0] * len(share)
+    axes: list[int] = []
+    for _ in range(sum(share)):
+        left = [a for a in range(len(share)) if placed[a] < share[a]]
+        fresh = [a for a in left if not axes or a != axes[-1]]
+        axis = min(fresh or left, key=lambda a: (placed[a] / share[a], a))
+        placed[axis] += 1
+        axes.append(axis)
+    return torch.tensor(axes + [0], dtype=torch.int64)
 
 
 def _check_position_ids(position_ids: torch.Tensor) -> None:

@@ -1,6 +1,8 @@
 """rope.mrope (M-RoPE) against explicit float64 block rotations, the 3D relative property, text as
 1D RoPE, and transformers' Qwen2-VL / Qwen3-VL / Qwen3.5 tables and models."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,16 @@ def axes_by_rule(sections, style):
     if style == "alternating":  # ERNIE 4.5 VL's order: (s_h, s_w, s_t)
         s_h, s_w, s_t = sections
         return [1, 2] * s_h + [0] * s_t
+    if style == "openpangu":  # vLLM: the last pair is t's; deal the rest to the least-served axis
+        share = [sections[0] - 1, sections[1], sections[2]]
+        got, out = [0, 0, 0], []
+        while sum(got) < sum(share):
+            open_axes = [a for a in range(3) if got[a] < share[a]]
+            choices = [a for a in open_axes if not out or out[-1] != a] or open_axes
+            axis = sorted(choices, key=lambda a: (Fraction(got[a], share[a]), a))[0]
+            got[axis] += 1
+            out.append(axis)
+        return out + [0]
     s_t, s_h, s_w = sections
     out = []
     for i in range(s_t + s_h + s_w):
@@ -36,10 +48,10 @@ def axes_by_rule(sections, style):
 
 @st.composite
 def sections(draw):
-    """(mrope_section, style): chunked sections of any sizes, interleaved ones that fit, or
-    alternating ones (equal h and w)."""
-    style = draw(st.sampled_from(["chunked", "interleaved", "alternating"]))
-    if style == "chunked":
+    """(mrope_section, style): chunked or openpangu sections of any sizes, interleaved ones that
+    fit, or alternating ones (equal h and w)."""
+    style = draw(st.sampled_from(["chunked", "interleaved", "alternating", "openpangu"]))
+    if style in ("chunked", "openpangu"):
         return (draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 4))), style
     if style == "alternating":
         s_hw = draw(st.integers(1, 4))
@@ -195,6 +207,33 @@ def test_section_errors_name_what_does_not_fit():
         section_axes([1, 1, 1], 0)
     with pytest.raises(ValueError, match=r"alternating mrope_section .* needs s_h == s_w"):
         section_axes([2, 3, 1], 6, style="alternating")
+
+
+@pytest.mark.parametrize("section", [(1, 1, 1), (8, 12, 12), (16, 24, 24), (1, 5, 2), (7, 1, 1), (3, 9, 4)])
+def test_openpangu_deals_every_axis_its_share(section):
+    """vLLM's openpangu sequence: each axis gets its share, t the last pair, and no axis twice in a
+    row while another has pairs left (checked on the sequence itself, not through the rule)."""
+    axes = section_axes(section, sum(section), style="openpangu").tolist()
+    assert axes == axes_by_rule(section, "openpangu")
+    assert [axes.count(a) for a in range(3)] == list(section) and axes[-1] == 0
+    body = axes[:-1]
+    for i in range(1, len(body)):
+        others_left = any(body[j] != body[i - 1] for j in range(i, len(body)))
+        assert body[i] != body[i - 1] or not others_left, (section, axes)
+
+
+def test_openpangu_rope_type():
+    """rope_type openpangu is vLLM's: default frequencies, needs mrope_section and mrope_interleaved."""
+    config = {"rope_type": "openpangu", "rope_theta": 1e6, "mrope_section": [4, 6, 6], "mrope_interleaved": True}
+    parsed = rope.parse_config(config)
+    assert parsed.mrope_style == "openpangu"
+    assert parsed.mrope_axes(32).tolist() == axes_by_rule((4, 6, 6), "openpangu")
+    theta, attention = rope.inv_freq(config, 32)
+    assert attention == 1.0 and torch.equal(theta, rope.inv_freq({"rope_theta": 1e6}, 32)[0])
+    with pytest.raises(ValueError, match="rope_type 'openpangu' needs config key 'mrope_section'"):
+        rope.parse_config({"rope_type": "openpangu"})
+    with pytest.raises(ValueError, match="rope_type 'openpangu' needs config key 'mrope_interleaved' true"):
+        rope.parse_config({"rope_type": "openpangu", "mrope_section": [4, 6, 6], "mrope_interleaved": False})
     with pytest.raises(ValueError, match="style must be one of"):
         section_axes([2, 2, 2], 6, style="zigzag")
 

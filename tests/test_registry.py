@@ -18,7 +18,7 @@ from rope.config import FOREIGN_KEYS
 from rope.registry import rope_type, unregister_rope_type
 
 BUILT_IN = ("default", "linear", "ntk_aware", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional",
-            "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn", "axial", "mllama4", "xdrope")
+            "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn", "openpangu", "axial", "mllama4", "xdrope")
 
 
 def alpha_theta(base: float, alpha: float, dim: int) -> torch.Tensor:
