@@ -25,8 +25,12 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   paths (table of models in :mod:`rope.hf.functions`): :func:`apply_rotary_pos_emb_interleaved`
   (GLM, GLM-4, ERNIE 4.5, Helium), :func:`apply_rotary_pos_emb_interleaved_tables` (Cohere,
   Cohere 2, GLM-4V, ERNIE 4.5 VL), :func:`apply_rotary_pos_emb_pair_tables` (GPT-OSS),
-  :func:`apply_rotary_pos_emb_interleave` (DeepSeek-V2/V3), :func:`apply_rotary_pos_emb_single`
-  (Gemma 4) and :func:`apply_rotary_emb_complex` (Llama 4).
+  :func:`apply_rotary_pos_emb_pair_tables_interleaved` (the OpenAI privacy filter),
+  :func:`apply_rotary_pos_emb_conjugate` (NanoChat), :func:`apply_rotary_pos_emb_interleave`
+  (DeepSeek-V3, GLM-5, LongCat-Flash), :func:`apply_rotary_pos_emb_single` (Gemma 4),
+  :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
+  (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
+  :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2).
 * :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model, after
   checking that the new module returns the old one's tables (and in which form;
   :func:`rotary_replacements` lists the swaps without making them). Install (or patch) before
@@ -66,12 +70,17 @@ from .embedding import (
 from .families import FAMILIES, Convention
 from .functions import (
     apply_rotary_emb_complex,
+    apply_rotary_emb_complex_heads_first,
     apply_rotary_pos_emb,
+    apply_rotary_pos_emb_conjugate,
+    apply_rotary_pos_emb_every_two,
     apply_rotary_pos_emb_interleave,
     apply_rotary_pos_emb_interleaved,
     apply_rotary_pos_emb_interleaved_tables,
     apply_rotary_pos_emb_pair_tables,
+    apply_rotary_pos_emb_pair_tables_interleaved,
     apply_rotary_pos_emb_single,
+    apply_rotary_pos_emb_trailing,
     rotate_half,
     rotate_pairs_interleaved,
 )
@@ -91,12 +100,17 @@ __all__ = [
     "RotaryEmbedding",
     "RotaryPrecision",
     "apply_rotary_emb_complex",
+    "apply_rotary_emb_complex_heads_first",
     "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_conjugate",
+    "apply_rotary_pos_emb_every_two",
     "apply_rotary_pos_emb_interleave",
     "apply_rotary_pos_emb_interleaved",
     "apply_rotary_pos_emb_interleaved_tables",
     "apply_rotary_pos_emb_pair_tables",
+    "apply_rotary_pos_emb_pair_tables_interleaved",
     "apply_rotary_pos_emb_single",
+    "apply_rotary_pos_emb_trailing",
     "diagnose",
     "head_dim_of",
     "install",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import inspect
 import io
 import pathlib
 import re
@@ -78,10 +79,9 @@ LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)
 FUNCTION_TOLERANCE = 1e-5
 """How far a modeling module's function may differ from rope's on float32 inputs of size 1."""
 
-CONVENTIONS = (families.DEEPSEEK_V3, families.LLAMA, families.GLM, families.COHERE, families.GPT_OSS,
-               families.GEMMA4, families.LLAMA4)
-"""The conventions tried, those with more functions first (a module with DeepSeek-V3's two
-functions is DeepSeek-V3's, not Llama's)."""
+CONVENTIONS = tuple(sorted(families.CONVENTIONS.values(), key=lambda convention: -len(convention.functions)))
+"""The conventions tried (:data:`rope.hf.families.CONVENTIONS`), those with more functions first (a
+module with DeepSeek-V3's two functions is DeepSeek-V3's, not the one with its interleave function alone)."""
 
 
 @dataclass(frozen=True)
@@ -151,17 +151,26 @@ def source_matches_llama(model_type: str) -> bool:
                for name in ("apply_rotary_pos_emb", "rotate_half"))
 
 
-def _inputs(convention: families.Convention, generator: torch.Generator):
-    """Random float32 inputs for the convention's functions: the positional arguments, with
-    tables of its form that carry no provenance (so rope's function applies the formula)."""
-    q = torch.randn(1, 4, 5, 16, generator=generator)
-    k = torch.randn(1, 2, 5, 16, generator=generator)
-    positions = torch.randint(0, 4096, (1, 5), generator=generator)
-    tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=convention.tables)(q, positions)
-    if convention.tables == "complex":
-        return q.transpose(1, 2), k.transpose(1, 2), tables * 1
-    cos, sin = (table * 1 for table in tables)
-    return (q, cos, sin) if convention is families.GEMMA4 else (q, k, cos, sin)
+_ARGUMENTS = {"q": "q", "xq": "q", "x": "q", "tensor": "q", "k": "k", "xk": "k", "cos": "cos", "sin": "sin",
+              "freqs_cis": "freqs_cis"}
+"""The positional parameters of rope's functions, by name, and the input each takes."""
+
+
+def _inputs(ours: Callable, form: str, generator: torch.Generator):
+    """Random float32 positional arguments of rope's function ``ours`` (read from its signature):
+    q and k ``[1, 4, 4, 16]``, as many heads as tokens so that either layout of the heads
+    broadcasts and only the values tell them apart, and tables of ``form`` that carry no
+    provenance (so rope's function applies the formula)."""
+    q, k = (torch.randn(1, 4, 4, 16, generator=generator) for _ in range(2))
+    positions = torch.randint(0, 4096, (1, 4), generator=generator)
+    tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=form)(q, positions)
+    values = {"q": q, "k": k}
+    if form == "complex":
+        values["freqs_cis"] = tables * 1
+    else:
+        values["cos"], values["sin"] = (table * 1 for table in tables)
+    parameters = [p.name for p in inspect.signature(ours).parameters.values() if p.default is inspect.Parameter.empty]
+    return tuple(values[_ARGUMENTS[name]] for name in parameters)
 
 
 def _same_function(theirs: Callable, ours: Callable, args) -> bool:
@@ -182,13 +191,13 @@ def convention_of(module) -> families.Convention | str:
     generator = torch.Generator().manual_seed(0)
     for convention in CONVENTIONS:
         if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
-                              _inputs(convention, generator)) for name, ours in convention.functions):
+                              _inputs(ours, convention.tables, generator)) for name, ours in convention.functions):
             return convention
     own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
                  and getattr(value, "__module__", None) == module.__name__
                  and any(word in name for word in ("rotary", "rotate", "rope")))
     return ("its rotary functions (" + (", ".join(own) or "none at module level") + ") compute none of rope's "
-            "conventions (Llama, GLM, Cohere, GPT-OSS, DeepSeek-V3, Gemma 4, Llama 4)")
+            "conventions (rope.hf.families.CONVENTIONS)")
 
 
 def deepseek_v3_config(rope_interleave: bool = True):

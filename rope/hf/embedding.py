@@ -286,7 +286,9 @@ class LayerTypeRotaryEmbedding(nn.Module):
     contract of transformers' ``Gemma3RotaryEmbedding``. As there, a config's ``layer_types``
     limits the modules to the types its layers use, layer types set to ``None`` have no RoPE, and
     each type's head dimension is :func:`layer_type_head_dim` (Gemma 4's full-attention layers
-    have wider heads).
+    have wider heads). Where ``rope_parameters`` is keyed by labels that are no layer type of the
+    config (DeepSeek-V4's ``main`` and ``compress``, which its layers and compressors pick by
+    name), every label gets its module, as transformers' ``DeepseekV4RotaryEmbedding`` does.
 
     Args:
         config: a transformers config object with ``rope_parameters`` nested by layer type; or
@@ -306,9 +308,11 @@ class LayerTypeRotaryEmbedding(nn.Module):
         if per_type is None:
             raise ValueError("rope_parameters are not nested by layer type: use rope.hf.RotaryEmbedding "
                              "(rope.hf.rotary_embedding(config) picks the class)")
-        used = getattr(config, "layer_types", None)
-        if used:  # as transformers: a module for each type the layers use
-            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
+        used = set(getattr(config, "layer_types", None) or ())
+        if used & set(per_type):  # as transformers: a module for each type the layers use
+            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in used}
+        if not per_type:
+            raise ValueError("rope_parameters name no layer type with RoPE (every one is None)")
         self.layer_types = nn.ModuleDict(
             {layer_type: RotaryEmbedding(rope_parameters=p, tables=tables,
                                          head_dim=head_dim or layer_type_head_dim(config, layer_type))
