@@ -31,8 +31,10 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
   (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
   :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2).
-* :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model, after
-  checking that the new module returns the old one's tables (and in which form;
+* :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
+  exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
+  CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
+  tables (and in which form;
   :func:`rotary_replacements` lists the swaps without making them). Install (or patch) before
   casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
   (transformers issue #29496), which install then names, with the fix.
@@ -63,6 +65,7 @@ from .embedding import (
     head_dim_of,
     layer_type_head_dim,
     layer_type_parameters,
+    position_table,
     rope_parameters_from_config,
     rotary_embedding,
     rotate_half_tables,
@@ -84,12 +87,13 @@ from .functions import (
     rotate_half,
     rotate_pairs_interleaved,
 )
-from .install import PROBE_TOLERANCE, Replacement, install, rotary_replacements
+from .install import POSITION_TABLES, PROBE_TOLERANCE, Replacement, install, rotary_replacements
 from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
 
 __all__ = [
     "FAMILIES",
+    "POSITION_TABLES",
     "PROBE_TOLERANCE",
     "TABLE_FORMS",
     "Convention",
@@ -117,6 +121,7 @@ __all__ = [
     "layer_type_head_dim",
     "layer_type_parameters",
     "patch",
+    "position_table",
     "rope_parameters_from_config",
     "rotary_embedding",
     "rotary_replacements",

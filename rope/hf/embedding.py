@@ -348,6 +348,28 @@ def rotary_embedding(config: Any, *, tables: str = "rotate_half") -> RotaryEmbed
     return (LayerTypeRotaryEmbedding if nested else RotaryEmbedding)(config, tables=tables)
 
 
+def position_table(embedding: RotaryEmbedding, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """The rotary table GPT-J and CodeGen keep by position (their ``embed_positions`` buffer), of
+    ``embedding``'s frequencies theta_i and attention factor a: row m, for m < ``rows``, is (a
+    sin m theta_0, .., a sin m theta_{p-1}, a cos m theta_0, .., a cos m theta_{p-1}), each from
+    the exactly reduced angle, rounded once to ``dtype``, on the device of ``embedding``.
+
+    Args:
+        embedding: a :class:`RotaryEmbedding` without M-RoPE, whose frequencies do not depend on the length.
+        rows: the number of positions, >= 1.
+        dtype: the floating dtype of the table.
+    """
+    rows = _checks.integer("rows", rows, minimum=1)
+    _checks.dtype_choice("dtype", dtype, _checks.FLOAT_DTYPES)
+    if embedding.mrope_axes is not None or embedding.rope_config.rope_type in _SEQ_DEPENDENT:
+        raise ValueError("embedding: a position table holds one angle per position and pair; M-RoPE and rope types "
+                         f"that read the length ({', '.join(_SEQ_DEPENDENT)}) have none")
+    positions = torch.arange(rows, device=embedding.inv_freq.device)[None]
+    cos, sin = embedding.pair_cos_sin(positions, embedding.inv_freq)
+    attention = embedding.attention_scaling
+    return torch.cat((round_once(sin[0] * attention, dtype), round_once(cos[0] * attention, dtype)), dim=-1)
+
+
 def laid_out_tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,
                     form: str = "rotate_half") -> tuple[torch.Tensor, torch.Tensor]:
     """Tables from the float64 cos and sin of each pair's angle, laid out as ``form``
