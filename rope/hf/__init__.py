@@ -27,7 +27,7 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   Cohere 2, GLM-4V, ERNIE 4.5 VL), :func:`apply_rotary_pos_emb_pair_tables` (GPT-OSS),
   :func:`apply_rotary_pos_emb_pair_tables_interleaved` (the OpenAI privacy filter),
   :func:`apply_rotary_pos_emb_conjugate` (NanoChat), :func:`apply_rotary_pos_emb_interleave`
-  (DeepSeek-V3, GLM-5, LongCat-Flash), :func:`apply_rotary_pos_emb_single` (Gemma 4),
+  (DeepSeek-V3, GLM-5, Mistral Large 4), :func:`apply_rotary_pos_emb_single` (Gemma 4),
   :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
   (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
   :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2).

@@ -27,8 +27,8 @@ tables`                                     GLM-4V, ERNIE 4.5 VL
 :func:`apply_rotary_pos_emb_pair_tables`    GPT-OSS                 pairs         (i, i + d/2)
 :func:`apply_rotary_pos_emb_pair_tables_    OpenAI privacy filter   pairs         (2i, 2i + 1)
 interleaved`
-:func:`apply_rotary_pos_emb_interleave`     DeepSeek-V2/V3, GLM-5,  rotate_half   (2i, 2i + 1), out
-                                            LongCat-Flash           (first half)  half-split
+:func:`apply_rotary_pos_emb_interleave`     DeepSeek-V3, GLM-5,     rotate_half   (2i, 2i + 1), out
+                                            Mistral Large 4         (first half)  half-split
 :func:`apply_rotary_pos_emb_single`         Gemma 4 (one tensor)    rotate_half   (i, i + d/2)
 :func:`apply_rotary_pos_emb_trailing`       DeepSeek-V4 (one        pairs         (2i, 2i + 1) of
                                             tensor)                               the last d
@@ -361,13 +361,14 @@ def apply_rotary_pos_emb_every_two(tensor, sin, cos):
 
 
 def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
-    """transformers-compatible with DeepSeek-V2/V3's ``apply_rotary_pos_emb_interleave``
-    (``rope_interleave``): pair i is (2i, 2i + 1) of the input, turned by the angle of
-    ``cos[..., i]`` (the first half of ``rotate_half`` tables), and the rotated pairs come out
-    half-split (y_a of every pair, then y_b of every pair): the half-split rotation of the input
-    reordered by :func:`rope.layouts.interleaved_to_half`, which is how the exact path computes
-    it. ``position_ids`` must be ``None``, as in :func:`apply_rotary_pos_emb`. ``k`` may be
-    ``None`` (Mistral Large 4's layers that share another layer's keys rotate only queries).
+    """transformers-compatible with DeepSeek-V3's ``apply_rotary_pos_emb_interleave``
+    (``rope_interleave``; GLM-5's and Mistral Large 4's are the same): pair i is (2i, 2i + 1) of
+    the input, turned by the angle of ``cos[..., i]`` (the first half of ``rotate_half`` tables),
+    and the rotated pairs come out half-split (y_a of every pair, then y_b of every pair): the
+    half-split rotation of the input reordered by :func:`rope.layouts.interleaved_to_half`, which
+    is how the exact path computes it. ``position_ids`` must be ``None``, as in
+    :func:`apply_rotary_pos_emb`. ``k`` may be ``None`` (Mistral Large 4's layers that share
+    another layer's keys rotate only queries).
 
     Args:
         q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
