@@ -7,6 +7,10 @@ rope.hf.coverage), one tiny random model each, no download:
   than that tolerance (its float32 angles at 2^16 are off by up to 2^-8 rad);
 * unpatch gives transformers' logits back bit for bit.
 
+A type whose attention looks its table up in a buffer of max_position_embeddings rows (GPT-J,
+CodeGen: rope.hf.POSITION_TABLES) runs only at positions that table holds: its tiny model is built
+with rows past 2^16 + 20, for transformers' table and rope's alike.
+
 Also: README's table is the generated one, the hand-checked families of earlier releases stay
 covered, a refused type is refused with its recorded reason, and the survey of a few types
 reproduces the table (the whole survey is marked slow)."""
@@ -20,6 +24,7 @@ import rope
 
 transformers = pytest.importorskip("transformers")
 from rope.hf import coverage, coverage_table  # noqa: E402
+from rope.hf.install import rotary_slots  # noqa: E402
 from test_hf_families import EARLIER  # noqa: E402
 
 SHIFT = 2**16
@@ -32,6 +37,8 @@ ABSOLUTE_POSITIONS = {
     "llama4_text": "attention temperature tuning scales queries by log(floor(position / 8192) + 1)",
     "ministral3": "queries scaled by get_llama_4_attn_scale(position_ids)",
     "mistral4": "queries scaled by get_llama_4_attn_scale(position_ids)",
+    "deepseek_v4": "its compressors rotate compressed entry i at position i * compress_rate counted from the start "
+                   "of the cache, whatever position_ids say: moved by 2^16, queries move 2^16 away from those keys",
 }
 """Covered types whose output depends on absolute positions beyond RoPE: the 2^16 shift changes
 rope's logits too, so only the logits near 0 are compared there."""
@@ -41,7 +48,7 @@ OWN_POSITIONS = {
 }
 """Covered types that ignore the position_ids given: moved by 2^16 they still run at positions near 0."""
 
-STILL_CLOSE = {"granite_docling", "granite_docling_text", "qwen3_next", "zaya"}
+STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya"}
 """Types whose tiny model's transformers logits stay within SHIFT_TOLERANCE at 2^16 (few or slow
 rotary pairs): the shift test cannot tell transformers' angles from rope's on them."""
 
@@ -55,9 +62,20 @@ def test_table_is_transformers_version():
     assert exempted <= set(COVERED), "an exemption for a type no longer covered"
 
 
+def tiny_model(model_type: str):
+    """The type's tiny model (rope.hf.coverage.tiny_model); where it keeps position tables, with
+    rows for the positions moved by SHIFT too."""
+    model = coverage.tiny_model(model_type)
+    if not any(isinstance(value, torch.Tensor) for _, _, value in rotary_slots(model)):
+        return model
+    config = coverage.tiny_config(model_type)
+    config.max_position_embeddings = SHIFT + 64
+    return coverage.tiny_model(model_type, config=config)
+
+
 @pytest.mark.parametrize("model_type", COVERED)
 def test_patch_is_exact_and_unpatch_restores(model_type):
-    model = coverage.tiny_model(model_type)
+    model = tiny_model(model_type)
     tokens = coverage.sample_tokens(seed=len(model_type))
     expected, moved = coverage.output(model, tokens), coverage.output(model, tokens, SHIFT)
     assert expected.abs().max() > 0.1
@@ -89,16 +107,16 @@ def test_families_are_the_covered_types_and_include_the_earlier_ones():
 
 
 def test_a_refused_type_is_refused_with_its_reason():
-    model = coverage.tiny_model("gptj")
+    model = coverage.tiny_model("jamba")
     before = dict(model.named_modules())
-    reason = coverage_table.REFUSED["gptj"]
-    assert "rotate_every_two" in reason
-    with pytest.raises(ValueError, match="model_type 'gptj' is not in rope.hf.FAMILIES \\(refused: its rotary "):
+    reason = coverage_table.REFUSED["jamba"]
+    assert reason.startswith("its attention does not rotate") and "apply_rotary_pos_emb" in reason
+    with pytest.raises(ValueError, match="model_type 'jamba' is not in rope.hf.FAMILIES \\(refused: its attention "):
         rope.hf.patch(model)
     assert all(module is before[name] for name, module in model.named_modules())
 
 
-@pytest.mark.parametrize("model_type", ["llama", "ernie4_5_moe", "gptj", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["llama", "ernie4_5_moe", "gptj", "deepseek_v3", "jamba"])
 def test_survey_reproduces_the_table(model_type):
     (row,) = coverage.survey([model_type])
     if row.convention:
@@ -120,7 +138,10 @@ def test_conventions_are_told_apart_by_their_functions():
     not taken for GLM's (they differ only in the pairing)."""
     import importlib
     for model_type, name in [("llama", "llama"), ("glm", "glm"), ("cohere", "cohere"), ("gpt_oss", "gpt_oss"),
-                             ("deepseek_v3", "deepseek_v3"), ("gemma4_text", "gemma4"), ("llama4_text", "llama4")]:
+                             ("deepseek_v3", "deepseek_v3"), ("gemma4_text", "gemma4"), ("llama4_text", "llama4"),
+                             ("deepseek_v2", "deepseek_v2"), ("deepseek_v4", "deepseek_v4"), ("gptj", "gptj"),
+                             ("codegen", "gptj"), ("nanochat", "nanochat"), ("glm_moe_dsa", "glm_moe_dsa"),
+                             ("openai_privacy_filter", "openai_privacy_filter")]:
         module = importlib.import_module(coverage.module_name(model_type))
         assert coverage.convention_of(module).name == name
-    assert isinstance(coverage.convention_of(importlib.import_module(coverage.module_name("gptj"))), str)
+    assert isinstance(coverage.convention_of(importlib.import_module(coverage.module_name("clvp"))), str)

@@ -2,7 +2,8 @@
 rope.hf.coverage_table.COVERED, one model per type shared by the tests:
 
 * stock, every rotary module and layer type is read, and transformers' float32 angles show:
-  past some position the error exceeds half a unit, and at 2^20 it is thousands of units;
+  past some position the error exceeds half a unit, and at 2^20 it is thousands of units; a
+  position table (GPT-J, CodeGen) is read at every position it holds, and shows them too;
 * patched (rope.hf.patch), the tables are exact: within half a unit at every position read, for
   every rotary module a text forward calls (the others, e.g. vision towers', stay as they were);
 * a planted bug is found: a model cast to bfloat16 (its inv_freq rounded to bfloat16,
@@ -43,13 +44,21 @@ def tiny(model_type: str) -> nn.Module:
 def rows_expected(model: nn.Module) -> int:
     """How many (module, layer type) rows a model has, counted here from its modules: every
     module with an inv_freq buffer, one row per ``<layer type>_inv_freq`` where it has those
-    (rope's LayerTypeRotaryEmbedding holds one module with inv_freq per layer type)."""
+    (rope's LayerTypeRotaryEmbedding holds one module with inv_freq per layer type), and one per
+    position table buffer."""
     count = 0
     for _, module in model.named_modules():
         buffers = [name for name, _ in module.named_buffers(recurse=False) if name.endswith("inv_freq")]
         types = [t for t in getattr(module, "layer_types", None) or () if f"{t}_inv_freq" in buffers]
         count += len(types) or bool(buffers)
+        count += sum(name in rope.hf.POSITION_TABLES for name, _ in module.named_buffers(recurse=False))
     return count
+
+
+def position_tables(model: nn.Module) -> dict[str, int]:
+    """The model's position table buffers by qualified name, with their rows."""
+    return {name: buffer.shape[0] for name, buffer in model.named_buffers()
+            if name.rsplit(".", 1)[-1] in rope.hf.POSITION_TABLES}
 
 
 def text_path(model: nn.Module) -> set[str]:
@@ -65,7 +74,8 @@ def text_path(model: nn.Module) -> set[str]:
 @pytest.mark.parametrize("model_type", COVERED)
 def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
     model = tiny(model_type)
-    found = precision.rotary_modules(model)
+    found = precision.rotary_modules(model) + precision.position_tables(model)
+    tables = position_tables(model)
     on_text_path = text_path(model)
     stock = rope.hf.diagnose(model)
     seen = {row.module for row in stock} | {copy for row in stock for copy in row.copies}
@@ -73,6 +83,10 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
     assert len(stock) + sum(len(row.copies) for row in stock) == rows_expected(model)
     length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     for row in stock:
+        if row.module in tables:  # every position the table holds, against rope's frequencies of its config
+            assert row.note == "" and row.reference == "rope's float32 frequencies of its config", row
+            assert row.limit == tables[row.module] - 1 and row.worst_beyond is None and row.first_position, row
+            continue
         if row.module not in on_text_path and row.note:  # e.g. a vision tower's 2D module: not read
             continue
         assert row.note == "" and row.reference == "its class rebuilt from its config", row
@@ -88,7 +102,8 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
         patched = rope.hf.diagnose(model)
         assert len(patched) + sum(len(row.copies) for row in patched) == rows_expected(model)
         for row in patched:
-            if row.reference != "rope's float32 frequencies":  # left in place: not on the text path
+            left = row.reference != "rope's float32 frequencies" and row.module not in tables
+            if left:  # left in place: not on the text path
                 assert row.module not in on_text_path and not set(row.copies) & on_text_path, row
                 continue
             assert row.note == "", row

@@ -300,10 +300,10 @@ def test_the_exact_tables_are_computed_once_per_forward_for_every_layer(monkeypa
     tokens = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(3))
     exact = rope.hf.functions._exact
 
-    def per_layer(q, k, source, layout):  # each layer recomputes the angles from the source
+    def per_layer(q, k, source, **options):  # each layer recomputes the angles from the source
         positions = source.position_ids
         fresh = rope.apply.exact_cos_sin(positions, source.inv_freq)
-        return exact(q, k, dataclasses.replace(source, exact=fresh), layout)
+        return exact(q, k, dataclasses.replace(source, exact=fresh), **options)
 
     monkeypatch.setattr(rope.hf.functions, "_exact", per_layer)
     expected = patched_logits(model, tokens)

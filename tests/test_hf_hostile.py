@@ -23,19 +23,37 @@ from transformers.models.gemma4 import modeling_gemma4  # noqa: E402
 from transformers.models.glm import modeling_glm  # noqa: E402
 from transformers.models.glm4v import modeling_glm4v  # noqa: E402
 from transformers.models.gpt_oss import modeling_gpt_oss  # noqa: E402
+from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.nanochat import modeling_nanochat  # noqa: E402
+from transformers.models.openai_privacy_filter import modeling_openai_privacy_filter  # noqa: E402
 
 HEAD_DIM = 16
 YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
 FAR = 2**24 + 1  # not a float32 number: float32 tables and exact angles part there
 
 
-def llama4_reference(xq, xk, freqs_cis):
-    """Llama 4's apply_rotary_emb in complex128 (transformers' own computes in complex64)."""
+def llama4_reference(xq, xk, freqs_cis, heads_dim=2):
+    """Llama 4's apply_rotary_emb in complex128 (transformers' own computes in complex64); with
+    ``heads_dim`` 1, DeepSeek-V2's (q and k ``[batch, heads, seq, head_dim]``)."""
     def rotate(x):
         pairs = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2).contiguous())
-        return torch.view_as_real(pairs * freqs_cis[:, :, None, :].to(torch.complex128)).flatten(3)
+        return torch.view_as_real(pairs * freqs_cis.unsqueeze(heads_dim).to(torch.complex128)).flatten(3)
     return rotate(xq), rotate(xk)
+
+
+def deepseek_v2_reference(xq, xk, freqs_cis):
+    return llama4_reference(xq, xk, freqs_cis, heads_dim=1)
+
+
+def deepseek_v4_reference(x, cos, sin):
+    """DeepSeek-V4's apply_rotary_pos_emb in float64 (transformers' own rounds x to float32): the
+    last 2 cos.shape[-1] coordinates x cos' + rotate_every_two(x) sin', the tables repeated twice
+    in a row and unsqueezed at 1."""
+    cos, sin = (t.repeat_interleave(2, dim=-1).unsqueeze(1) for t in (cos, sin))
+    width = cos.shape[-1]
+    head, tail = x[..., :-width], x[..., -width:]
+    return torch.cat((head, tail * cos + modeling_gptj.rotate_every_two(tail) * sin), dim=-1)
 
 
 # name: (rope's function, rope's table form, partial_rotary_factor, transformers' function, heads dim of q)
@@ -49,14 +67,27 @@ CONVENTIONS = {
                  modeling_deepseek_v3.apply_rotary_pos_emb_interleave, 1),
     "gemma4": (rope.hf.apply_rotary_pos_emb_single, "rotate_half", 1.0, modeling_gemma4.apply_rotary_pos_emb, 1),
     "llama4": (rope.hf.apply_rotary_emb_complex, "complex", 1.0, llama4_reference, 2),
+    "nanochat": (rope.hf.apply_rotary_pos_emb_conjugate, "rotate_half", 1.0, modeling_nanochat.apply_rotary_pos_emb, 1),
+    "privacy_filter": (rope.hf.apply_rotary_pos_emb_pair_tables_interleaved, "pairs", 1.0,
+                       modeling_openai_privacy_filter.apply_rotary_pos_emb, 1),
+    "deepseek_v4": (rope.hf.apply_rotary_pos_emb_trailing, "pairs", 0.5, deepseek_v4_reference, 1),
+    "gptj": (rope.hf.apply_rotary_pos_emb_every_two, "pairs", 1.0, modeling_gptj.apply_rotary_pos_emb, 2),
+    "deepseek_v2": (rope.hf.apply_rotary_emb_complex_heads_first, "complex", 1.0, deepseek_v2_reference, 1),
 }
+ONE_TENSOR = (rope.hf.apply_rotary_pos_emb_single, modeling_gemma4.apply_rotary_pos_emb,
+              rope.hf.apply_rotary_pos_emb_trailing, deepseek_v4_reference)
+"""Functions of (x, cos, sin): Gemma 4's and DeepSeek-V4's."""
+SIN_FIRST = (rope.hf.apply_rotary_pos_emb_every_two, modeling_gptj.apply_rotary_pos_emb)
+"""Functions of (tensor, sin, cos): GPT-J's and CodeGen's."""
 
 
 def call(function, q, k, tables):
     """A convention's function on (q, k) and ``tables`` ((cos, sin) or (freqs_cis,)), as a tuple
-    of outputs (Gemma 4's takes one tensor: q)."""
-    if function in (rope.hf.apply_rotary_pos_emb_single, modeling_gemma4.apply_rotary_pos_emb):
+    of outputs (Gemma 4's, DeepSeek-V4's and GPT-J's take one tensor: q)."""
+    if function in ONE_TENSOR:
         return (function(q, *tables),)
+    if function in SIN_FIRST:
+        return (function(q, tables[1], tables[0]),)
     return tuple(function(q, k, *tables))
 
 
@@ -273,7 +304,8 @@ PAIR_CHANGES = [sin_of_other_positions, cos_and_sin_of_two_calls]  # freqs_cis i
 
 
 @pytest.mark.parametrize("name, change", [(name, change) for name in CONVENTIONS
-                                          for change in CHANGES + (PAIR_CHANGES if name != "llama4" else [])],
+                                          for change in CHANGES + (PAIR_CHANGES if CONVENTIONS[name][1] != "complex"
+                                                                   else [])],
                          ids=lambda value: getattr(value, "__name__", value))
 def test_changed_tables_are_used_as_given(name, change):
     gen = torch.Generator().manual_seed(11)
@@ -317,6 +349,30 @@ def test_gradients_flow_through_the_table_formula():
     out = rope.hf.apply_rotary_pos_emb(half, k.bfloat16(), cos.double(), sin.double())[0]
     out.float().sum().backward()
     assert half.grad is not None and half.grad.abs().sum() > 0
+
+
+def test_the_interleave_function_rotates_queries_alone_where_k_is_none():
+    """Mistral Large 4's layers that share another layer's keys pass k=None: q alone is rotated,
+    from exact angles as with keys, and None comes back."""
+    gen = torch.Generator().manual_seed(14)
+    q, k = inputs("deepseek", gen)
+    module = embedding("deepseek")
+    positions = far_positions(gen)
+    q_out, none = rope.hf.apply_rotary_pos_emb_interleave(q, None, *module(torch.zeros(1), positions))
+    assert none is None
+    assert_all_close((q_out,), reference("deepseek", q, k, exact_tables(module, positions))[:1])
+
+
+def test_every_two_keeps_torchs_promotion_of_a_wider_table():
+    """CodeGen's table stays float32 in a half-precision model: its formula promotes the keys to
+    float32, and rope's function returns that dtype too (the same values, within float32)."""
+    gen = torch.Generator().manual_seed(15)
+    x = torch.randn(2, 4, 3, HEAD_DIM, generator=gen).half()
+    cos, sin = (t * 1 for t in embedding("gptj")(torch.zeros(1), far_positions(gen)))
+    got = rope.hf.apply_rotary_pos_emb_every_two(x, sin, cos)
+    expected = modeling_gptj.apply_rotary_pos_emb(x, sin, cos)
+    assert got.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=4e-7)
 
 
 def test_empty_inputs_give_empty_outputs():
@@ -527,8 +583,11 @@ def test_install_accepts_long_contexts_within_float32_error(name):
 # ----- bad arguments ----------------------------------------------------------------------------
 
 
-def rope_tables(form="rotate_half", x=None):
-    module = rope.hf.RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=HEAD_DIM, tables=form)
+def rope_tables(form="rotate_half", x=None, width=None):
+    """rope's tables of ``form`` at positions 0-3, rotating ``width`` coordinates (default the head)."""
+    head_dim = max(width or HEAD_DIM, HEAD_DIM)
+    params = {"rope_theta": 1e4, "partial_rotary_factor": (width or HEAD_DIM) / head_dim}
+    module = rope.hf.RotaryEmbedding(rope_parameters=params, head_dim=head_dim, tables=form)
     return module(torch.zeros(1) if x is None else x, torch.arange(4)[None])
 
 
@@ -569,6 +628,21 @@ BAD_CALLS = [
      "freqs_cis has 4 entries per token"),
     (lambda: rope.hf.apply_rotary_emb_complex(Q.transpose(1, 2)[:, :3], Q.transpose(1, 2)[:, :3],
                                               rope_tables("complex")), ValueError, "does not broadcast"),
+    (lambda: rope.hf.apply_rotary_emb_complex_heads_first(Q.transpose(1, 2), Q.transpose(1, 2),
+                                                          rope_tables("complex")), ValueError,
+     r"does not broadcast to the batch and seq of xq \(1, 4, 2, 16\) \(laid out \[batch, heads, seq, head_dim\]\)"),
+    (lambda: rope.hf.apply_rotary_emb_complex_heads_first(Q[0], Q, rope_tables("complex")), ValueError,
+     r"xq must have shape \[batch, heads, seq, head_dim\]"),
+    (lambda: rope.hf.apply_rotary_pos_emb_trailing(Q, *rope_tables("pairs", width=32)), ValueError,
+     "cos has width 16, expected an even width"),
+    (lambda: rope.hf.apply_rotary_pos_emb_trailing(Q.int(), *rope_tables("pairs")), TypeError, "x must be .*float32"),
+    (lambda: rope.hf.apply_rotary_pos_emb_every_two(Q.transpose(1, 2), *rope_tables("pairs", width=4)[::-1]),
+     ValueError, "expected half the head_dim of tensor"),
+    (lambda: rope.hf.apply_rotary_pos_emb_every_two(Q, *rope_tables("pairs")[::-1]), ValueError,
+     "unsqueeze_dim=2 does not broadcast to tensor"),
+    (lambda: rope.hf.apply_rotary_pos_emb_pair_tables_interleaved(Q, Q, *rope_tables("pairs", width=4)), ValueError,
+     "expected half the head_dim of q"),
+    (lambda: rope.hf.apply_rotary_pos_emb_interleave(Q, None, COS, SIN, torch.arange(4)), ValueError, "position_ids"),
 ]
 
 
@@ -580,14 +654,18 @@ def test_bad_arguments_of_the_functions_are_refused_by_name(bad, error, message)
 
 FORM_READERS = {  # rope's table form: (the function named for it, functions that refuse it)
     "rotate_half": ("apply_rotary_pos_emb (or", [rope.hf.apply_rotary_pos_emb_interleaved_tables,
-                                                 rope.hf.apply_rotary_pos_emb_pair_tables]),
+                                                 rope.hf.apply_rotary_pos_emb_pair_tables,
+                                                 rope.hf.apply_rotary_pos_emb_pair_tables_interleaved,
+                                                 rope.hf.apply_rotary_pos_emb_trailing,
+                                                 rope.hf.apply_rotary_pos_emb_every_two]),
     "interleaved": ("apply_rotary_pos_emb_interleaved_tables", [
         rope.hf.apply_rotary_pos_emb, rope.hf.apply_rotary_pos_emb_interleaved,
         rope.hf.apply_rotary_pos_emb_pair_tables, rope.hf.apply_rotary_pos_emb_interleave,
-        rope.hf.apply_rotary_pos_emb_single]),
-    "pairs": ("apply_rotary_pos_emb_pair_tables", [
-        rope.hf.apply_rotary_pos_emb, rope.hf.apply_rotary_pos_emb_interleaved,
-        rope.hf.apply_rotary_pos_emb_interleaved_tables]),
+        rope.hf.apply_rotary_pos_emb_single, rope.hf.apply_rotary_pos_emb_conjugate]),
+    "pairs": ("apply_rotary_pos_emb_pair_tables (or, where the model pairs (2i, 2i + 1), "
+              "rope.hf.apply_rotary_pos_emb_pair_tables_interleaved, rope.hf.apply_rotary_pos_emb_trailing", [
+                  rope.hf.apply_rotary_pos_emb, rope.hf.apply_rotary_pos_emb_interleaved,
+                  rope.hf.apply_rotary_pos_emb_interleaved_tables, rope.hf.apply_rotary_pos_emb_conjugate]),
 }
 
 

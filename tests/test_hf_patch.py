@@ -254,9 +254,9 @@ def numbered_model_type():
 
 
 REFUSALS = [
-    pytest.param(lambda: tiny_model("gptj"), ValueError,
-                 r"model_type 'gptj' is not in rope.hf.FAMILIES \(refused: its rotary functions "
-                 r"\(apply_rotary_pos_emb, rotate_every_two\) compute none", id="refused model_type"),
+    pytest.param(lambda: tiny_model("jamba"), ValueError,
+                 r"model_type 'jamba' is not in rope.hf.FAMILIES \(refused: its attention does not rotate",
+                 id="refused model_type"),
     pytest.param(doubled_llama, ValueError, r"patch: install: model.rotary_emb \(Doubled\) is not reproduced",
                  id="tables install refuses"),
     pytest.param(lambda: llama_as("llama4_text"), ValueError,
@@ -350,6 +350,54 @@ def test_a_failure_halfway_undoes_the_earlier_steps():
     rope.hf.patch(model)
     rope.hf.unpatch(model)
     assert_unchanged(model, before)
+
+
+# ----- position tables (GPT-J, CodeGen) -----------------------------------------------------------
+
+
+def test_position_tables_hold_rope_exact_rows_and_come_back_cast_as_the_model():
+    """GPT-J keeps its table in each attention's embed_positions buffer: patch puts rope's there
+    (row m: the sin, then the cos, of m theta_i, rounded once from float64), which a second
+    install leaves; cast while patched, unpatch gives back transformers' table cast as the model
+    was; a table replaced since is refused by name."""
+    model = tiny_model("gptj")
+    attention = model.transformer.h[0].attn
+    original = attention.embed_positions
+    record = rope.hf.patch(model)
+    try:
+        assert [r.name for r in record.rotary_modules] == [f"transformer.h.{i}.attn.embed_positions" for i in (0, 1)]
+        rows, width = original.shape
+        theta = torch.tensor([1e4 ** (-2 * i / width) for i in range(width // 2)], dtype=torch.float64).float()
+        angles = torch.arange(rows, dtype=torch.float64)[:, None] * theta.double()  # exact: 6 + 24 bits
+        expected = torch.cat((torch.sin(angles), torch.cos(angles)), dim=-1).float()
+        assert torch.equal(attention.embed_positions, expected) and not torch.equal(original, expected)
+        assert rope.hf.install(model) == 0
+        model.to(torch.bfloat16)
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(attention.embed_positions, original.to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"embed_positions holds bfloat16 numbers only \(stored in float32\): the "
+                                         r"model was cast to bfloat16 and back"):
+        rope.hf.patch(model.float())
+    model = tiny_model("gptj")
+    attention = model.transformer.h[0].attn
+    rope.hf.patch(model)
+    ours = attention.embed_positions
+    attention.embed_positions = ours * 1.5
+    with pytest.raises(ValueError, match=r"unpatch: \['transformer.h.0.attn.embed_positions'\] are no longer"):
+        rope.hf.unpatch(model)
+    attention.embed_positions = ours
+    rope.hf.unpatch(model)
+
+
+def test_install_refuses_a_position_table_it_does_not_reproduce():
+    model = tiny_model("codegen")
+    attention, other = model.transformer.h[0].attn, model.transformer.h[1].attn.embed_positions
+    attention.embed_positions = attention.embed_positions * 2
+    with pytest.raises(ValueError, match=r"transformer.h.0.attn.embed_positions \(64 rows of sin and cos halves\) is "
+                                         r"not reproduced by rope's table of default RoPE of theta 10000 on 4 pairs"):
+        rope.hf.install(model)
+    assert model.transformer.h[1].attn.embed_positions is other  # nothing replaced
 
 
 def test_the_family_table_is_read_only_and_checked():

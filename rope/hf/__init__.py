@@ -25,10 +25,16 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   paths (table of models in :mod:`rope.hf.functions`): :func:`apply_rotary_pos_emb_interleaved`
   (GLM, GLM-4, ERNIE 4.5, Helium), :func:`apply_rotary_pos_emb_interleaved_tables` (Cohere,
   Cohere 2, GLM-4V, ERNIE 4.5 VL), :func:`apply_rotary_pos_emb_pair_tables` (GPT-OSS),
-  :func:`apply_rotary_pos_emb_interleave` (DeepSeek-V2/V3), :func:`apply_rotary_pos_emb_single`
-  (Gemma 4) and :func:`apply_rotary_emb_complex` (Llama 4).
-* :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model, after
-  checking that the new module returns the old one's tables (and in which form;
+  :func:`apply_rotary_pos_emb_pair_tables_interleaved` (the OpenAI privacy filter),
+  :func:`apply_rotary_pos_emb_conjugate` (NanoChat), :func:`apply_rotary_pos_emb_interleave`
+  (DeepSeek-V3, GLM-5, Mistral Large 4), :func:`apply_rotary_pos_emb_single` (Gemma 4),
+  :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
+  (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
+  :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2).
+* :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
+  exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
+  CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
+  tables (and in which form;
   :func:`rotary_replacements` lists the swaps without making them). Install (or patch) before
   casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
   (transformers issue #29496), which install then names, with the fix.
@@ -59,6 +65,7 @@ from .embedding import (
     head_dim_of,
     layer_type_head_dim,
     layer_type_parameters,
+    position_table,
     rope_parameters_from_config,
     rotary_embedding,
     rotate_half_tables,
@@ -66,21 +73,27 @@ from .embedding import (
 from .families import FAMILIES, Convention
 from .functions import (
     apply_rotary_emb_complex,
+    apply_rotary_emb_complex_heads_first,
     apply_rotary_pos_emb,
+    apply_rotary_pos_emb_conjugate,
+    apply_rotary_pos_emb_every_two,
     apply_rotary_pos_emb_interleave,
     apply_rotary_pos_emb_interleaved,
     apply_rotary_pos_emb_interleaved_tables,
     apply_rotary_pos_emb_pair_tables,
+    apply_rotary_pos_emb_pair_tables_interleaved,
     apply_rotary_pos_emb_single,
+    apply_rotary_pos_emb_trailing,
     rotate_half,
     rotate_pairs_interleaved,
 )
-from .install import PROBE_TOLERANCE, Replacement, install, rotary_replacements
+from .install import POSITION_TABLES, PROBE_TOLERANCE, Replacement, install, rotary_replacements
 from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
 
 __all__ = [
     "FAMILIES",
+    "POSITION_TABLES",
     "PROBE_TOLERANCE",
     "TABLE_FORMS",
     "Convention",
@@ -91,18 +104,24 @@ __all__ = [
     "RotaryEmbedding",
     "RotaryPrecision",
     "apply_rotary_emb_complex",
+    "apply_rotary_emb_complex_heads_first",
     "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_conjugate",
+    "apply_rotary_pos_emb_every_two",
     "apply_rotary_pos_emb_interleave",
     "apply_rotary_pos_emb_interleaved",
     "apply_rotary_pos_emb_interleaved_tables",
     "apply_rotary_pos_emb_pair_tables",
+    "apply_rotary_pos_emb_pair_tables_interleaved",
     "apply_rotary_pos_emb_single",
+    "apply_rotary_pos_emb_trailing",
     "diagnose",
     "head_dim_of",
     "install",
     "layer_type_head_dim",
     "layer_type_parameters",
     "patch",
+    "position_table",
     "rope_parameters_from_config",
     "rotary_embedding",
     "rotary_replacements",

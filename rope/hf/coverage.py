@@ -11,8 +11,9 @@ embeddings, :func:`survey` decides:
 2. the probe (:func:`probe`): a tiny randomly initialised model of the type (:func:`tiny_model`:
    sizes of :data:`TINY` on the config and its text and vision sub-configs, the first layer of
    each layer type, rotary sizes fitted to the tiny heads, :data:`FIXES`, no download; a part of
-   a composite model is built as its own class) must hold a ``rotary_emb`` module (else the
-   rotary modules or functions it has instead are named), which :func:`rope.hf.install` must
+   a composite model is built as its own class) must hold a ``rotary_emb`` module or a position
+   table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the rotary modules or
+   functions it has instead are named), which :func:`rope.hf.install` must
    accept, and, run on token ids alone, give the same output after :func:`rope.hf.install`
    (rope's tables) and with the convention's functions replaced by rope's, to
    :data:`LOGITS_TOLERANCE` (transformers' float32 angles against rope's exact ones, at positions
@@ -32,6 +33,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import inspect
 import io
 import pathlib
 import re
@@ -46,7 +48,7 @@ from torch import nn
 from .. import _checks
 from . import families
 from .embedding import RotaryEmbedding, head_dim_of
-from .install import install, rotary_replacements
+from .install import install, rotary_replacements, rotary_slots
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -78,10 +80,9 @@ LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)
 FUNCTION_TOLERANCE = 1e-5
 """How far a modeling module's function may differ from rope's on float32 inputs of size 1."""
 
-CONVENTIONS = (families.DEEPSEEK_V3, families.LLAMA, families.GLM, families.COHERE, families.GPT_OSS,
-               families.GEMMA4, families.LLAMA4)
-"""The conventions tried, those with more functions first (a module with DeepSeek-V3's two
-functions is DeepSeek-V3's, not Llama's)."""
+CONVENTIONS = tuple(sorted(families.CONVENTIONS.values(), key=lambda convention: -len(convention.functions)))
+"""The conventions tried (:data:`rope.hf.families.CONVENTIONS`), those with more functions first (a
+module with DeepSeek-V3's two functions is DeepSeek-V3's, not the one with its interleave function alone)."""
 
 
 @dataclass(frozen=True)
@@ -151,17 +152,26 @@ def source_matches_llama(model_type: str) -> bool:
                for name in ("apply_rotary_pos_emb", "rotate_half"))
 
 
-def _inputs(convention: families.Convention, generator: torch.Generator):
-    """Random float32 inputs for the convention's functions: the positional arguments, with
-    tables of its form that carry no provenance (so rope's function applies the formula)."""
-    q = torch.randn(1, 4, 5, 16, generator=generator)
-    k = torch.randn(1, 2, 5, 16, generator=generator)
-    positions = torch.randint(0, 4096, (1, 5), generator=generator)
-    tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=convention.tables)(q, positions)
-    if convention.tables == "complex":
-        return q.transpose(1, 2), k.transpose(1, 2), tables * 1
-    cos, sin = (table * 1 for table in tables)
-    return (q, cos, sin) if convention is families.GEMMA4 else (q, k, cos, sin)
+_ARGUMENTS = {"q": "q", "xq": "q", "x": "q", "tensor": "q", "k": "k", "xk": "k", "cos": "cos", "sin": "sin",
+              "freqs_cis": "freqs_cis"}
+"""The positional parameters of rope's functions, by name, and the input each takes."""
+
+
+def _inputs(ours: Callable, form: str, generator: torch.Generator):
+    """Random float32 positional arguments of rope's function ``ours`` (read from its signature):
+    q and k ``[1, 4, 4, 16]``, as many heads as tokens so that either layout of the heads
+    broadcasts and only the values tell them apart, and tables of ``form`` that carry no
+    provenance (so rope's function applies the formula)."""
+    q, k = (torch.randn(1, 4, 4, 16, generator=generator) for _ in range(2))
+    positions = torch.randint(0, 4096, (1, 4), generator=generator)
+    tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=form)(q, positions)
+    values = {"q": q, "k": k}
+    if form == "complex":
+        values["freqs_cis"] = tables * 1
+    else:
+        values["cos"], values["sin"] = (table * 1 for table in tables)
+    parameters = [p.name for p in inspect.signature(ours).parameters.values() if p.default is inspect.Parameter.empty]
+    return tuple(values[_ARGUMENTS[name]] for name in parameters)
 
 
 def _same_function(theirs: Callable, ours: Callable, args) -> bool:
@@ -182,13 +192,13 @@ def convention_of(module) -> families.Convention | str:
     generator = torch.Generator().manual_seed(0)
     for convention in CONVENTIONS:
         if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
-                              _inputs(convention, generator)) for name, ours in convention.functions):
+                              _inputs(ours, convention.tables, generator)) for name, ours in convention.functions):
             return convention
     own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
                  and getattr(value, "__module__", None) == module.__name__
                  and any(word in name for word in ("rotary", "rotate", "rope")))
     return ("its rotary functions (" + (", ".join(own) or "none at module level") + ") compute none of rope's "
-            "conventions (Llama, GLM, Cohere, GPT-OSS, DeepSeek-V3, Gemma 4, Llama 4)")
+            "conventions (rope.hf.families.CONVENTIONS)")
 
 
 def deepseek_v3_config(rope_interleave: bool = True):
@@ -387,22 +397,38 @@ def _dbrx(config) -> None:
     config.attn_config.clip_qkv = 8.0
 
 
+def _deepseek_v4(config) -> None:
+    config.compress_rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}
+    config.partial_rotary_factor = 0.5
+    config.qk_rope_head_dim = config.head_dim // 2
+    for label in ("main", "compress"):
+        config.rope_parameters[label]["partial_rotary_factor"] = 0.5
+    config.rope_parameters["compress"].update(rope_type="yarn", factor=4.0, original_max_position_embeddings=16,
+                                              beta_fast=32, beta_slow=1, attention_factor=1.0)
+
+
 def _set(**values) -> Callable:
     return lambda config: [setattr(config, key, value) for key, value in values.items()]
 
 
-FIXES = {"dbrx": _dbrx,
+FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
-                                                         if kind == "hybrid"])(config)}
+                                                         if kind == "hybrid"])(config),
+         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
 DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
 checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
 when configured to (``position_embedding_type="rope"``, ``use_mem_rope``), as their released
 checkpoints are, and the default Granite 4.0-H config has no attention layer; Zamba 2 derives
 its attention width (twice the hidden size) and its shared blocks' layers (``hybrid_layer_ids``,
-from the layer types the tiny config keeps) at init, so the tiny ones are set."""
+from the layer types the tiny config keeps) at init, so the tiny ones are set; GPT-J and CodeGen
+rotate the first ``rotary_dim`` coordinates of each head, which must fit the tiny heads;
+DeepSeek-V4 rotates an eighth of each head (one pair of the tiny ones) and compresses 128 tokens
+into each entry of its HCA layers: the tiny one rotates half the head, compresses 8 (HCA) and 4
+(CSA) tokens, so that both compressors rotate entries within 20 tokens, and gives its compressed
+layers YaRN with an attention factor of 1, as its checkpoints do."""
 
 
 def model_class(model_type: str, config=None):
@@ -501,7 +527,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
     except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
         return (f"not probed: a tiny model is not built ({type(err).__name__}: {_checks.first_line(err, 200)})"
                 + _text_verdict(config), "")
-    if not any(isinstance(getattr(m, "rotary_emb", None), nn.Module) for m in skeleton.modules()):
+    if not rotary_slots(skeleton):
         return _no_rotary_emb(skeleton, module), ""
     try:
         model = tiny_model(model_type, config=config)
@@ -605,8 +631,24 @@ def _no_rotary_emb(model: nn.Module, module) -> str:
                 + (f" and {len(held) - 2} more" if len(held) > 2 else ""))
     own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
                  and getattr(value, "__module__", None) == module.__name__ and "rot" in name)
+    if own and not _called(pathlib.Path(module.__file__).read_text(), own):
+        return (f"its attention does not rotate: its tiny {type(model).__name__} holds no rotary module, and its "
+                f"modeling module defines {', '.join(own)} but nothing else in it calls them")
     return (f"no rotary_emb module (what patch swaps) nor other rotary module in its tiny {type(model).__name__}"
             + (f"; its modeling module defines {', '.join(own)}" if own else ""))
+
+
+def _called(source: str, names: list[str]) -> bool:
+    """Whether ``source`` calls a function of ``names`` by name outside the module-level
+    definitions of those functions (a decorator that is handed one, as transformers'
+    ``use_kernelized_func``, is no call of it)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            continue
+        if any(isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in names
+               for call in ast.walk(node)):
+            return True
+    return False
 
 
 def _missing_library(library: str, config, module) -> str:

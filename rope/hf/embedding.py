@@ -286,7 +286,9 @@ class LayerTypeRotaryEmbedding(nn.Module):
     contract of transformers' ``Gemma3RotaryEmbedding``. As there, a config's ``layer_types``
     limits the modules to the types its layers use, layer types set to ``None`` have no RoPE, and
     each type's head dimension is :func:`layer_type_head_dim` (Gemma 4's full-attention layers
-    have wider heads).
+    have wider heads). Where ``rope_parameters`` is keyed by labels that are no layer type of the
+    config (DeepSeek-V4's ``main`` and ``compress``, which its layers and compressors pick by
+    name), every label gets its module, as transformers' ``DeepseekV4RotaryEmbedding`` does.
 
     Args:
         config: a transformers config object with ``rope_parameters`` nested by layer type; or
@@ -306,9 +308,11 @@ class LayerTypeRotaryEmbedding(nn.Module):
         if per_type is None:
             raise ValueError("rope_parameters are not nested by layer type: use rope.hf.RotaryEmbedding "
                              "(rope.hf.rotary_embedding(config) picks the class)")
-        used = getattr(config, "layer_types", None)
-        if used:  # as transformers: a module for each type the layers use
-            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in set(used)}
+        used = set(getattr(config, "layer_types", None) or ())
+        if used & set(per_type):  # as transformers: a module for each type the layers use
+            per_type = {layer_type: p for layer_type, p in per_type.items() if layer_type in used}
+        if not per_type:
+            raise ValueError("rope_parameters name no layer type with RoPE (every one is None)")
         self.layer_types = nn.ModuleDict(
             {layer_type: RotaryEmbedding(rope_parameters=p, tables=tables,
                                          head_dim=head_dim or layer_type_head_dim(config, layer_type))
@@ -342,6 +346,28 @@ def rotary_embedding(config: Any, *, tables: str = "rotate_half") -> RotaryEmbed
     """
     nested = layer_type_parameters(rope_parameters_from_config(config)) is not None
     return (LayerTypeRotaryEmbedding if nested else RotaryEmbedding)(config, tables=tables)
+
+
+def position_table(embedding: RotaryEmbedding, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """The rotary table GPT-J and CodeGen keep by position (their ``embed_positions`` buffer), of
+    ``embedding``'s frequencies theta_i and attention factor a: row m, for m < ``rows``, is (a
+    sin m theta_0, .., a sin m theta_{p-1}, a cos m theta_0, .., a cos m theta_{p-1}), each from
+    the exactly reduced angle, rounded once to ``dtype``, on the device of ``embedding``.
+
+    Args:
+        embedding: a :class:`RotaryEmbedding` without M-RoPE, whose frequencies do not depend on the length.
+        rows: the number of positions, >= 1.
+        dtype: the floating dtype of the table.
+    """
+    rows = _checks.integer("rows", rows, minimum=1)
+    _checks.dtype_choice("dtype", dtype, _checks.FLOAT_DTYPES)
+    if embedding.mrope_axes is not None or embedding.rope_config.rope_type in _SEQ_DEPENDENT:
+        raise ValueError("embedding: a position table holds one angle per position and pair; M-RoPE and rope types "
+                         f"that read the length ({', '.join(_SEQ_DEPENDENT)}) have none")
+    positions = torch.arange(rows, device=embedding.inv_freq.device)[None]
+    cos, sin = embedding.pair_cos_sin(positions, embedding.inv_freq)
+    attention = embedding.attention_scaling
+    return torch.cat((round_once(sin[0] * attention, dtype), round_once(cos[0] * attention, dtype)), dim=-1)
 
 
 def laid_out_tables(cos: torch.Tensor, sin: torch.Tensor, attention_factor: float, dtype: torch.dtype,

@@ -30,10 +30,25 @@ modeling module's functions and a probe of a tiny model, and writes
 * :data:`DEEPSEEK_V3`: ``apply_rotary_pos_emb`` (Llama's, with ``rope_interleave=False``) and
   ``apply_rotary_pos_emb_interleave`` (the default: pairs (2i, 2i + 1) turned and returned
   half-split) on the ``qk_rope_head_dim`` coordinates (``modeling_deepseek_v3.py``).
+* :data:`INTERLEAVE`: ``apply_rotary_pos_emb_interleave`` alone, DeepSeek-V3's function without
+  its Llama one (``modeling_glm_moe_dsa.py``, ``modeling_longcat_flash.py``; Mistral Large 4's
+  also takes ``k=None``).
+* :data:`NANOCHAT`: ``apply_rotary_pos_emb`` with a ``rotate_half`` of (x1, x2) -> (x2, -x1): each
+  pair turned by the negated angle (``modeling_nanochat.py``).
+* :data:`PRIVACY_FILTER`: ``apply_rotary_pos_emb`` calling ``_apply_rotary_emb``: pairs (2i, 2i + 1)
+  on tables with each angle once (``modeling_openai_privacy_filter.py``).
 * :data:`GEMMA4`: ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)``, Llama's formula on one
   tensor (``modeling_gemma4.py``).
+* :data:`DEEPSEEK_V4`: ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)`` on one tensor, tables
+  with each angle once repeated twice in a row, pairs (2i, 2i + 1) of the last ``2 cos.shape[-1]``
+  coordinates (``modeling_deepseek_v4.py``).
+* :data:`GPTJ`: ``apply_rotary_pos_emb(tensor, sin, cos)``, ``tensor cos + rotate_every_two(tensor)
+  sin`` on tables with each angle once repeated twice in a row, looked up by the attention in its
+  ``embed_positions`` buffer (``modeling_gptj.py``, ``modeling_codegen.py``).
 * :data:`LLAMA4`: ``apply_rotary_emb(xq, xk, freqs_cis)``, pairs (2i, 2i + 1) as complex numbers
   times ``freqs_cis`` (``modeling_llama4.py``).
+* :data:`DEEPSEEK_V2`: Llama 4's ``apply_rotary_emb`` on q and k ``[batch, heads, seq, head_dim]``
+  (``modeling_deepseek_v2.py``).
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -80,10 +95,19 @@ GPT_OSS = Convention("gpt_oss", (("apply_rotary_pos_emb", ours.apply_rotary_pos_
 DEEPSEEK_V3 = Convention("deepseek_v3", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb),
                                          ("apply_rotary_pos_emb_interleave", ours.apply_rotary_pos_emb_interleave)),
                          "rotate_half")
+INTERLEAVE = Convention("glm_moe_dsa", (("apply_rotary_pos_emb_interleave", ours.apply_rotary_pos_emb_interleave),),
+                        "rotate_half")
+NANOCHAT = Convention("nanochat", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_conjugate),), "rotate_half")
+PRIVACY_FILTER = Convention("openai_privacy_filter",
+                            (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_pair_tables_interleaved),), "pairs")
 GEMMA4 = Convention("gemma4", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_single),), "rotate_half")
+DEEPSEEK_V4 = Convention("deepseek_v4", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_trailing),), "pairs")
+GPTJ = Convention("gptj", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_every_two),), "pairs")
 LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_complex),), "complex")
+DEEPSEEK_V2 = Convention("deepseek_v2", (("apply_rotary_emb", ours.apply_rotary_emb_complex_heads_first),), "complex")
 
-CONVENTIONS = MappingProxyType({c.name: c for c in (LLAMA, GLM, COHERE, GPT_OSS, DEEPSEEK_V3, GEMMA4, LLAMA4)})
+CONVENTIONS = MappingProxyType({c.name: c for c in (LLAMA, GLM, COHERE, GPT_OSS, DEEPSEEK_V3, INTERLEAVE, NANOCHAT,
+                                                    PRIVACY_FILTER, GEMMA4, DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

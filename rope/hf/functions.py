@@ -18,21 +18,38 @@ out, :data:`rope.hf.TABLE_FORMS`; pairs of coordinates rotated together):
 function                                    models                  tables        pairs
 ==========================================  ======================  ============  ==================
 :func:`apply_rotary_pos_emb`                Llama and most models   rotate_half   (i, i + d/2)
+:func:`apply_rotary_pos_emb_conjugate`      NanoChat                rotate_half   (i, i + d/2), by
+                                                                                  -m theta_i
 :func:`apply_rotary_pos_emb_interleaved`    GLM, GLM-4, ERNIE 4.5,  rotate_half   (2i, 2i + 1)
                                             Helium                  (first half)
 :func:`apply_rotary_pos_emb_interleaved_    Cohere, Cohere 2,       interleaved   (2i, 2i + 1)
 tables`                                     GLM-4V, ERNIE 4.5 VL
 :func:`apply_rotary_pos_emb_pair_tables`    GPT-OSS                 pairs         (i, i + d/2)
-:func:`apply_rotary_pos_emb_interleave`     DeepSeek-V2/V3          rotate_half   (2i, 2i + 1), out
-                                                                    (first half)  half-split
+:func:`apply_rotary_pos_emb_pair_tables_    OpenAI privacy filter   pairs         (2i, 2i + 1)
+interleaved`
+:func:`apply_rotary_pos_emb_interleave`     DeepSeek-V3, GLM-5,     rotate_half   (2i, 2i + 1), out
+                                            Mistral Large 4         (first half)  half-split
 :func:`apply_rotary_pos_emb_single`         Gemma 4 (one tensor)    rotate_half   (i, i + d/2)
+:func:`apply_rotary_pos_emb_trailing`       DeepSeek-V4 (one        pairs         (2i, 2i + 1) of
+                                            tensor)                               the last d
+:func:`apply_rotary_pos_emb_every_two`      GPT-J, CodeGen          pairs (sin,   (2i, 2i + 1)
+                                                                    cos)
 :func:`apply_rotary_emb_complex`            Llama 4                 complex       (2i, 2i + 1)
+:func:`apply_rotary_emb_complex_heads_      DeepSeek-V2 (heads      complex       (2i, 2i + 1)
+first`                                      before seq)
 ==========================================  ======================  ============  ==================
 
 Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
 table width, twice that for pair tables) and the rest pass through (partial rotary: Phi,
-GPT-NeoX, GLM, GLM-4V). A function handed rope's tables of another form raises, naming the
+GPT-NeoX, GLM, GLM-4V); DeepSeek-V4's function rotates the last ``d`` instead (``rotated="last"``
+of :func:`rope.apply_rotary`). A function handed rope's tables of another form raises, naming the
 function that reads them.
+
+GPT-J and CodeGen look their tables up in a buffer of the attention (``embed_positions``, one row
+per position), which :func:`rope.hf.install` replaces by rope's exactly rounded table: their
+function never sees the positions, so it always rotates by the tables (the formula in float32 or
+better on exactly rounded cos and sin); DeepSeek-V4 undoes its rotation of the attention output
+with ``(cos, -sin)``, a new tensor, which is likewise used as given.
 """
 
 from __future__ import annotations
@@ -97,6 +114,20 @@ def _gpt_oss_formula(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def _nanochat_formula(x, cos, sin):
+    """x cos - rotate_half(x) sin: NanoChat's ``apply_rotary_pos_emb``, whose ``rotate_half`` is
+    (x1, x2) -> (x2, -x1), turning each pair by the negated angle."""
+    return x * cos - rotate_half(x) * sin
+
+
+def _pair_tables_interleaved_formula(x, cos, sin):
+    """(x_a c - x_b s, x_b c + x_a s) on the pairs (x_a, x_b) = (x_2i, x_2i+1), back in place, with
+    c, s the tables of each angle once (the OpenAI privacy filter's ``_apply_rotary_emb``;
+    DeepSeek-V4's and GPT-J's ``x cos + rotate_every_two(x) sin`` on tables repeated twice in a row)."""
+    x_a, x_b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x_a * cos - x_b * sin, x_b * cos + x_a * sin), dim=-1).flatten(-2)
+
+
 def _deepseek_formula(x, cos, sin):
     """(x1 c - x2 s, x2 c + x1 s) with x1, x2 the even and odd coordinates and c, s the first
     half of the tables (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``)."""
@@ -112,7 +143,10 @@ class _Convention:
     entry of rope's tables it takes; ``layout``, the pairs rotated from the exact source (after
     reordering the input from interleaved to half-split with ``reorder``); ``formula`` on the
     rotated coordinates and the unsqueezed tables; ``whole_head``, whether the tables must span
-    the head."""
+    the head; ``rotated``, which coordinates the tables rotate (``"first"`` or ``"last"``);
+    ``conjugate``, whether the exact source turns by the negated angles; ``promote``, whether the
+    result takes the dtype of the input and the tables promoted (as torch computes the model's
+    formula) rather than the input's."""
 
     function: str
     form: str
@@ -120,6 +154,9 @@ class _Convention:
     formula: Callable
     reorder: bool = False
     whole_head: bool = False
+    rotated: str = "first"
+    conjugate: bool = False
+    promote: bool = False
 
     def rotated_width(self, table_width: int) -> int:
         """The coordinates a table of ``table_width`` entries rotates."""
@@ -127,22 +164,31 @@ class _Convention:
 
 
 _LLAMA = _Convention("apply_rotary_pos_emb", "rotate_half", "half", _llama_formula)
+_NANOCHAT = _Convention("apply_rotary_pos_emb_conjugate", "rotate_half", "half", _nanochat_formula, conjugate=True)
 _GEMMA4 = _Convention("apply_rotary_pos_emb_single", "rotate_half", "half", _llama_formula)
 _GLM = _Convention("apply_rotary_pos_emb_interleaved", "rotate_half", "interleaved", _glm_formula)
 _COHERE = _Convention("apply_rotary_pos_emb_interleaved_tables", "interleaved", "interleaved", _cohere_formula)
 _GPT_OSS = _Convention("apply_rotary_pos_emb_pair_tables", "pairs", "half", _gpt_oss_formula, whole_head=True)
+_PRIVACY_FILTER = _Convention("apply_rotary_pos_emb_pair_tables_interleaved", "pairs", "interleaved",
+                              _pair_tables_interleaved_formula, whole_head=True)
 _DEEPSEEK = _Convention("apply_rotary_pos_emb_interleave", "rotate_half", "half", _deepseek_formula, reorder=True)
+_DEEPSEEK_V4 = _Convention("apply_rotary_pos_emb_trailing", "pairs", "interleaved", _pair_tables_interleaved_formula,
+                           rotated="last")
+_GPTJ = _Convention("apply_rotary_pos_emb_every_two", "pairs", "interleaved", _pair_tables_interleaved_formula,
+                    whole_head=True, promote=True)
 
 _READERS = {
     "rotate_half": "rope.hf.apply_rotary_pos_emb (or, where the model pairs (2i, 2i + 1) as GLM does, "
                    "rope.hf.apply_rotary_pos_emb_interleaved)",
     "interleaved": "rope.hf.apply_rotary_pos_emb_interleaved_tables",
-    "pairs": "rope.hf.apply_rotary_pos_emb_pair_tables",
+    "pairs": "rope.hf.apply_rotary_pos_emb_pair_tables (or, where the model pairs (2i, 2i + 1), "
+             "rope.hf.apply_rotary_pos_emb_pair_tables_interleaved, rope.hf.apply_rotary_pos_emb_trailing or "
+             "rope.hf.apply_rotary_pos_emb_every_two)",
 }
 _FORM_NAMES = {
     "rotate_half": "each angle in both halves (rotate_half tables)",
     "interleaved": "each angle twice in a row (the tables of Cohere, GLM-4V, ERNIE 4.5 VL)",
-    "pairs": "each angle once (the tables of GPT-OSS)",
+    "pairs": "each angle once (the tables of GPT-OSS, DeepSeek-V4, the OpenAI privacy filter)",
 }
 
 
@@ -166,6 +212,25 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim: int =
     """
     _no_position_ids(position_ids)
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _LLAMA)
+
+
+def apply_rotary_pos_emb_conjugate(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible with NanoChat, whose ``rotate_half`` is (x1, x2) -> (x2, -x1):
+    ``q cos - rotate_half(q) sin`` on the first ``cos.shape[-1]`` coordinates, each pair (i, i +
+    d/2) turned by the negated angle, -m theta_i (``conjugate=True`` of :func:`rope.apply_rotary`
+    on the exact path).
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the ``rotate_half`` cos table, ``[batch, seq, width]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _NANOCHAT)
 
 
 def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
@@ -222,6 +287,24 @@ def apply_rotary_pos_emb_pair_tables(q, k, cos, sin, unsqueeze_dim: int = 1):
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _GPT_OSS)
 
 
+def apply_rotary_pos_emb_pair_tables_interleaved(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible with the OpenAI privacy filter, whose tables hold each angle once
+    and whose ``_apply_rotary_emb`` pairs (2i, 2i + 1): pair i becomes (x_2i c_i - x_2i+1 s_i,
+    x_2i+1 c_i + x_2i s_i), in place; the tables span half the head.
+
+    Args:
+        q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the cos table (each angle once), ``[batch, seq, head_dim / 2]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _PRIVACY_FILTER)
+
+
 def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim: int = 1):
     """transformers-compatible with the one-tensor ``apply_rotary_pos_emb(x, cos, sin)`` of
     Gemma 4: :func:`apply_rotary_pos_emb` on x alone.
@@ -238,26 +321,70 @@ def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim: int = 1):
     return _rotate({"x": x}, cos, sin, unsqueeze_dim, _GEMMA4)[0]
 
 
+def apply_rotary_pos_emb_trailing(x, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible with DeepSeek-V4's one-tensor ``apply_rotary_pos_emb(x, cos, sin)``:
+    its tables hold each angle once, and pair i is (h - d + 2i, h - d + 2i + 1) of the last d = 2
+    ``cos.shape[-1]`` coordinates of the head (of h), turned by the angle of ``cos[..., i]``; the
+    first h - d coordinates pass through. On the exact path, :func:`rope.apply_rotary` with
+    ``layout="interleaved", rotated="last"``.
+
+    Args:
+        x: queries or keys, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``.
+        cos: the cos table (each angle once), ``[batch, seq, width]``, 2 width at most head_dim.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        x rotated, in its dtype.
+    """
+    return _rotate({"x": x}, cos, sin, unsqueeze_dim, _DEEPSEEK_V4)[0]
+
+
+def apply_rotary_pos_emb_every_two(tensor, sin, cos):
+    """transformers-compatible with GPT-J's and CodeGen's ``apply_rotary_pos_emb(tensor, sin,
+    cos)`` (sin first): ``tensor cos' + rotate_every_two(tensor) sin'`` with sin' and cos' the
+    tables (each angle once) repeated twice in a row, that is pair (2i, 2i + 1) turned by the
+    angle of ``cos[..., i]``. The tables are unsqueezed at 2 (``tensor`` ``[batch, seq, heads,
+    dim]``) and span the whole ``tensor``, which the attention narrowed to its rotary part. As
+    torch computes their formula, the result takes the dtype of ``tensor`` and the tables promoted
+    (CodeGen's float32 table keeps half-precision keys in float32).
+
+    Args:
+        tensor: queries or keys ``[batch, seq, heads, dim]``, floating.
+        sin: the sin table (each angle once), ``[batch, seq, dim / 2]``.
+        cos: the cos table, of sin's shape.
+
+    Returns:
+        tensor rotated, in the promoted dtype.
+    """
+    return _rotate({"tensor": tensor}, cos, sin, 2, _GPTJ)[0]
+
+
 def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim: int = 1):
-    """transformers-compatible with DeepSeek-V2/V3's ``apply_rotary_pos_emb_interleave``
-    (``rope_interleave``): pair i is (2i, 2i + 1) of the input, turned by the angle of
-    ``cos[..., i]`` (the first half of ``rotate_half`` tables), and the rotated pairs come out
-    half-split (y_a of every pair, then y_b of every pair): the half-split rotation of the input
-    reordered by :func:`rope.layouts.interleaved_to_half`, which is how the exact path computes
-    it. ``position_ids`` must be ``None``, as in :func:`apply_rotary_pos_emb`.
+    """transformers-compatible with DeepSeek-V3's ``apply_rotary_pos_emb_interleave``
+    (``rope_interleave``; GLM-5's and Mistral Large 4's are the same): pair i is (2i, 2i + 1) of
+    the input, turned by the angle of ``cos[..., i]`` (the first half of ``rotate_half`` tables),
+    and the rotated pairs come out half-split (y_a of every pair, then y_b of every pair): the
+    half-split rotation of the input reordered by :func:`rope.layouts.interleaved_to_half`, which
+    is how the exact path computes it. ``position_ids`` must be ``None``, as in
+    :func:`apply_rotary_pos_emb`. ``k`` may be ``None`` (Mistral Large 4's layers that share
+    another layer's keys rotate only queries).
 
     Args:
         q: queries, ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``, floating.
-        k: keys, laid out as q (heads may differ).
+        k: keys, laid out as q (heads may differ), or ``None``.
         cos: the ``rotate_half`` cos table, ``[batch, seq, width]``.
         sin: the sin table, of cos's shape.
         position_ids: must be ``None``.
         unsqueeze_dim: where the tables get the heads dimension (1 or 2).
 
     Returns:
-        ``(q_out, k_out)``, each in its input's dtype, the rotated pairs half-split.
+        ``(q_out, k_out)``, each in its input's dtype, the rotated pairs half-split (``k_out``
+        ``None`` for ``k`` ``None``).
     """
     _no_position_ids(position_ids)
+    if k is None:
+        return _rotate({"q": q}, cos, sin, unsqueeze_dim, _DEEPSEEK)[0], None
     return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _DEEPSEEK)
 
 
@@ -276,12 +403,32 @@ def apply_rotary_emb_complex(xq, xk, freqs_cis):
     Returns:
         ``(xq_out, xk_out)``, each in its input's dtype.
     """
-    xs = {"xq": xq, "xk": xk}
-    _check_complex(xs, freqs_cis)
+    return _complex_rotation({"xq": xq, "xk": xk}, freqs_cis, heads_dim=2)
+
+
+def apply_rotary_emb_complex_heads_first(xq, xk, freqs_cis):
+    """transformers-compatible with DeepSeek-V2's ``apply_rotary_emb``: :func:`apply_rotary_emb_complex`
+    on xq and xk ``[batch, heads, seq, head_dim]`` (``freqs_cis`` unsqueezed at 1).
+
+    Args:
+        xq: queries ``[batch, heads, seq, head_dim]``, floating.
+        xk: keys ``[batch, heads, seq, head_dim]`` (heads may differ).
+        freqs_cis: complex ``[batch, seq, head_dim / 2]``, s exp(i m theta_i) per pair.
+
+    Returns:
+        ``(xq_out, xk_out)``, each in its input's dtype.
+    """
+    return _complex_rotation({"xq": xq, "xk": xk}, freqs_cis, heads_dim=1)
+
+
+def _complex_rotation(xs: dict, freqs_cis, *, heads_dim: int) -> tuple:
+    """The complex product of every tensor of ``xs`` (heads at ``heads_dim``) by ``freqs_cis``:
+    from the exact source where it is rope's untouched table made for these inputs."""
+    _check_complex(xs, freqs_cis, heads_dim)
     source = provenance.untouched_source(freqs_cis)
-    if source is not None and _matches_source(xs.values(), source, heads_dim=2):
-        return _from_source(tuple(xs.values()), source, heads_dim=2, layout="interleaved")
-    return tuple(_complex_product(x, freqs_cis) for x in xs.values())
+    if source is not None and _matches_source(xs.values(), source, heads_dim=heads_dim):
+        return _from_source(tuple(xs.values()), source, heads_dim=heads_dim, layout="interleaved")
+    return tuple(_complex_product(x, freqs_cis.unsqueeze(heads_dim)) for x in xs.values())
 
 
 def _no_position_ids(position_ids) -> None:
@@ -294,6 +441,8 @@ def _rotate(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) -> tuple
     """``convention``'s function on every tensor of ``xs``: from the exact source where the
     tables are provably rope's untouched pair made for these inputs, else from the tables given."""
     unsqueeze_dim, width = _check_tables(xs, cos, sin, unsqueeze_dim, convention)
+    if convention.promote:  # exact: the promoted dtype holds every value of both
+        xs = {name: x.to(torch.promote_types(x.dtype, cos.dtype)) for name, x in xs.items()}
     source = provenance.untouched_source(cos, sin)
     heads_dim = unsqueeze_dim + 4 if unsqueeze_dim < 0 else unsqueeze_dim
     if source is not None and cos.dim() == 3 and heads_dim in (1, 2) and _matches_source(xs.values(), source,
@@ -301,9 +450,10 @@ def _rotate(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) -> tuple
         inputs = tuple(xs.values())
         if convention.reorder:  # DeepSeek: the half-split rotation of the input reordered to half-split
             inputs = tuple(x[..., interleaved_to_half(x.shape[-1], width).to(x.device)] for x in inputs)
-        return _from_source(inputs, source, heads_dim=heads_dim, layout=convention.layout)
+        return _from_source(inputs, source, heads_dim=heads_dim, layout=convention.layout,
+                            rotated=convention.rotated, conjugate=convention.conjugate)
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return tuple(_from_tables(x, cos, sin, width, convention.formula) for x in xs.values())
+    return tuple(_from_tables(x, cos, sin, width, convention) for x in xs.values())
 
 
 def _check_tables(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) -> tuple[int, int]:
@@ -340,10 +490,16 @@ def _check_tables(xs: dict, cos, sin, unsqueeze_dim, convention: _Convention) ->
     return unsqueeze_dim, width
 
 
-def _check_complex(xs: dict, freqs_cis) -> None:
-    """Raise unless xq, xk are ``[batch, seq, heads, head_dim]`` float tensors and ``freqs_cis`` a
-    complex ``[batch, seq, head_dim / 2]`` tensor that broadcasts to them."""
-    _checks.head_tensors(**xs)
+_HEAD_LAYOUTS = {1: "[batch, heads, seq, head_dim]", 2: "[batch, seq, heads, head_dim]"}
+
+
+def _check_complex(xs: dict, freqs_cis, heads_dim: int) -> None:
+    """Raise unless xq, xk are 4-D float tensors with their heads at ``heads_dim`` and
+    ``freqs_cis`` a complex ``[batch, seq, head_dim / 2]`` tensor that broadcasts to them."""
+    for name, x in xs.items():
+        _checks.float_tensor(name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape {_HEAD_LAYOUTS[heads_dim]}, got {tuple(x.shape)}")
     _checks.tensor("freqs_cis", freqs_cis)
     if not freqs_cis.dtype.is_complex:
         raise TypeError(f"freqs_cis must be a complex tensor (complex64 or complex128), got {freqs_cis.dtype}")
@@ -354,9 +510,9 @@ def _check_complex(xs: dict, freqs_cis) -> None:
         if x.shape[-1] % 2 or freqs_cis.shape[-1] != x.shape[-1] // 2:
             raise ValueError(f"freqs_cis has {freqs_cis.shape[-1]} entries per token, expected head_dim / 2 of {name} "
                              f"{tuple(x.shape)} (an even head_dim)")
-        if not _broadcasts_to(freqs_cis.shape[:2], x.shape[:2]):
+        if not _broadcasts_to(freqs_cis.unsqueeze(heads_dim).shape[:-1], x.shape[:-1]):
             raise ValueError(f"freqs_cis {tuple(freqs_cis.shape)} does not broadcast to the batch and seq of {name} "
-                             f"{tuple(x.shape)}")
+                             f"{tuple(x.shape)} (laid out {_HEAD_LAYOUTS[heads_dim]})")
 
 
 def _broadcasts_to(shape, target) -> bool:
@@ -376,20 +532,24 @@ def _matches_source(xs, source: TableSource, *, heads_dim: int) -> bool:
                for x in xs)
 
 
-def _from_source(xs: tuple, source: TableSource, *, heads_dim: int, layout: str) -> tuple:
+def _from_source(xs: tuple, source: TableSource, *, heads_dim: int, layout: str, rotated: str = "first",
+                 conjugate: bool = False) -> tuple:
     """The inputs rotated from the source positions and frequencies by :func:`rope.apply_rotary`
     (:func:`rope.mrope.apply_mrope` with M-RoPE axes), on ``[batch, seq, heads, dim]`` views; q
-    and k in one call where they agree in dtype and shape (heads aside), else each on its own."""
+    and k in one call where they agree in dtype and shape (heads aside), else each on its own.
+    ``rotated`` and ``conjugate`` are :func:`rope.apply_rotary`'s."""
     views = [x.transpose(1, 2) if heads_dim == 1 else x for x in xs]
+    options = dict(layout=layout, rotated=rotated, conjugate=conjugate)
     if len(views) == 2 and views[0].dtype == views[1].dtype and (
             views[0].shape[:2] + views[0].shape[3:] == views[1].shape[:2] + views[1].shape[3:]):
-        outs = _exact(views[0], views[1], source, layout)
+        outs = _exact(views[0], views[1], source, **options)
     else:  # each on its own, with one head of itself in k's place
-        outs = tuple(_exact(view, view.narrow(2, 0, 1), source, layout)[0] for view in views)
+        outs = tuple(_exact(view, view.narrow(2, 0, 1), source, **options)[0] for view in views)
     return tuple(out.transpose(1, 2) if heads_dim == 1 else out for out in outs)
 
 
-def _exact(q: torch.Tensor, k: torch.Tensor, source: TableSource, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _exact(q: torch.Tensor, k: torch.Tensor, source: TableSource, *, layout: str, rotated: str,
+           conjugate: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k ``[batch, seq, heads, dim]`` rotated by the source's positions (one row shared
     by the batch where the source has one) and frequencies, times its attention factor. Where
     the torch path runs, by the float64 cos and sin the tables were rounded from: computed once
@@ -398,13 +558,14 @@ def _exact(q: torch.Tensor, k: torch.Tensor, source: TableSource, layout: str) -
     shared = positions.shape[-2] == 1 and q.shape[0] != 1  # one row of positions for the whole batch
     if shared:
         positions = positions[0] if axes is None else positions[:, 0]
+    options = dict(layout=layout, rotated=rotated, conjugate=conjugate, attention_factor=factor)
     if use_kernel(q, "auto", source.inv_freq, factor):
         if axes is None:
-            return apply_rotary(q, k, positions, source.inv_freq, layout=layout, attention_factor=factor)
-        return apply_mrope(q, k, positions, source.inv_freq, axes, layout=layout, attention_factor=factor)
+            return apply_rotary(q, k, positions, source.inv_freq, **options)
+        return apply_mrope(q, k, positions, source.inv_freq, axes, **options)
     rotary_dim = check_inputs(q, k, positions, source.inv_freq, None, axes=axes, values=False)
     cos, sin = (table[0] for table in source.exact) if shared else source.exact  # [(batch,) seq, pairs]
-    return rotate_by_cos_sin(q, k, cos, sin, layout=layout, rotary_dim=rotary_dim, attention_factor=factor)
+    return rotate_by_cos_sin(q, k, cos, sin, rotary_dim=rotary_dim, **options)
 
 
 def _working_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -412,18 +573,22 @@ def _working_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype in (torch.float64, torch.complex128) for t in tensors) else torch.float32
 
 
-def _from_tables(x, cos, sin, width: int, formula) -> torch.Tensor:
-    """``formula`` on the first ``width`` coordinates of x and the unsqueezed tables, in
-    :func:`_working_dtype`, rounded once to x's dtype; the other coordinates pass through."""
+def _from_tables(x, cos, sin, width: int, convention: _Convention) -> torch.Tensor:
+    """The convention's formula on its ``width`` coordinates of x (the first, or the last) and the
+    unsqueezed tables, in :func:`_working_dtype`, rounded once to x's dtype; the other
+    coordinates pass through."""
     dtype = _working_dtype(x, cos)
-    y = formula(x[..., :width].to(dtype), cos.to(dtype), sin.to(dtype))
-    return torch.cat((round_once(y, x.dtype), x[..., width:]), dim=-1)
+    start = x.shape[-1] - width if convention.rotated == "last" else 0
+    y = round_once(convention.formula(x.narrow(-1, start, width).to(dtype), cos.to(dtype), sin.to(dtype)), x.dtype)
+    parts = (x[..., :start], y) if convention.rotated == "last" else (y, x[..., width:])
+    return torch.cat(parts, dim=-1)
 
 
 def _complex_product(x, freqs_cis) -> torch.Tensor:
-    """Llama 4's product: pairs (2i, 2i + 1) of x as complex numbers times ``freqs_cis[:, :, None]``,
-    in complex64 or complex128 (:func:`_working_dtype`), rounded once to x's dtype."""
+    """Llama 4's product: pairs (2i, 2i + 1) of x as complex numbers times ``freqs_cis``, already
+    unsqueezed at the heads dimension, in complex64 or complex128 (:func:`_working_dtype`), rounded
+    once to x's dtype."""
     dtype = _working_dtype(x, freqs_cis)
     pairs = torch.view_as_complex(x.to(dtype).reshape(*x.shape[:-1], -1, 2).contiguous())
-    product = pairs * freqs_cis[:, :, None, :].to(pairs.dtype)
+    product = pairs * freqs_cis.to(pairs.dtype)
     return round_once(torch.view_as_real(product).flatten(3), x.dtype)

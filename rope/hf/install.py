@@ -1,5 +1,6 @@
 """Swapping rope's rotary module into a loaded transformers model, after checking it reproduces
-the model's own tables."""
+the model's own tables; and, for the models that keep their tables in a buffer of each attention
+(GPT-J, CodeGen: :data:`POSITION_TABLES`), rope's exactly rounded table into that buffer."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .embedding import (
     head_dim_of,
     laid_out_tables,
     layer_type_parameters,
+    position_table,
     rope_parameters_from_config,
     rotary_embedding,
 )
@@ -34,6 +36,12 @@ axis assignment or length threshold is off by O(1)."""
 LENGTH_DEPENDENT = ("dynamic", "longrope", "yarn", "llama3")
 """The rope types whose frequencies depend on a length of the config (``max_position_embeddings``,
 ``original_max_position_embeddings``): install probes them on both sides of each such length."""
+
+POSITION_TABLES = ("embed_positions",)
+"""Names of the buffers in which a model's attention keeps its rotary table by position and looks
+up the rows of its position ids (GPT-J, CodeGen: ``embed_positions``, made by
+``create_sinusoidal_positions``): row m is (sin m theta_0, .., sin m theta_{p-1}, cos m theta_0,
+.., cos m theta_{p-1}), so each half is a table of the ``pairs`` form."""
 
 _PROBE_FLOAT32 = 2**-20
 _LONGEST_PROBE = 2**24  # float32 holds every position up to here, so transformers' tables are exact enough
@@ -250,53 +258,141 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
 
 @dataclass(frozen=True, eq=False)
 class Replacement:
-    """One rotary module :func:`install` swaps: ``model.get_submodule(owner).rotary_emb``, from
-    ``old`` (the model's) to ``new`` (rope's, checked to reproduce ``old``). ``owner`` is the
-    owner's qualified name, ``""`` for the model itself: a record does not keep the model alive.
+    """One rotary module or table :func:`install` swaps: the attribute ``attribute`` of
+    ``model.get_submodule(owner)``, from ``old`` (the model's) to ``new`` (rope's, checked to
+    reproduce ``old``): a ``rotary_emb`` module, or a position table buffer
+    (:data:`POSITION_TABLES`). ``owner`` is the owner's qualified name, ``""`` for the model
+    itself: a record does not keep the model alive.
 
     Args:
-        owner: the qualified name of the module that holds ``rotary_emb`` (``""``: the model).
-        old: the model's rotary module.
-        new: rope's rotary module that reproduces it.
+        owner: the qualified name of the module that holds the attribute (``""``: the model).
+        old: the model's rotary module or table.
+        new: rope's rotary module or table that reproduces it.
+        attribute: ``"rotary_emb"``, or the name of a position table buffer.
     """
 
     owner: str
-    old: nn.Module
-    new: nn.Module
+    old: nn.Module | torch.Tensor
+    new: nn.Module | torch.Tensor
+    attribute: str = "rotary_emb"
 
     @property
     def name(self) -> str:
-        """The qualified name of the rotary module in the model (``model.rotary_emb``)."""
-        return _rotary_name(self.owner)
+        """The qualified name of the rotary module or table in the model (``model.rotary_emb``)."""
+        return f"{self.owner}.{self.attribute}" if self.owner else self.attribute
+
+    @property
+    def tables(self) -> str:
+        """The :data:`TABLE_FORMS` entry of the tables the model's function receives from ``new``:
+        its module's, or ``pairs`` for a position table (its sin and cos halves)."""
+        return table_form(self.new)
 
 
-def _rotary_name(owner: str) -> str:
-    return f"{owner}.rotary_emb" if owner else "rotary_emb"
+def table_form(rotary: nn.Module | torch.Tensor) -> str:
+    """The :data:`TABLE_FORMS` entry of the tables a rotary module returns (``rotary.tables`` for
+    rope's), or ``"pairs"`` for a position table, whose halves hold each angle once.
+
+    Args:
+        rotary: a rotary module or a position table.
+    """
+    return "pairs" if isinstance(rotary, torch.Tensor) else getattr(rotary, "tables", None)
+
+
+def rotary_slots(model: nn.Module) -> list[tuple[str, str, nn.Module | torch.Tensor]]:
+    """Where ``model`` keeps its rotary tables: ``(owner, attribute, value)`` for every submodule
+    named ``rotary_emb`` and every floating 2-D buffer named in :data:`POSITION_TABLES`, ``owner``
+    the qualified name of the module holding it.
+
+    Args:
+        model: a ``torch.nn.Module``.
+    """
+    slots = []
+    for owner, module in model.named_modules():
+        if isinstance(getattr(module, "rotary_emb", None), nn.Module):
+            slots.append((owner, "rotary_emb", module.rotary_emb))
+        for attribute in POSITION_TABLES:
+            table = module._buffers.get(attribute)
+            if isinstance(table, torch.Tensor) and table.dim() == 2 and table.is_floating_point():
+                slots.append((owner, attribute, table))
+    return slots
+
+
+def table_embedding(config: Any, width: int) -> RotaryEmbedding:
+    """rope's module whose frequencies a position table of ``width`` columns holds
+    (:data:`POSITION_TABLES`): the config's RoPE parameters (GPT-J's and CodeGen's have none: base
+    10000) on ``width / 2`` pairs.
+
+    Args:
+        config: the model's transformers config.
+        width: the table's columns, twice its pairs.
+    """
+    params = rope_parameters_from_config(config)
+    params.pop("partial_rotary_factor", None)  # the table's width is the rotary width already
+    return RotaryEmbedding(rope_parameters=params, head_dim=width)
+
+
+def _reproduce_table(name: str, old: torch.Tensor, config: Any) -> torch.Tensor | None:
+    """rope's table in place of the position table ``old`` (:func:`rope.hf.position_table`, in
+    its dtype, on its device), checked against every row of ``old`` to :data:`PROBE_TOLERANCE`
+    beyond transformers' float32 angles and, for a half-precision table, one unit of its dtype;
+    ``None`` where ``old`` is rope's table already, bit for bit; else an error."""
+    rows, width = old.shape
+    if width % 2 or not rows:
+        raise ValueError(f"install: {name} is a table of shape {tuple(old.shape)}: not one row of sin and cos "
+                         "halves per position; nothing was replaced")
+    embedding = table_embedding(config, width).to(old.device)
+    new = position_table(embedding, rows, old.dtype)
+    if torch.equal(new, old):
+        return None
+    positions = torch.arange(rows, device=old.device)
+    theta, attention = embedding.frequencies(positions[None])
+    allowance = positions[:, None].to(torch.float64) * theta.to(torch.float64) * abs(attention) * _PROBE_FLOAT32
+    allowance = allowance.repeat(1, 2) + (torch.finfo(old.dtype).eps if old.dtype in _HALF_DTYPES else 0.0)
+    gap = float(((old.to(torch.float64) - new.to(torch.float64)).abs() - allowance).max())
+    rounded = next((dtype for dtype in _HALF_DTYPES if old.dtype not in _HALF_DTYPES
+                    and torch.equal(old.to(dtype).to(old.dtype), old)), None)
+    if gap > PROBE_TOLERANCE and rounded is not None:
+        dtype_name, stored = (str(d).removeprefix("torch.") for d in (rounded, old.dtype))
+        raise ValueError(f"install: {name} holds {dtype_name} numbers only (stored in {stored}): the model was cast to "
+                         f"{dtype_name} and back, which rounded its table; nothing was replaced. Fix: call "
+                         "rope.hf.install(model) (or rope.hf.patch) before casting the model")
+    if gap > PROBE_TOLERANCE:
+        raise ValueError(f"install: {name} ({rows} rows of sin and cos halves) is not reproduced by rope's table of "
+                         f"{embedding.rope_config.rope_type} RoPE of theta {embedding.rope_config.rope_theta:g} on "
+                         f"{width // 2} pairs: off by {gap:.3g}; nothing was replaced")
+    return new
 
 
 def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     """What :func:`install` would swap in ``model``, each replacement checked, the model untouched:
-    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already. Raises as
+    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already, and per
+    position table (:data:`POSITION_TABLES`) that is not rope's table already. Raises as
     :func:`install` does.
 
     Args:
-        model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules).
+        model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules or
+            position tables).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    found = [(owner, module.rotary_emb) for owner, module in model.named_modules()
-             if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+    found = rotary_slots(model)
     if not found:
-        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb: nothing to replace "
-                         "(install swaps the rotary_emb modules of transformers models)")
+        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb nor a position table "
+                         f"buffer ({', '.join(POSITION_TABLES)}): nothing to replace (install swaps the rotary_emb "
+                         "modules of transformers models)")
     replacements = []
-    for owner, old in found:
+    for owner, attribute, old in found:
         if isinstance(old, ROTARY_MODULES):
             continue
-        name = _rotary_name(owner)
+        name = f"{owner}.{attribute}" if owner else attribute
         config = getattr(old, "config", None) or getattr(model, "config", None)
         if config is None:
             raise ValueError(f"install: {name} has no config, and neither has the model; nothing was replaced")
+        if isinstance(old, torch.Tensor):
+            new = _reproduce_table(name, old, config)
+            if new is not None:
+                replacements.append(Replacement(owner, old, new, attribute))
+            continue
         device = next((buffer.device for buffer in old.buffers()), None)
         replacements.append(Replacement(owner, old, _reproduce(name, old, config, device)))
     return tuple(replacements)
@@ -319,18 +415,25 @@ def install(model: nn.Module) -> int:
     names no ``mrope_section`` (the model class has a default), the old module's sections are
     tried in each assignment style.
 
+    A model whose attention keeps its table in a buffer (GPT-J, CodeGen: :data:`POSITION_TABLES`)
+    gets rope's table of the same rows in that buffer instead (:func:`rope.hf.position_table`:
+    the sin and cos of exactly reduced angles, rounded once to the buffer's dtype), after the same
+    check on every row. A later cast of the model rounds that buffer again (from the float32
+    table: within half a unit of the new dtype and a float32 rounding).
+
     Raises ``ValueError``, leaving the model untouched, where a module no form reproduces (a
     convention rope does not know, instead of running with wrong positions; a model cast to
     float16 or bfloat16, whose module's frequencies the cast rounded, is named as such, with the
-    fix), or where the model has no ``rotary_emb`` submodule at all. A model whose rotary modules
-    are all rope's already is left as it is: install returns 0 (installing twice is harmless).
-    Install before casting a model: rope's module keeps float32 frequencies through casts.
-    :func:`rope.hf.patch` installs and also replaces the model's apply function, undoably.
+    fix), or where the model has no ``rotary_emb`` submodule nor position table at all. A model
+    whose rotary modules and tables are all rope's already is left as it is: install returns 0
+    (installing twice is harmless). Install before casting a model: rope's module keeps float32
+    frequencies through casts. :func:`rope.hf.patch` installs and also replaces the model's
+    apply function, undoably.
 
     Args:
         model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules).
     """
     replacements = rotary_replacements(model)
     for replacement in replacements:
-        model.get_submodule(replacement.owner).rotary_emb = replacement.new
+        setattr(model.get_submodule(replacement.owner), replacement.attribute, replacement.new)
     return len(replacements)

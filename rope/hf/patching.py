@@ -24,11 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+import torch
 from torch import nn
 
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
-from .install import Replacement, rotary_replacements
+from .install import Replacement, rotary_replacements, rotary_slots, table_form
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,8 +42,8 @@ class Patch:
         module: the modeling module whose functions were replaced.
         originals: ``(name, function)`` pairs as they were before that module's first patch,
             which the last :func:`unpatch` restores.
-        rotary_modules: the :class:`rope.hf.Replacement` of each rotary module swapped. A
-            module that was already rope's has none.
+        rotary_modules: the :class:`rope.hf.Replacement` of each rotary module or position
+            table swapped. A module or table that was already rope's has none.
     """
 
     model_type: str
@@ -71,7 +72,8 @@ def patch(model: nn.Module) -> Patch:
     """Make a transformers model compute RoPE with rope: install rope's rotary modules (checked
     against the model's own, :func:`rope.hf.install`) and replace the function(s) its family
     rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module. The module is
-    the one that defines the classes holding ``rotary_emb``. Returns the :class:`Patch` record.
+    the one that defines the classes holding ``rotary_emb`` (or, in GPT-J and CodeGen, the
+    position table :func:`rope.hf.install` replaces). Returns the :class:`Patch` record.
 
     Raises ``TypeError`` for a model that is not an ``nn.Module`` or whose ``config.model_type``
     is not a str. Raises ``ValueError`` when patching would not reproduce the model: no
@@ -110,13 +112,16 @@ def patch(model: nn.Module) -> Patch:
 
 def unpatch(model: nn.Module) -> None:
     """Undo :func:`patch`. The model gets its original rotary modules back, moved to the device
-    that rope's modules are on now. The modeling module gets its original functions back once no
-    other patched model of it remains (module docstring).
+    that rope's modules are on now, and its original position tables, moved to the device and
+    cast to the dtype of the buffer now (a cast of the model converts buffers, as it would have
+    converted the original). The modeling module gets its original functions back once no other
+    patched model of it remains (module docstring).
 
     Raises ``TypeError`` for a model that is not an ``nn.Module``. Raises ``ValueError``, and
     changes nothing, when the model is not patched (or was unpatched already), when its rotary
-    modules are no longer the ones :func:`patch` put in, or when this is the last patched model
-    of its module and the module's functions were replaced since.
+    modules are no longer the ones :func:`patch` put in (a position table: no longer rope's
+    table, moved or cast as the model was), or when this is the last patched model of its
+    module and the module's functions were replaced since.
 
     Args:
         model: a model :func:`patch` patched.
@@ -128,7 +133,7 @@ def unpatch(model: nn.Module) -> None:
         raise ValueError(f"unpatch: this {type(model).__name__} is not patched (rope.hf.patch was not called on it, "
                          "or it was unpatched already); nothing changed")
     record, finalizer = entry
-    moved = [r.name for r in record.rotary_modules if _rotary_module(model, r.owner) is not r.new]
+    moved = [r.name for r in record.rotary_modules if not _still_ropes(_current(model, r), r.new)]
     if moved:
         raise ValueError(f"unpatch: {moved} are no longer the rotary modules rope.hf.patch put in (replaced since); "
                          "nothing changed")
@@ -138,8 +143,7 @@ def unpatch(model: nn.Module) -> None:
             raise ValueError(f"unpatch: {record.module.__name__}.{foreign[0]} is no longer rope's function (replaced "
                              "since rope.hf.patch set it); restoring the original would undo that; nothing changed")
     for r in record.rotary_modules:
-        device = next((buffer.device for buffer in r.new.buffers()), None)
-        model.get_submodule(r.owner).rotary_emb = r.old if device is None else r.old.to(device)
+        setattr(model.get_submodule(r.owner), r.attribute, _original(r, _current(model, r)))
     del _PATCHES[model]
     finalizer()  # one patched model fewer; the last one restores the module's functions
 
@@ -175,17 +179,37 @@ def _refuse_overlap(model: nn.Module) -> None:
 
 
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module."""
-    return [(name, module) for name, module in model.named_modules()
-            if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module or a
+    position table (:func:`rope.hf.install.rotary_slots`), each once."""
+    owners = {owner: model.get_submodule(owner) for owner, _, _ in rotary_slots(model)}
+    return list(owners.items())
 
 
-def _rotary_module(model: nn.Module, owner: str) -> nn.Module | None:
-    """``model.get_submodule(owner).rotary_emb``, or ``None`` where that owner or attribute is gone."""
+def _current(model: nn.Module, r: Replacement):
+    """What the owner of ``r`` holds under its attribute now, or ``None`` where that is gone."""
     try:
-        return getattr(model.get_submodule(owner), "rotary_emb", None)
+        return getattr(model.get_submodule(r.owner), r.attribute, None)
     except AttributeError:
         return None
+
+
+def _still_ropes(current, new) -> bool:
+    """Whether ``current`` is still what patch put in: the same module; or, for a position table,
+    whose tensor a move or cast of the model replaces, rope's table on its device in its dtype."""
+    if current is new:
+        return True
+    return (isinstance(new, torch.Tensor) and isinstance(current, torch.Tensor) and current.shape == new.shape
+            and current.is_floating_point()
+            and torch.equal(current, new.to(device=current.device, dtype=current.dtype)))
+
+
+def _original(r: Replacement, current):
+    """The original module of ``r`` moved to the device of rope's module now; or the original
+    table moved and cast as the buffer ``current`` was."""
+    if isinstance(r.old, torch.Tensor):
+        return r.old.to(device=current.device, dtype=current.dtype)
+    device = next((buffer.device for buffer in r.new.buffers()), None)
+    return r.old if device is None else r.old.to(device)
 
 
 def _modeling_module(model: nn.Module, model_type: str, convention: Convention) -> ModuleType:
@@ -193,8 +217,8 @@ def _modeling_module(model: nn.Module, model_type: str, convention: Convention) 
     module, and it must define the convention's functions."""
     names = sorted({type(owner).__module__ for _, owner in _rotary_owners(model)})
     if len(names) != 1:
-        raise ValueError(f"patch: the modules holding rotary_emb in this {type(model).__name__} are defined in "
-                         f"{names}, expected one modeling module; nothing changed")
+        raise ValueError(f"patch: the modules holding rotary_emb (or position tables) in this {type(model).__name__} "
+                         f"are defined in {names}, expected one modeling module; nothing changed")
     module = sys.modules[names[0]]
     missing = [name for name, _ in convention.functions if not callable(getattr(module, name, None))]
     if missing:
@@ -222,14 +246,14 @@ def _refuse_foreign_state(module: ModuleType, convention: Convention, state: _Mo
 
 def _check_tables(model: nn.Module, replacements: tuple[Replacement, ...], model_type: str,
                   convention: Convention) -> None:
-    """Raise unless every rotary module the model would hold lays its tables out as the family's
-    function reads them."""
-    new = {r.owner: r.new for r in replacements}
-    for owner, module in _rotary_owners(model):
-        rotary = new.get(owner, module.rotary_emb)
-        if rotary.tables != convention.tables:
-            name = f"{owner}.rotary_emb" if owner else "rotary_emb"
-            raise ValueError(f"patch: {name} returns {rotary.tables} tables, but model_type {model_type!r} reads "
+    """Raise unless every rotary module (or position table) the model would hold lays its tables
+    out as the family's function reads them."""
+    new = {(r.owner, r.attribute): r.new for r in replacements}
+    for owner, attribute, current in rotary_slots(model):
+        form = table_form(new.get((owner, attribute), current))
+        if form != convention.tables:
+            name = f"{owner}.{attribute}" if owner else attribute
+            raise ValueError(f"patch: {name} returns {form} tables, but model_type {model_type!r} reads "
                              f"{convention.tables} tables (rope.hf.FAMILIES): the config's model_type does not "
                              "describe this model; nothing changed")
 
@@ -243,11 +267,11 @@ def _apply(model: nn.Module, record: Patch, *, first: bool) -> None:
     done = []
     try:
         for r in record.rotary_modules:
-            model.get_submodule(r.owner).rotary_emb = r.new
+            setattr(model.get_submodule(r.owner), r.attribute, r.new)
             done.append(r)
     except BaseException:
         for r in done:
-            model.get_submodule(r.owner).rotary_emb = r.old
+            setattr(model.get_submodule(r.owner), r.attribute, r.old)
         if first:
             for name, function in record.originals:
                 setattr(record.module, name, function)

@@ -31,6 +31,12 @@ first few positions, a bfloat16 one once that error starts to move roundings (a 
 positions) and by whole units from ``m theta`` near 2^16. Frequencies rounded to bfloat16
 (2^-9 relative) are off by whole units of bfloat16 from the first positions.
 
+A model whose attention keeps its table in a buffer, one row per position (GPT-J, CodeGen:
+:data:`rope.hf.POSITION_TABLES`), has that table read instead, converted to the model dtype as
+their attention converts it, at the positions it holds (to its last row, unless ``limit`` is
+lower); its reference frequencies are rope's float32 ones of its config (GPT-J's code computes
+the same values in float32), and its columns must be the sin and then the cos of each pair.
+
 The error at positions between the samples above :data:`DENSE` is not read: the first position
 found is the first sampled one, with the sample before it named. The reference itself is within
 2^-52 relative, so float64 tables are measured to about one unit only.
@@ -39,6 +45,7 @@ found is the first sampled one, with the sample before it named. The reference i
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +54,7 @@ from torch import nn
 from .. import _checks
 from ..angles import cos_sin
 from .embedding import ROTARY_MODULES, LayerTypeRotaryEmbedding, RotaryEmbedding
+from .install import rotary_slots, table_embedding
 
 DENSE = 1024
 """Every position below it is read."""
@@ -170,6 +178,13 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def position_tables(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The position tables of ``model`` (:data:`rope.hf.POSITION_TABLES`: GPT-J's and CodeGen's
+    ``embed_positions`` buffers) with their qualified names."""
+    return [(f"{owner}.{attribute}" if owner else attribute, value) for owner, attribute, value in rotary_slots(model)
+            if isinstance(value, torch.Tensor)]
+
+
 def sample_positions(limit: int, length: int | None = None) -> list[int]:
     """The positions :func:`diagnose` reads up to ``limit``: every one below :data:`DENSE`,
     :data:`PER_OCTAVE` evenly spaced in each octave above, and ``length - 1``, ``length``,
@@ -200,7 +215,7 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def _config(module: nn.Module, model: nn.Module):
+def _config(module: nn.Module | None, model: nn.Module):
     config = getattr(module, "config", None)
     if config is not None:
         return config
@@ -316,6 +331,29 @@ class _Reader:
         return (theta if theta.dtype == torch.float64 else theta.float()), float(attention)
 
 
+class _TableReader:
+    """Reads one position table (rows by position, sin then cos halves) and rope's float32
+    frequencies of the model's config, which its rows hold: the interface of :class:`_Reader`."""
+
+    reference_source = "rope's float32 frequencies of its config"
+
+    def __init__(self, table: torch.Tensor, config, dtype: torch.dtype):
+        self.table, self.dtype = table.detach(), dtype
+        self.embedding = table_embedding(config, table.shape[-1])
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows of ``positions`` (int64 ``[n]``) in the model dtype: ``(cos, sin)``, float64 ``[1, n, pairs]``."""
+        rows = self.table.shape[0]
+        if int(positions.max()) >= rows:
+            raise IndexError(f"its table holds {rows} rows (positions 0-{rows - 1})")
+        values = self.table[positions.to(self.table.device)].to(self.dtype).to("cpu", torch.float64)
+        sin, cos = values.chunk(2, dim=-1)
+        return cos[None], sin[None]
+
+    def frequencies(self, positions: torch.Tensor) -> tuple[torch.Tensor, float]:
+        return self.embedding.inv_freq, float(self.embedding.attention_scaling)
+
+
 def _exact(positions: torch.Tensor, theta: torch.Tensor, attention: float) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos_sin(positions, theta)
     return cos * attention, sin * attention
@@ -356,11 +394,13 @@ def _errors(reader: _Reader, positions: torch.Tensor, pairs: torch.Tensor, eps: 
     return torch.maximum(*errors)
 
 
-def _read(name: str, copies: tuple[str, ...], module: nn.Module, layer_type, dtype, length, limit,
-          threshold) -> RotaryPrecision:
+def _read(name: str, copies: tuple[str, ...], reader: Callable, layer_type, dtype, length, limit,
+          threshold, note: str = "") -> RotaryPrecision:
+    """The row of one module (or table) and layer type, read by ``reader()`` (a :class:`_Reader`
+    or :class:`_TableReader`); ``note`` says why it was read short of the limit asked."""
     eps = torch.finfo(dtype).eps
     try:
-        reader = _Reader(module, layer_type, dtype)
+        reader = reader()
     except Exception as err:  # its frequencies cannot be read: reported, not raised
         return RotaryPrecision(name, layer_type, copies, "-", length, None, None, None, None, None, None,
                                f"its frequencies could not be read ({type(err).__name__}: {err})")
@@ -369,7 +409,7 @@ def _read(name: str, copies: tuple[str, ...], module: nn.Module, layer_type, dty
     except Exception as err:  # it does not follow the (x, position_ids) contract: reported, not raised
         return RotaryPrecision(name, layer_type, copies, reader.reference_source, length, None, None, None, None, None,
                                None, f"{type(err).__name__}: {_checks.first_line(err, 160)}")
-    read, errors, note = [], [], ""
+    read, errors = [], []
     for group in _groups(sample_positions(limit, length), length):
         positions = torch.tensor(group, dtype=torch.int64)
         try:
@@ -445,10 +485,10 @@ def diagnose(model: nn.Module, *, dtype: torch.dtype | None = None, limit: int |
         dtype = _checks.dtype_choice("dtype", dtype, _checks.FLOAT_DTYPES)
     limit = _checks.optional_integer("limit", limit, minimum=_MAP_POSITIONS, maximum=2**62)
     threshold = _checks.number("threshold", threshold, minimum=0.0)
-    found = rotary_modules(model)
-    if not found:
+    found, tables = rotary_modules(model), position_tables(model)
+    if not found and not tables:
         raise ValueError(f"model: {type(model).__name__} has no rotary module (no submodule with an inv_freq buffer, "
-                         "nor rope's RotaryEmbedding): nothing to diagnose")
+                         "nor rope's RotaryEmbedding) nor position table: nothing to diagnose")
     dtype = dtype or _model_dtype(model)
     if dtype not in _checks.FLOAT_DTYPES:
         raise ValueError(f"dtype: the model's parameters are {dtype}; pass dtype= one of {_checks.FLOAT_DTYPES}")
@@ -464,9 +504,29 @@ def diagnose(model: nn.Module, *, dtype: torch.dtype | None = None, limit: int |
         length = _length(_config(module, model))
         module_limit = limit or max(SHORTEST_LIMIT, 4 * (length or 0))
         with torch.no_grad():
-            rows += [_read(name, tuple(copies), module, layer_type, dtype, length, module_limit, threshold)
-                     for layer_type in _layer_types(module)]
+            rows += [_read(name, tuple(copies), lambda: _Reader(module, layer_type, dtype), layer_type, dtype, length,
+                           module_limit, threshold) for layer_type in _layer_types(module)]
+    table_groups: list[tuple[str, torch.Tensor, list[str]]] = []
+    for name, table in tables:
+        same = next((group for group in table_groups if _same_table(group[1], table)), None)
+        if same is None:
+            table_groups.append((name, table, []))
+        else:
+            same[2].append(name)
+    config = _config(None, model)
+    for name, table, copies in table_groups:
+        last = table.shape[0] - 1
+        note = "" if limit is None or limit <= last else f"its table holds {last + 1} rows: read to position {last}"
+        with torch.no_grad():
+            rows.append(_read(name, tuple(copies), lambda: _TableReader(table, config, dtype), None, dtype,
+                              _length(config), min(limit or last, last), threshold, note))
     return Diagnosis(tuple(rows), dtype, threshold)
 
 
-__all__ = ["DENSE", "PER_OCTAVE", "Diagnosis", "RotaryPrecision", "diagnose", "rotary_modules", "sample_positions"]
+def _same_table(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two position tables hold the same values in the same dtype."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+
+
+__all__ = ["DENSE", "PER_OCTAVE", "Diagnosis", "RotaryPrecision", "diagnose", "position_tables", "rotary_modules",
+           "sample_positions"]
