@@ -23,7 +23,7 @@ import torch
 import rope
 
 transformers = pytest.importorskip("transformers")
-from rope.hf import coverage, coverage_table  # noqa: E402
+from rope.hf import coverage, coverage_table, families  # noqa: E402
 from rope.hf.install import rotary_slots  # noqa: E402
 from test_hf_families import EARLIER  # noqa: E402
 
@@ -95,6 +95,8 @@ def test_patch_is_exact_and_unpatch_restores(model_type):
 def test_readme_table_is_generated():
     readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
     assert coverage.readme_table() in readme, "run python -m rope.hf.coverage"
+    assert families.readme_table() in readme, "run python -m rope.hf.coverage"
+    assert all(f"| {name} |" in families.readme_table() for name in families.CONVENTIONS)
 
 
 def test_families_are_the_covered_types_and_include_the_earlier_ones():

@@ -741,10 +741,14 @@ def readme_table(covered=None, refused=None) -> str:
 
 
 def write_readme(path: pathlib.Path) -> None:
-    """Replace README's coverage table (between the markers) by :func:`readme_table`."""
+    """Replace README's coverage table and conventions table (each between its markers) by
+    :func:`readme_table` and :func:`rope.hf.families.readme_table`."""
     text = path.read_text()
-    start, end = text.index(README_START), text.index(README_END) + len(README_END)
-    path.write_text(text[:start] + readme_table() + text[end:])
+    for first, last, table in ((README_START, README_END, readme_table()),
+                               (families.CONVENTIONS_START, families.CONVENTIONS_END, families.readme_table())):
+        start, end = text.index(first), text.index(last) + len(last)
+        text = text[:start] + table + text[end:]
+    path.write_text(text)
 
 
 def main(argv=None) -> int:
