@@ -23,6 +23,7 @@ from .embedding import (
     rope_parameters_from_config,
     rotary_embedding,
 )
+from .vision import is_vision_rotary
 
 PROBE_TOLERANCE = 1e-5
 """How far install's probe lets the old and new tables differ, beyond the error of transformers'
@@ -276,8 +277,8 @@ def _rotary_name(owner: str) -> str:
 
 def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     """What :func:`install` would swap in ``model``, each replacement checked, the model untouched:
-    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already. Raises as
-    :func:`install` does.
+    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already (vision rotary
+    modules aside: :mod:`rope.hf.vision`). Raises as :func:`install` does.
 
     Args:
         model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules).
@@ -285,10 +286,12 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = [(owner, module.rotary_emb) for owner, module in model.named_modules()
-             if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+             if isinstance(getattr(module, "rotary_emb", None), nn.Module) and not is_vision_rotary(module.rotary_emb)]
     if not found:
-        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb: nothing to replace "
-                         "(install swaps the rotary_emb modules of transformers models)")
+        aside = " but vision rotary modules (rope.hf.vision's, which rope.hf.patch swaps)" if any(
+            is_vision_rotary(m) for m in model.modules()) else ""
+        raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb{aside}: nothing to "
+                         "replace (install swaps the rotary_emb modules of transformers models)")
     replacements = []
     for owner, old in found:
         if isinstance(old, ROTARY_MODULES):

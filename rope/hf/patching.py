@@ -26,6 +26,7 @@ from types import ModuleType
 
 from torch import nn
 
+from . import vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
 from .install import Replacement, rotary_replacements
@@ -43,6 +44,10 @@ class Patch:
             which the last :func:`unpatch` restores.
         rotary_modules: the :class:`rope.hf.Replacement` of each rotary module swapped. A
             module that was already rope's has none.
+        vision_modules: the :class:`rope.hf.vision.VisionReplacement` of each vision rotary
+            module swapped (:mod:`rope.hf.vision`).
+        vision_left: ``(name, reason)`` of each vision rotary module rope does not reproduce,
+            left as it was.
     """
 
     model_type: str
@@ -50,6 +55,8 @@ class Patch:
     module: ModuleType
     originals: tuple[tuple[str, Callable], ...]
     rotary_modules: tuple[Replacement, ...]
+    vision_modules: tuple[vision.VisionReplacement, ...] = ()
+    vision_left: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(eq=False)
@@ -71,7 +78,10 @@ def patch(model: nn.Module) -> Patch:
     """Make a transformers model compute RoPE with rope: install rope's rotary modules (checked
     against the model's own, :func:`rope.hf.install`) and replace the function(s) its family
     rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module. The module is
-    the one that defines the classes holding ``rotary_emb``. Returns the :class:`Patch` record.
+    the one that defines the classes holding ``rotary_emb``. Vision towers get rope's exact
+    module in place of each vision rotary module it reproduces (:mod:`rope.hf.vision`); the others
+    stay the model's, named with the reason in a ``UserWarning`` and the record. Returns the
+    :class:`Patch` record.
 
     Raises ``TypeError`` for a model that is not an ``nn.Module`` or whose ``config.model_type``
     is not a str. Raises ``ValueError`` when patching would not reproduce the model: no
@@ -98,7 +108,7 @@ def patch(model: nn.Module) -> Patch:
     _check_tables(model, replacements, model_type, convention)
     originals = state.originals if state is not None else tuple(
         (name, getattr(module, name)) for name, _ in convention.functions)
-    record = Patch(model_type, convention, module, originals, replacements)
+    record = Patch(model_type, convention, module, originals, replacements, *vision.vision_replacements(model))
     _apply(model, record, first=state is None)
     state = _MODULES.setdefault(module.__name__, _ModuleState(module, originals, convention))
     state.models += 1
@@ -109,8 +119,8 @@ def patch(model: nn.Module) -> Patch:
 
 
 def unpatch(model: nn.Module) -> None:
-    """Undo :func:`patch`. The model gets its original rotary modules back, moved to the device
-    that rope's modules are on now. The modeling module gets its original functions back once no
+    """Undo :func:`patch`. The model gets its original rotary modules back (vision ones too),
+    moved to the device that rope's modules are on now. The modeling module gets its original functions back once no
     other patched model of it remains (module docstring).
 
     Raises ``TypeError`` for a model that is not an ``nn.Module``. Raises ``ValueError``, and
@@ -129,6 +139,7 @@ def unpatch(model: nn.Module) -> None:
                          "or it was unpatched already); nothing changed")
     record, finalizer = entry
     moved = [r.name for r in record.rotary_modules if _rotary_module(model, r.owner) is not r.new]
+    moved += vision.moved(model, record.vision_modules)
     if moved:
         raise ValueError(f"unpatch: {moved} are no longer the rotary modules rope.hf.patch put in (replaced since); "
                          "nothing changed")
@@ -140,6 +151,7 @@ def unpatch(model: nn.Module) -> None:
     for r in record.rotary_modules:
         device = next((buffer.device for buffer in r.new.buffers()), None)
         model.get_submodule(r.owner).rotary_emb = r.old if device is None else r.old.to(device)
+    vision.restore(model, record.vision_modules)
     del _PATCHES[model]
     finalizer()  # one patched model fewer; the last one restores the module's functions
 
@@ -177,7 +189,8 @@ def _refuse_overlap(model: nn.Module) -> None:
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module."""
     return [(name, module) for name, module in model.named_modules()
-            if isinstance(getattr(module, "rotary_emb", None), nn.Module)]
+            if isinstance(getattr(module, "rotary_emb", None), nn.Module)
+            and not vision.is_vision_rotary(module.rotary_emb)]
 
 
 def _rotary_module(model: nn.Module, owner: str) -> nn.Module | None:
@@ -245,6 +258,7 @@ def _apply(model: nn.Module, record: Patch, *, first: bool) -> None:
         for r in record.rotary_modules:
             model.get_submodule(r.owner).rotary_emb = r.new
             done.append(r)
+        vision.swap(model, record.vision_modules)  # all or none
     except BaseException:
         for r in done:
             model.get_submodule(r.owner).rotary_emb = r.old
