@@ -5,7 +5,8 @@ rope.hf.coverage_table.COVERED, one model per type shared by the tests:
   past some position the error exceeds half a unit, and at 2^20 it is thousands of units; a
   position table (GPT-J, CodeGen) is read at every position it holds, and shows them too;
 * patched (rope.hf.patch), the tables are exact: within half a unit at every position read, for
-  every rotary module a text forward calls (the others, e.g. vision towers', stay as they were);
+  every rotary module a text forward calls and every vision tower's that rope reproduces (the
+  others stay as they were);
 * a planted bug is found: a model cast to bfloat16 (its inv_freq rounded to bfloat16,
   transformers issue #29496) reports the first position where its error exceeds half a unit
   within the band that the formula cos(m bf16(theta_i)), computed here, allows for the model's
@@ -23,7 +24,7 @@ import rope
 from rope.hf import precision
 
 transformers = pytest.importorskip("transformers")
-from rope.hf import coverage, coverage_table  # noqa: E402
+from rope.hf import coverage, coverage_table, vision  # noqa: E402
 
 COVERED = sorted(coverage_table.COVERED)
 FLOAT32_AT_2_20 = 1000
@@ -81,7 +82,7 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
     seen = {row.module for row in stock} | {copy for row in stock for copy in row.copies}
     assert seen == {name for name, _ in found}
     assert len(stock) + sum(len(row.copies) for row in stock) == rows_expected(model)
-    length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    text_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     for row in stock:
         if row.module in tables:  # every position the table holds, against rope's frequencies of its config
             assert row.note == "" and row.reference == "rope's float32 frequencies of its config", row
@@ -89,6 +90,9 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
             continue
         if row.module not in on_text_path and row.note:  # e.g. a vision tower's 2D module: not read
             continue
+        module = model.get_submodule(row.module)  # a vision tower's module reads its own config's length
+        length = getattr(module.config, "max_position_embeddings", None) if vision.is_vision_rotary(module) \
+            else text_length
         assert row.note == "" and row.reference == "its class rebuilt from its config", row
         assert row.limit == max(2**20, 4 * (length or 0)) and row.length == length
         assert row.first_position is not None and row.first_position <= row.worst_position

@@ -38,6 +38,9 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`rotary_replacements` lists the swaps without making them). Install (or patch) before
   casting the model to float16 or bfloat16: the cast rounds transformers' frequencies
   (transformers issue #29496), which install then names, with the fix.
+* :mod:`rope.hf.vision` does the same for vision towers: an exact module in place of each
+  transformers vision rotary module of the 2D ``axial`` form (Qwen2-VL's and 32 others, in the
+  tower's own layout) or Llama 4's complex table, which :func:`patch` swaps too.
 * :func:`diagnose` measures the rotary tables of any model, patched or not, against exact angles:
   per rotary module and layer type, the worst error in units of the model's dtype, below and
   beyond its configured length, and the first position past half a unit (:mod:`rope.hf.precision`).

@@ -25,6 +25,7 @@ from .embedding import (
     rope_parameters_from_config,
     rotary_embedding,
 )
+from .vision import is_vision_rotary
 
 PROBE_TOLERANCE = 1e-5
 """How far install's probe lets the old and new tables differ, beyond the error of transformers'
@@ -300,16 +301,18 @@ def table_form(rotary: nn.Module | torch.Tensor) -> str:
 
 def rotary_slots(model: nn.Module) -> list[tuple[str, str, nn.Module | torch.Tensor]]:
     """Where ``model`` keeps its rotary tables: ``(owner, attribute, value)`` for every submodule
-    named ``rotary_emb`` and every floating 2-D buffer named in :data:`POSITION_TABLES`, ``owner``
-    the qualified name of the module holding it.
+    named ``rotary_emb`` (vision rotary modules aside: :mod:`rope.hf.vision`) and every floating
+    2-D buffer named in :data:`POSITION_TABLES`, ``owner`` the qualified name of the module
+    holding it.
 
     Args:
         model: a ``torch.nn.Module``.
     """
     slots = []
     for owner, module in model.named_modules():
-        if isinstance(getattr(module, "rotary_emb", None), nn.Module):
-            slots.append((owner, "rotary_emb", module.rotary_emb))
+        rotary = getattr(module, "rotary_emb", None)
+        if isinstance(rotary, nn.Module) and not is_vision_rotary(rotary):
+            slots.append((owner, "rotary_emb", rotary))
         for attribute in POSITION_TABLES:
             table = module._buffers.get(attribute)
             if isinstance(table, torch.Tensor) and table.dim() == 2 and table.is_floating_point():
@@ -365,9 +368,9 @@ def _reproduce_table(name: str, old: torch.Tensor, config: Any) -> torch.Tensor 
 
 def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     """What :func:`install` would swap in ``model``, each replacement checked, the model untouched:
-    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already, and per
-    position table (:data:`POSITION_TABLES`) that is not rope's table already. Raises as
-    :func:`install` does.
+    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already (vision rotary
+    modules aside: :mod:`rope.hf.vision`), and per position table (:data:`POSITION_TABLES`) that is
+    not rope's table already. Raises as :func:`install` does.
 
     Args:
         model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules or
@@ -377,9 +380,11 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = rotary_slots(model)
     if not found:
+        aside = " but vision rotary modules (rope.hf.vision's, which rope.hf.patch swaps)" if any(
+            is_vision_rotary(m) for m in model.modules()) else ""
         raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb nor a position table "
-                         f"buffer ({', '.join(POSITION_TABLES)}): nothing to replace (install swaps the rotary_emb "
-                         "modules of transformers models)")
+                         f"buffer ({', '.join(POSITION_TABLES)}){aside}: nothing to replace (install swaps the "
+                         "rotary_emb modules of transformers models)")
     replacements = []
     for owner, attribute, old in found:
         if isinstance(old, ROTARY_MODULES):

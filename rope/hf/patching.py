@@ -27,6 +27,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from . import vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
 from .install import Replacement, rotary_replacements, rotary_slots, table_form
@@ -44,6 +45,10 @@ class Patch:
             which the last :func:`unpatch` restores.
         rotary_modules: the :class:`rope.hf.Replacement` of each rotary module or position
             table swapped. A module or table that was already rope's has none.
+        vision_modules: the :class:`rope.hf.vision.VisionReplacement` of each vision rotary
+            module swapped (:mod:`rope.hf.vision`).
+        vision_left: ``(name, reason)`` of each vision rotary module rope does not reproduce,
+            left as it was.
     """
 
     model_type: str
@@ -51,6 +56,8 @@ class Patch:
     module: ModuleType
     originals: tuple[tuple[str, Callable], ...]
     rotary_modules: tuple[Replacement, ...]
+    vision_modules: tuple[vision.VisionReplacement, ...] = ()
+    vision_left: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(eq=False)
@@ -73,7 +80,10 @@ def patch(model: nn.Module) -> Patch:
     against the model's own, :func:`rope.hf.install`) and replace the function(s) its family
     rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module. The module is
     the one that defines the classes holding ``rotary_emb`` (or, in GPT-J and CodeGen, the
-    position table :func:`rope.hf.install` replaces). Returns the :class:`Patch` record.
+    position table :func:`rope.hf.install` replaces). Vision towers get rope's exact module in
+    place of each vision rotary module it reproduces (:mod:`rope.hf.vision`); the others stay the
+    model's, named with the reason in a ``UserWarning`` and the record. Returns the
+    :class:`Patch` record.
 
     Raises ``TypeError`` for a model that is not an ``nn.Module`` or whose ``config.model_type``
     is not a str. Raises ``ValueError`` when patching would not reproduce the model: no
@@ -100,7 +110,7 @@ def patch(model: nn.Module) -> Patch:
     _check_tables(model, replacements, model_type, convention)
     originals = state.originals if state is not None else tuple(
         (name, getattr(module, name)) for name, _ in convention.functions)
-    record = Patch(model_type, convention, module, originals, replacements)
+    record = Patch(model_type, convention, module, originals, replacements, *vision.vision_replacements(model))
     _apply(model, record, first=state is None)
     state = _MODULES.setdefault(module.__name__, _ModuleState(module, originals, convention))
     state.models += 1
@@ -111,11 +121,11 @@ def patch(model: nn.Module) -> Patch:
 
 
 def unpatch(model: nn.Module) -> None:
-    """Undo :func:`patch`. The model gets its original rotary modules back, moved to the device
-    that rope's modules are on now, and its original position tables, moved to the device and
-    cast to the dtype of the buffer now (a cast of the model converts buffers, as it would have
-    converted the original). The modeling module gets its original functions back once no other
-    patched model of it remains (module docstring).
+    """Undo :func:`patch`. The model gets its original rotary modules back (vision ones too),
+    moved to the device that rope's modules are on now, and its original position tables, moved
+    to the device and cast to the dtype of the buffer now (a cast of the model converts buffers,
+    as it would have converted the original). The modeling module gets its original functions
+    back once no other patched model of it remains (module docstring).
 
     Raises ``TypeError`` for a model that is not an ``nn.Module``. Raises ``ValueError``, and
     changes nothing, when the model is not patched (or was unpatched already), when its rotary
@@ -134,6 +144,7 @@ def unpatch(model: nn.Module) -> None:
                          "or it was unpatched already); nothing changed")
     record, finalizer = entry
     moved = [r.name for r in record.rotary_modules if not _still_ropes(_current(model, r), r.new)]
+    moved += vision.moved(model, record.vision_modules)
     if moved:
         raise ValueError(f"unpatch: {moved} are no longer the rotary modules rope.hf.patch put in (replaced since); "
                          "nothing changed")
@@ -144,6 +155,7 @@ def unpatch(model: nn.Module) -> None:
                              "since rope.hf.patch set it); restoring the original would undo that; nothing changed")
     for r in record.rotary_modules:
         setattr(model.get_submodule(r.owner), r.attribute, _original(r, _current(model, r)))
+    vision.restore(model, record.vision_modules)
     del _PATCHES[model]
     finalizer()  # one patched model fewer; the last one restores the module's functions
 
@@ -179,8 +191,8 @@ def _refuse_overlap(model: nn.Module) -> None:
 
 
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module or a
-    position table (:func:`rope.hf.install.rotary_slots`), each once."""
+    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module (vision
+    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`), each once."""
     owners = {owner: model.get_submodule(owner) for owner, _, _ in rotary_slots(model)}
     return list(owners.items())
 
@@ -269,6 +281,7 @@ def _apply(model: nn.Module, record: Patch, *, first: bool) -> None:
         for r in record.rotary_modules:
             setattr(model.get_submodule(r.owner), r.attribute, r.new)
             done.append(r)
+        vision.swap(model, record.vision_modules)  # all or none
     except BaseException:
         for r in done:
             setattr(model.get_submodule(r.owner), r.attribute, r.old)

@@ -9,7 +9,9 @@ every position below :data:`DENSE` and :data:`PER_OCTAVE` positions per octave a
 ``limit`` (default the larger of 2^20 and four times ``max_position_embeddings``). Each call
 holds the positions of one octave (and none across ``max_position_embeddings``), so that the
 length-dependent rope types (``dynamic``, ``longrope``) read the length max(position_ids) + 1
-of that call, as in a forward of that length.
+of that call, as in a forward of that length. A vision tower's axial rotary module
+(:mod:`rope.hf.vision`, transformers' or rope's) is called with position ids ``[n, 2]`` (or its
+family's ``[1, n, 2]``) holding each position on both axes, h = w = m.
 
 The reference is exact: ``a cos(m theta_i)`` and ``a sin(m theta_i)`` with the angle m theta_i
 reduced modulo 2 pi exactly (:func:`rope.angles.cos_sin`, within 2^-52), where theta_i are the
@@ -53,6 +55,7 @@ from torch import nn
 
 from .. import _checks
 from ..angles import cos_sin
+from . import vision
 from .embedding import ROTARY_MODULES, LayerTypeRotaryEmbedding, RotaryEmbedding
 from .install import rotary_slots, table_embedding
 
@@ -262,6 +265,7 @@ class _Reader:
         self.module, self.layer_type, self.dtype = copy.deepcopy(module), layer_type, dtype
         self.device = next((b.device for b in module.buffers()), torch.device("cpu"))
         self.rope = isinstance(module, ROTARY_MODULES)
+        self.vision = vision.is_vision_rotary(module)
         self.reference, self.reference_source = self._reference(module)
         self.mrope: bool | None = None
 
@@ -271,6 +275,8 @@ class _Reader:
         module's own), else a copy of the module itself."""
         if self.rope:
             return None, "rope's float32 frequencies"
+        if isinstance(module, vision.VisionRotaryEmbedding):  # its inv_freq is rope's float32 frequencies
+            return copy.deepcopy(module).to("cpu"), "rope's float32 frequencies"
         config = getattr(module, "config", None)
         if config is not None:
             try:
@@ -302,6 +308,9 @@ class _Reader:
         (the same position on every axis)."""
         ids = positions.to(self.device)[None]
         x = torch.zeros(1, dtype=self.dtype, device=self.device)
+        if self.vision:  # h = w = m, in the family's form
+            ids = vision.position_ids(self.module, positions.to(self.device))
+            return _tables(self._call(self.module, x, ids), len(positions))
         if self.mrope is None:
             try:
                 out = _tables(self._call(self.module, x, ids), len(positions))
@@ -323,6 +332,7 @@ class _Reader:
             theta, attention = RotaryEmbedding.frequencies(embedding, positions.to(self.device))
             return theta.detach().to("cpu"), float(attention)
         ids = positions[None].expand(3, 1, -1) if self.mrope else positions[None]
+        ids = vision.position_ids(self.reference, positions) if self.vision else ids
         self._call(self.reference, torch.zeros(1), ids)  # transformers' dynamic types update inv_freq here
         theta = self._theta_of(self.reference).detach().to("cpu")
         attention = None if self.layer_type is None else getattr(self.reference, f"{self.layer_type}_attention_scaling",
