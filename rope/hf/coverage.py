@@ -63,11 +63,20 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             intermediate_size_mlp=96, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
             projector_hidden_size=64, moe_hidden_size=32, dense_intermediate_size=96, shared_intermediate_size=32,
             merged_hidden_size=64, output_dim=64, downsample_hidden_size=32, cross_hidden_size=64,
-            backbone_hidden_size=64)
+            backbone_hidden_size=64, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+            indexer_compress_ratio=4, upsample_groups=64, num_filters=8, codebook_dim=16, codebook_size=64,
+            vector_quantization_hidden_dimension=16, num_quantizers=2, base_channels=32, decoder_dim=64,
+            upsample_initial_channel=32, encoder_hidden_size=16, text_vocab_size=97, encoder_hash_byte_group_vocab=97,
+            adapter_in_dim=64, adapter_out_dim=64, pairwise_hidden_size=32, pair_transition_intermediate_size=32,
+            mamba_num_heads=4, mamba_head_dim=16, moe_shared_expert_intermediate_size=32, ext_pw_out_channel=32,
+            depthwise_separable_out_channel=32, nemo_conv_channels=32, output_channels=32, mlp_dim=96,
+            downsample_channels=32, ffn_dim=96, hidden_sizes=64, emb_dim=32, num_embeds=97)
 """The sizes of a tiny model: each key the config has (and does not derive) is set to this (the
 vision keys ``embed_dim``, ``num_heads``, ``depth``, ``out_hidden_size`` shrink vision towers; the
 ``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer; the
-projector, adapter and audio keys the parts between towers and text models of multimodal ones)."""
+projector, adapter and audio keys the parts between towers and text models of multimodal ones;
+``indexer_*`` Qwen4-Exp's sparse-attention indexer, which its default config leaves unset; the
+codec keys Mimi's, whose upsampling convolution has one group per hidden channel)."""
 
 MAX_PARAMETERS = 5_000_000
 """A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
@@ -235,7 +244,40 @@ def tiny_config(model_type: str, **options):
     _shrink(config, _modeling_source(model_type))
     if model_type in FIXES:
         FIXES[model_type](config)
+    _complete(config, model_type)
     return config
+
+
+MISSING = dict(dropout_rate=0.0, spatial_merge_size=2)
+"""Values for keys a modeling module reads from a config whose class does not define them
+(besides :data:`TINY`'s): released checkpoints' configs carry them, the default config lacks them."""
+
+
+def _complete(config, model_type: str, tries: int = 8) -> None:
+    """Set the keys that building the model reads and the config lacks (an ``AttributeError``
+    naming a config class and a key of :data:`MISSING` or :data:`TINY`), on that config or
+    sub-config, one at a time; built on the meta device (no memory)."""
+    for _ in range(tries):
+        try:
+            with torch.device("meta"):
+                model_class(model_type, config)._from_config(config)
+            return
+        except AttributeError as err:
+            found = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(err))
+            owners = [c for c in _configs(config) if found and type(c).__name__ == found.group(1)]
+            key = found.group(2) if found else None
+            if not owners or key not in {**TINY, **MISSING}:
+                return
+            for owner in owners:
+                setattr(owner, key, {**TINY, **MISSING}[key])
+        except Exception:  # another error: the probe reports it
+            return
+
+
+def _configs(config) -> list:
+    """``config`` and its sub-configs, recursively."""
+    subs = [getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {}]
+    return [config, *(c for sub in subs if hasattr(sub, "to_dict") for c in _configs(sub))]
 
 
 LAYER_PATTERN = dict(attn_layer_indices=[1], attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
@@ -286,9 +328,13 @@ def _shrink(config, source: str = "") -> None:
     indices = _layer_indices(config)
     per_layer = {key: value for key, value in vars(config).items()
                  if isinstance(value, list) and layers and len(value) == layers and _settable(config, key)}
+    _fill_layer_types(config, source)
     for key, value in {**TINY, **LAYER_PATTERN}.items():
         if _settable(config, key):
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
+            now = getattr(config, key)
+            if isinstance(now, (list, tuple)) and now and key not in LAYER_PATTERN:  # a size per modality, stage
+                value = type(now)([value] * len(now))
+            with contextlib.suppress(Exception):  # a value the config's validation refuses: the key stays
                 setattr(config, key, value)
     if indices is not None:
         with contextlib.suppress(AttributeError, TypeError, ValueError):
@@ -301,6 +347,7 @@ def _shrink(config, source: str = "") -> None:
         config.head_dim = config.qk_rope_head_dim
     if hasattr(config, "kv_lora_rank") and _settable(config, "num_key_value_heads"):  # MLA: one key per head
         config.num_key_value_heads = config.num_attention_heads
+    _per_layer_type_rope(config, source)
     _fit_rotary(config, source)
     if overrides is not None:
         _split_per_layer(config, overrides, before, indices)
@@ -308,6 +355,49 @@ def _shrink(config, source: str = "") -> None:
         sub = getattr(config, key, None)
         if sub is not None and hasattr(sub, "to_dict"):
             _shrink(sub, source)
+
+
+OTHER_LAYER_TYPE = {"conv": "full_attention", "sliding_attention": "full_attention",
+                    "linear_attention": "full_attention", "sparse": "dense", "dense": "sparse"}
+"""For a list of layer types the default config leaves ``None``: the second type a tiny model
+gets beside the one its modeling module tests for (``layer_types[i] != "conv"``: an attention
+layer; ``mlp_layer_types[i] == "sparse"``: a dense one)."""
+
+
+def _fill_layer_types(config, source: str) -> None:
+    """Give each list of layer types (``layer_types``, ``mlp_layer_types``, ...) that the default
+    config leaves ``None`` and the modeling module indexes one layer of each type it tests for
+    (``<key>[i] == "<type>"``) and of :data:`OTHER_LAYER_TYPE`'s, as many as the config's layers."""
+    layers = getattr(config, "num_hidden_layers", None)
+    for key in [k for k, v in vars(config).items() if k.endswith("layer_types") and v is None]:
+        tested = re.findall(rf"\b{key}\[[\w.]+\]\s*[!=]=\s*[\"'](\w+)[\"']", source)
+        kinds = list(dict.fromkeys(tested))
+        if not kinds or not isinstance(layers, int) or not _settable(config, key):
+            continue
+        kinds += [OTHER_LAYER_TYPE[kinds[0]]] if len(kinds) == 1 and kinds[0] in OTHER_LAYER_TYPE else []
+        setattr(config, key, [kinds[i % len(kinds)] for i in range(layers)])
+
+
+def _per_layer_type_rope(config, source: str) -> None:
+    """Where the modeling module reads RoPE parameters per layer type
+    (``rope_parameters[layer_type]``) and the default config has none for a layer type: the
+    default RoPE (the config's ``default_theta``) for each, with the module's default M-RoPE
+    sections where it has some (``.get("mrope_section", [...])``), as a released config names them."""
+    params, types = _rope_mapping(config), getattr(config, "layer_types", None)
+    if (params is None or not isinstance(types, list) or not re.search(r"rope_parameters\[layer_type\]", source)
+            or all(kind in params for kind in types)):
+        return
+    default = {"rope_type": "default", "rope_theta": getattr(config, "default_theta", 1e4)}
+    section = _default_sections(source)
+    if section is not None:
+        default["mrope_section"] = section
+    config.rope_parameters = {kind: params.get(kind) or dict(default) for kind in dict.fromkeys(types)}
+
+
+def _default_sections(source: str) -> list[int] | None:
+    """The M-RoPE sections a modeling module defaults to (``.get("mrope_section", [...])``), or ``None``."""
+    found = re.search(r"get\(\s*[\"']mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", source)
+    return None if found is None else [int(v) for v in found.group(1).split(",")]
 
 
 def _per_layer_overrides(config) -> dict[int, dict] | None:
@@ -352,9 +442,8 @@ def _fit_rotary(config, source: str) -> None:
     factors = {mapping.get("partial_rotary_factor") for mapping in (params, *nested)} - {None}
     factor = min(factors) if factors else getattr(config, "partial_rotary_factor", None) or 1.0
     section = params.get("mrope_section")
-    default = re.search(r"get\(\s*[\"']mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", source)
+    default = _default_sections(source)
     if section is None and default is not None:
-        default = [int(v) for v in default.group(1).split(",")]
         if _settable(config, "head_dim"):  # heads wide enough for the module's own default, config left without
             config.head_dim = round(2 * sum(default) / factor)
             return
@@ -391,7 +480,24 @@ def _set(**values) -> Callable:
     return lambda config: [setattr(config, key, value) for key, value in values.items()]
 
 
+def _kyutai(config) -> None:
+    config.audio_pad_token_id = config.vocab_size + config.num_codebooks * config.codebook_vocab_size
+
+
+def _efficientloftr(config) -> None:
+    config.stage_num_blocks, config.out_features = [1, 1, 1, 1], [16, 16, 32, config.hidden_size]
+    config.__post_init__()  # the blocks' channels and strides, derived from these
+
+
+def _hrm(config) -> None:
+    config.num_hidden_layers = config.num_layers_per_stack * config.H_cycles * (config.L_cycles + 1)
+
+
 FIXES = {"dbrx": _dbrx,
+         "chameleon": _set(vocabulary_map={}), "emu3": _set(vocabulary_map={}),
+         "granite4_vision": _set(deepstack_layer_map=[]),
+         "kyutai_speech_to_text": _kyutai, "hrm_text": _hrm, "efficientloftr": _efficientloftr,
+         "esmc": lambda config: _set(num_key_value_heads=config.num_attention_heads)(config),
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
@@ -426,7 +532,21 @@ def model_class(model_type: str, config=None):
         for cls in own:
             if cls.__name__.endswith(suffix) and "PreTrained" not in cls.__name__:
                 return cls
-    raise ValueError(f"its modeling module defines no model class for {config_class.__name__}")
+    raise NoModelClass(f"its modeling module defines no model class for {config_class.__name__}")
+
+
+class NoModelClass(ValueError):
+    """A config class for which transformers defines no model class: a part's config, built by its
+    parent model's class."""
+
+
+def _part_only(model_type: str, config_class: type) -> str:
+    """Why a type whose config configures only a part of other models is refused: those models."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    parents = [t for t in CONFIG_MAPPING if any(
+        sub is config_class for sub in (getattr(CONFIG_MAPPING[t], "sub_configs", None) or {}).values())]
+    return (f"its config ({config_class.__name__}) configures a part of {', '.join(parents) or 'another model'} "
+            f"and no model class of its own: patch meets it only inside such a model, under that model_type")
 
 
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
@@ -493,6 +613,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
         config = tiny_config(model_type)
         with torch.device("meta"):  # no memory: which modules it holds
             skeleton = model_class(model_type, config)._from_config(config)
+    except NoModelClass:  # a part's config (a vision tower's, an encoder's): only ever inside another model
+        return _part_only(model_type, type(config)), ""
     except ImportError as err:  # a library transformers builds a part with is not installed here
         missing = re.search(r"requires the (\w+) library", str(err))
         if missing is None:
