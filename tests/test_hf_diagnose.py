@@ -52,8 +52,16 @@ def rows_expected(model: nn.Module) -> int:
     return count
 
 
+def configured_length(model: nn.Module, name: str) -> int | None:
+    """max_position_embeddings of the config the rotary module ``name`` holds (a part's, e.g. an
+    audio encoder's), else of the model's text config."""
+    config = getattr(model.get_submodule(name), "config", None) or model.config.get_text_config()
+    return getattr(config, "max_position_embeddings", None)
+
+
 def text_path(model: nn.Module) -> set[str]:
-    """The rotary modules a forward on token ids alone calls (hooks: rope.hf.coverage)."""
+    """The rotary modules the probe's forward calls (rope.hf.coverage.output: token ids, or the
+    part and inputs rope.hf.coverage_table.FEEDS records; hooks: rope.hf.coverage)."""
     calls = coverage.stock_rotary_calls(model)
     try:
         coverage.output(model, coverage.sample_tokens())
@@ -71,10 +79,10 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
     seen = {row.module for row in stock} | {copy for row in stock for copy in row.copies}
     assert seen == {name for name, _ in found}
     assert len(stock) + sum(len(row.copies) for row in stock) == rows_expected(model)
-    length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     for row in stock:
         if row.module not in on_text_path and row.note:  # e.g. a vision tower's 2D module: not read
             continue
+        length = configured_length(model, row.module)
         assert row.note == "" and row.reference == "its class rebuilt from its config", row
         assert row.limit == max(2**20, 4 * (length or 0)) and row.length == length
         assert row.first_position is not None and row.first_position <= row.worst_position
