@@ -596,7 +596,12 @@ def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
     the keys the build reads set first: :func:`skeleton`) in eval mode. Raises ``ValueError``
     where it would exceed :data:`MAX_PARAMETERS`."""
     config = tiny_config(model_type) if config is None else config
-    built = skeleton(model_type, config)
+    return _materialized(skeleton(model_type, config), config, seed)
+
+
+def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
+    """The model ``built`` on the meta device, built again with random weights (seeded), in eval
+    mode; ``ValueError`` where it has more than :data:`MAX_PARAMETERS`."""
     size = sum(p.numel() for p in built.parameters())
     if size > MAX_PARAMETERS:
         parts = {name: sum(p.numel() for p in m.parameters()) for name, m in built.named_children()}
@@ -749,7 +754,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if not any(isinstance(getattr(m, "rotary_emb", None), nn.Module) for m in built.modules()):
         return _no_rotary_emb(built, module), Feed()
     try:
-        model = tiny_model(model_type, config=config)
+        model = _materialized(built, config, seed=0)
     except ValueError as err:
         return _checks.first_line(err, 300) + _text_verdict(config), Feed()
     if model.config.model_type != model_type:
