@@ -24,7 +24,7 @@ import rope
 from rope.hf import precision
 
 transformers = pytest.importorskip("transformers")
-from rope.hf import coverage, coverage_table, vision  # noqa: E402
+from rope.hf import coverage, coverage_table  # noqa: E402
 
 COVERED = sorted(coverage_table.COVERED)
 FLOAT32_AT_2_20 = 1000
@@ -62,8 +62,16 @@ def position_tables(model: nn.Module) -> dict[str, int]:
             if name.rsplit(".", 1)[-1] in rope.hf.POSITION_TABLES}
 
 
+def configured_length(model: nn.Module, name: str) -> int | None:
+    """max_position_embeddings of the config the rotary module ``name`` holds (a part's, e.g. an
+    audio encoder's), else of the model's text config."""
+    config = getattr(model.get_submodule(name), "config", None) or model.config.get_text_config()
+    return getattr(config, "max_position_embeddings", None)
+
+
 def text_path(model: nn.Module) -> set[str]:
-    """The rotary modules a forward on token ids alone calls (hooks: rope.hf.coverage)."""
+    """The rotary modules the probe's forward calls (rope.hf.coverage.output: token ids, or the
+    part and inputs rope.hf.coverage_table.FEEDS records; hooks: rope.hf.coverage)."""
     calls = coverage.stock_rotary_calls(model)
     try:
         coverage.output(model, coverage.sample_tokens())
@@ -82,7 +90,6 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
     seen = {row.module for row in stock} | {copy for row in stock for copy in row.copies}
     assert seen == {name for name, _ in found}
     assert len(stock) + sum(len(row.copies) for row in stock) == rows_expected(model)
-    text_length = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     for row in stock:
         if row.module in tables:  # every position the table holds, against rope's frequencies of its config
             assert row.note == "" and row.reference == "rope's float32 frequencies of its config", row
@@ -90,9 +97,7 @@ def test_stock_tables_show_float32_angles_and_patched_are_exact(model_type):
             continue
         if row.module not in on_text_path and row.note:  # e.g. a vision tower's 2D module: not read
             continue
-        module = model.get_submodule(row.module)  # a vision tower's module reads its own config's length
-        length = getattr(module.config, "max_position_embeddings", None) if vision.is_vision_rotary(module) \
-            else text_length
+        length = configured_length(model, row.module)
         assert row.note == "" and row.reference == "its class rebuilt from its config", row
         assert row.limit == max(2**20, 4 * (length or 0)) and row.length == length
         assert row.first_position is not None and row.first_position <= row.worst_position

@@ -9,17 +9,22 @@ embeddings, :func:`survey` decides:
    ``source_matches_llama`` also records whether the module's ``apply_rotary_pos_emb`` and
    ``rotate_half`` are Llama's source, token for token (docstrings aside);
 2. the probe (:func:`probe`): a tiny randomly initialised model of the type (:func:`tiny_model`:
-   sizes of :data:`TINY` on the config and its text and vision sub-configs, the first layer of
-   each layer type, rotary sizes fitted to the tiny heads, :data:`FIXES`, no download; a part of
-   a composite model is built as its own class) must hold a ``rotary_emb`` module or a position
-   table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the rotary modules or
-   functions it has instead are named), which :func:`rope.hf.install` must
-   accept, and, run on token ids alone, give the same output after :func:`rope.hf.install`
-   (rope's tables) and with the convention's functions replaced by rope's, to
-   :data:`LOGITS_TOLERANCE` (transformers' float32 angles against rope's exact ones, at positions
-   below 20), its attention calls a replaced function, and no rotary module but rope's runs in
-   that forward (:func:`stock_rotary_calls`: a second table module the layers call, which patch
-   would leave in place, refuses the type).
+   sizes of :data:`TINY` on the config and each of its sub-configs, the first layer of each
+   layer type, rotary sizes fitted to the tiny heads, what the default config leaves unset
+   filled in (layer types, per-layer-type RoPE, keys of :data:`MISSING`), :data:`FIXES`, no
+   download; a part of a composite model is built as its own class) must hold a ``rotary_emb``
+   module or a position table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the
+   rotary modules or functions it has instead are named), all held by classes of one modeling
+   module (the one whose functions patch swaps), which :func:`rope.hf.install`
+   must accept, and, run by the first feed of :func:`rope.hf.feeds.candidates` that shows the
+   rotation (token ids to the model or its text model, else embeddings, audio features or a
+   waveform to the model or to a part holding a ``rotary_emb``; :func:`_chosen_feed`), give the
+   same output after :func:`rope.hf.install` (rope's tables) and with the convention's functions
+   replaced by rope's, to :data:`LOGITS_TOLERANCE` (transformers' float32 angles against rope's
+   exact ones, at positions below 20), its attention calls a replaced function, and no rotary
+   module but rope's runs in that forward (:func:`stock_rotary_calls`: a second table module
+   the layers call, which patch would leave in place, refuses the type). The feed is recorded
+   (:data:`rope.hf.coverage_table.FEEDS`), and :func:`output` runs it again for the tests.
 
 A type that passes both is covered (:data:`rope.hf.coverage_table.COVERED`, from which
 :data:`rope.hf.FAMILIES` is built); any other is refused with the first reason met
@@ -35,19 +40,21 @@ import contextlib
 import importlib
 import inspect
 import io
+import math
 import pathlib
 import re
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 from torch import nn
 
 from .. import _checks
-from . import families
+from . import families, feeds
 from .embedding import RotaryEmbedding, head_dim_of
+from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -65,11 +72,28 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             intermediate_size_mlp=96, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
             projector_hidden_size=64, moe_hidden_size=32, dense_intermediate_size=96, shared_intermediate_size=32,
             merged_hidden_size=64, output_dim=64, downsample_hidden_size=32, cross_hidden_size=64,
-            backbone_hidden_size=64)
+            backbone_hidden_size=64, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=64, indexer_budget=8,
+            indexer_compress_ratio=4, upsample_groups=64, num_filters=8, codebook_dim=16, codebook_size=64,
+            vector_quantization_hidden_dimension=16, num_quantizers=2, base_channels=32, decoder_dim=64,
+            upsample_initial_channel=32, encoder_hidden_size=16, text_vocab_size=97, encoder_hash_byte_group_vocab=97,
+            adapter_in_dim=64, adapter_out_dim=64, pairwise_hidden_size=32, pair_transition_intermediate_size=32,
+            mamba_num_heads=4, mamba_head_dim=16, moe_shared_expert_intermediate_size=32, ext_pw_out_channel=32,
+            depthwise_separable_out_channel=32, nemo_conv_channels=32, output_channels=32, mlp_dim=96,
+            downsample_channels=32, ffn_dim=96, hidden_sizes=64, emb_dim=32, num_embeds=97,
+            cross_head_dim=16, cross_num_attention_heads=4, cross_num_key_value_heads=2, hidden_size_global=64,
+            cross_attn_k=1, layer_scale_initial_scale=1.0)
 """The sizes of a tiny model: each key the config has (and does not derive) is set to this (the
 vision keys ``embed_dim``, ``num_heads``, ``depth``, ``out_hidden_size`` shrink vision towers; the
 ``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer; the
-projector, adapter and audio keys the parts between towers and text models of multimodal ones)."""
+projector, adapter and audio keys the parts between towers and text models of multimodal ones;
+``indexer_*`` Qwen4-Exp's sparse-attention indexer, which its default config leaves unset (its
+index heads as wide as the attention's rotary heads); the codec keys Mimi's and its kin's, whose
+upsampling convolution has one group per hidden channel, and their layer scale, at 1 so that the
+attention shows in the output; ``base_channels`` the VQ image tokenizers of Chameleon and Emu3
+(a multiple of their 32 norm groups); ``cross_*`` Dia's cross-attention; ``hidden_size_global``
+and ``cross_attn_k`` BLT's global model, as wide as its local ones; the rest the towers, codecs,
+vocoders and heads that keep a composite model over :data:`MAX_PARAMETERS` otherwise). A size
+the config holds per modality or per stage (a list) is set in each entry."""
 
 MAX_PARAMETERS = 5_000_000
 """A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
@@ -97,8 +121,8 @@ class Row:
         convention: the name of its :class:`rope.hf.Convention`, or ``None``.
         reason: why it is refused, or ``""``.
         source_matches_llama: its functions are Llama's, token for token.
-        text_part: where its forward needs more than token ids (pixels, audio), the qualified name
-            of its text model, whose forward the probe ran (``""``: the model's own).
+        feed: how the probe ran it (:class:`rope.hf.feeds.Feed`): token ids to the model, or,
+            where its forward needs more (pixels, audio), the part run and the inputs made.
     """
 
     model_type: str
@@ -106,7 +130,7 @@ class Row:
     convention: str | None
     reason: str
     source_matches_llama: bool = False
-    text_part: str = ""
+    feed: Feed = Feed()
 
 
 def _transformers():
@@ -248,6 +272,38 @@ def tiny_config(model_type: str, **options):
     return config
 
 
+MISSING = dict(dropout_rate=0.0, spatial_merge_size=2)
+"""Values for keys a modeling module reads from a config whose class does not define them
+(besides :data:`TINY`'s): released checkpoints' configs carry them, the default config lacks them."""
+
+
+def skeleton(model_type: str, config, tries: int = 8) -> nn.Module:
+    """A model of ``model_type`` built from ``config`` on the meta device (no memory: which
+    modules and parameters it has), having set the keys the build reads and the config lacks (an
+    ``AttributeError`` naming a config class and a key of :data:`MISSING` or :data:`TINY`) on
+    that config or sub-config, one at a time, as released checkpoints' configs carry them."""
+    cls = model_class(model_type, config)
+    for _ in range(tries):
+        try:
+            with torch.device("meta"):
+                return cls._from_config(config)
+        except AttributeError as err:
+            found = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(err))
+            owners = [c for c in _configs(config) if found and type(c).__name__ == found.group(1)]
+            if not owners or found.group(2) not in {**TINY, **MISSING}:
+                raise
+            for owner in owners:
+                setattr(owner, found.group(2), {**TINY, **MISSING}[found.group(2)])
+    with torch.device("meta"):
+        return cls._from_config(config)
+
+
+def _configs(config) -> list:
+    """``config`` and its sub-configs, recursively."""
+    subs = [getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {}]
+    return [config, *(c for sub in subs if hasattr(sub, "to_dict") for c in _configs(sub))]
+
+
 LAYER_PATTERN = dict(attn_layer_indices=[1], attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                      expert_layer_offset=1, block_types=["recurrent", "attention"], num_kv_shared_layers=0)
 """Keys from which hybrid models derive their layer types (Bamba, Jamba, RecurrentGemma, Gemma 3n):
@@ -296,9 +352,13 @@ def _shrink(config, source: str = "") -> None:
     indices = _layer_indices(config)
     per_layer = {key: value for key, value in vars(config).items()
                  if isinstance(value, list) and layers and len(value) == layers and _settable(config, key)}
+    _fill_layer_types(config, source)
     for key, value in {**TINY, **LAYER_PATTERN}.items():
         if _settable(config, key):
-            with contextlib.suppress(AttributeError, TypeError, ValueError):
+            now = getattr(config, key)
+            if isinstance(now, (list, tuple)) and now and key not in LAYER_PATTERN:  # a size per modality, stage
+                value = type(now)([value] * len(now))
+            with contextlib.suppress(Exception):  # a value the config's validation refuses: the key stays
                 setattr(config, key, value)
     if indices is not None:
         with contextlib.suppress(AttributeError, TypeError, ValueError):
@@ -311,6 +371,7 @@ def _shrink(config, source: str = "") -> None:
         config.head_dim = config.qk_rope_head_dim
     if hasattr(config, "kv_lora_rank") and _settable(config, "num_key_value_heads"):  # MLA: one key per head
         config.num_key_value_heads = config.num_attention_heads
+    _per_layer_type_rope(config, source)
     _fit_rotary(config, source)
     if overrides is not None:
         _split_per_layer(config, overrides, before, indices)
@@ -318,6 +379,48 @@ def _shrink(config, source: str = "") -> None:
         sub = getattr(config, key, None)
         if sub is not None and hasattr(sub, "to_dict"):
             _shrink(sub, source)
+
+
+OTHER_LAYER_TYPE = {"conv": "full_attention", "sliding_attention": "full_attention",
+                    "linear_attention": "full_attention", "sparse": "dense", "dense": "sparse"}
+"""For a list of layer types the default config leaves ``None``: the second type a tiny model
+gets beside the one its modeling module tests for (``layer_types[i] != "conv"``: an attention
+layer; ``mlp_layer_types[i] == "sparse"``: a dense one)."""
+
+
+def _fill_layer_types(config, source: str) -> None:
+    """Give each list of layer types (``layer_types``, ``mlp_layer_types``, ...) that the default
+    config leaves ``None`` and the modeling module indexes one layer of each type it tests for
+    (``<key>[i] == "<type>"``) and of :data:`OTHER_LAYER_TYPE`'s, as many as the config's layers."""
+    layers = getattr(config, "num_hidden_layers", None)
+    for key in [k for k, v in vars(config).items() if k.endswith("layer_types") and v is None]:
+        tested = re.findall(rf"\b{key}\[[\w.]+\]\s*[!=]=\s*[\"'](\w+)[\"']", source)
+        kinds = list(dict.fromkeys(tested))
+        if not kinds or not isinstance(layers, int) or not _settable(config, key):
+            continue
+        kinds += [OTHER_LAYER_TYPE[kinds[0]]] if len(kinds) == 1 and kinds[0] in OTHER_LAYER_TYPE else []
+        setattr(config, key, [kinds[i % len(kinds)] for i in range(layers)])
+
+
+def _per_layer_type_rope(config, source: str) -> None:
+    """Where the modeling module reads RoPE parameters per layer type
+    (``rope_parameters[layer_type]``) and the default config has none at all: the default RoPE
+    (the config's ``default_theta``) for each layer type, with the module's default M-RoPE
+    sections where it has some (``.get("mrope_section", [...])``), as a released config names them."""
+    params, types = _rope_mapping(config), getattr(config, "layer_types", None)
+    if params != {} or not isinstance(types, list) or not re.search(r"rope_parameters\[layer_type\]", source):
+        return
+    default = {"rope_type": "default", "rope_theta": getattr(config, "default_theta", 1e4)}
+    section = _default_sections(source)
+    if section is not None:
+        default["mrope_section"] = section
+    config.rope_parameters = {kind: dict(default) for kind in dict.fromkeys(types)}
+
+
+def _default_sections(source: str) -> list[int] | None:
+    """The M-RoPE sections a modeling module defaults to (``.get("mrope_section", [...])``), or ``None``."""
+    found = re.search(r"get\(\s*[\"']mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", source)
+    return None if found is None else [int(v) for v in found.group(1).split(",")]
 
 
 def _per_layer_overrides(config) -> dict[int, dict] | None:
@@ -362,9 +465,8 @@ def _fit_rotary(config, source: str) -> None:
     factors = {mapping.get("partial_rotary_factor") for mapping in (params, *nested)} - {None}
     factor = min(factors) if factors else getattr(config, "partial_rotary_factor", None) or 1.0
     section = params.get("mrope_section")
-    default = re.search(r"get\(\s*[\"']mrope_section[\"']\s*,\s*\[([\d,\s]+)\]", source)
+    default = _default_sections(source)
     if section is None and default is not None:
-        default = [int(v) for v in default.group(1).split(",")]
         if _settable(config, "head_dim"):  # heads wide enough for the module's own default, config left without
             config.head_dim = round(2 * sum(default) / factor)
             return
@@ -411,7 +513,45 @@ def _set(**values) -> Callable:
     return lambda config: [setattr(config, key, value) for key, value in values.items()]
 
 
+def _one_key_per_head(config) -> None:
+    config.num_key_value_heads = config.num_attention_heads
+
+
+def _kyutai(config) -> None:
+    config.audio_pad_token_id = config.vocab_size + config.num_codebooks * config.codebook_vocab_size
+
+
+def _efficientloftr(config) -> None:
+    config.stage_num_blocks, config.out_features = [1, 1, 1, 1], [16, 16, 32, config.hidden_size]
+    config.__post_init__()  # the blocks' channels and strides, derived from these
+
+
+def _dots3(config) -> None:
+    text = config.get_text_config()
+    text.allow_global_per_layer_attribute_access = True
+    factor = text.rope_parameters["sliding_attention"]["partial_rotary_factor"]
+    text.head_dim = round(text.qk_rope_head_dim / factor)
+    layers = {index: {**values, "qk_nope_head_dim": text.head_dim - text.qk_rope_head_dim}
+              for index, values in _per_layer_overrides(text).items()}
+    text.per_layer_config, text.allow_global_per_layer_attribute_access = layers, False
+
+
+def _codec_quantizer(config) -> None:
+    config.quantization_dim = config.hidden_size + config.semantic_model_config.hidden_size
+    _one_key_per_head(config)
+
+
+def _hrm(config) -> None:
+    config.num_layers_per_stack, config.L_cycles, config.L_bp_cycles = 1, 1, [1]
+    config.num_hidden_layers = config.num_layers_per_stack * config.H_cycles * (config.L_cycles + 1)
+
+
 FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
+         "chameleon": _set(vocabulary_map={}), "emu3": _set(vocabulary_map={}),
+         "granite4_vision": _set(deepstack_layer_map=[], downsample_rate="1/4"),
+         "kyutai_speech_to_text": _kyutai, "hrm_text": _hrm, "efficientloftr": _efficientloftr,
+         "dots3_note": _dots3, "dots3_note_text": _dots3, "neucodec": _codec_quantizer, "xcodec2": _codec_quantizer,
+         "esmc": _one_key_per_head, "moonshine_streaming": _one_key_per_head,
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
@@ -423,12 +563,19 @@ checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba
 when configured to (``position_embedding_type="rope"``, ``use_mem_rope``), as their released
 checkpoints are, and the default Granite 4.0-H config has no attention layer; Zamba 2 derives
 its attention width (twice the hidden size) and its shared blocks' layers (``hybrid_layer_ids``,
-from the layer types the tiny config keeps) at init, so the tiny ones are set; GPT-J and CodeGen
+from the layer types the tiny config keeps) at init, so the tiny ones are set. GPT-J and CodeGen
 rotate the first ``rotary_dim`` coordinates of each head, which must fit the tiny heads;
 DeepSeek-V4 rotates an eighth of each head (one pair of the tiny ones) and compresses 128 tokens
 into each entry of its HCA layers: the tiny one rotates half the head, compresses 8 (HCA) and 4
 (CSA) tokens, so that both compressors rotate entries within 20 tokens, and gives its compressed
-layers YaRN with an attention factor of 1, as its checkpoints do."""
+layers YaRN with an attention factor of 1, as its checkpoints do. Chameleon and Emu3
+read a vocabulary map of image tokens (none here), Granite 4 Vision its deepstack layers (none)
+and Q-Former rate; Kyutai's audio padding id follows its vocabulary; HRM derives its cache's
+layer count from its stack and cycles (one layer, one low cycle here); ESM C, Moonshine
+Streaming, NeuCodec and XCodec2 project queries with as many heads as keys (one key per head);
+the codecs' quantizer width is the acoustic plus the semantic hidden size; EfficientLoFTR
+derives its backbone's blocks from the stages (one block each); dots.llm3's sliding layers
+rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``."""
 
 
 def model_class(model_type: str, config=None):
@@ -452,20 +599,44 @@ def model_class(model_type: str, config=None):
         for cls in own:
             if cls.__name__.endswith(suffix) and "PreTrained" not in cls.__name__:
                 return cls
-    raise ValueError(f"its modeling module defines no model class for {config_class.__name__}")
+    raise NoModelClass(f"its modeling module defines no model class for {config_class.__name__}")
+
+
+class NoModelClass(ValueError):
+    """A config class for which transformers defines no model class: a part's config, built by its
+    parent model's class."""
+
+
+def _part_only(model_type: str, config_class: type) -> str:
+    """Why a type whose config configures only a part of other models is refused: those models."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    module = sys.modules[config_class.__module__]  # a part's config is defined beside its parents'
+    parents = [t for t, name in CONFIG_MAPPING_NAMES.items() if any(
+        sub is config_class for sub in (getattr(getattr(module, name, None), "sub_configs", None) or {}).values())]
+    return (f"its config ({config_class.__name__}) configures a part of {', '.join(parents) or 'another model'} "
+            f"and no model class of its own: patch meets it only inside such a model, under that model_type")
 
 
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
-    """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`)
-    in eval mode. Raises ``ValueError`` where it would exceed :data:`MAX_PARAMETERS`."""
+    """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`,
+    the keys the build reads set first: :func:`skeleton`) in eval mode. Raises ``ValueError``
+    where it would exceed :data:`MAX_PARAMETERS`."""
     config = tiny_config(model_type) if config is None else config
-    cls = model_class(model_type, config)
-    with torch.device("meta"):
-        size = sum(p.numel() for p in cls._from_config(config).parameters())
+    return _materialized(skeleton(model_type, config), config, seed)
+
+
+def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
+    """The model ``built`` on the meta device, built again with random weights (seeded), in eval
+    mode; ``ValueError`` where it has more than :data:`MAX_PARAMETERS`."""
+    size = sum(p.numel() for p in built.parameters())
     if size > MAX_PARAMETERS:
-        raise ValueError(f"the tiny config still has {size / 1e6:.1f}M parameters (sizes rope's TINY does not set)")
+        parts = {name: sum(p.numel() for p in m.parameters()) for name, m in built.named_children()}
+        name = max(parts, key=parts.get, default="")
+        raise ValueError(f"its tiny model would have {size / 1e6:.1f}M parameters, over rope's limit of "
+                         f"{MAX_PARAMETERS / 1e6:.0f}M for a probe, {parts.get(name, 0) / 1e6:.1f}M of them in {name} "
+                         "(sizes rope's TINY does not set)")
     torch.manual_seed(seed)
-    return cls._from_config(config).eval()
+    return type(built)._from_config(config).eval()
 
 
 def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
@@ -485,19 +656,97 @@ def text_part(model: nn.Module) -> str | None:
                  and (m.config is text or m.config.model_type == text.model_type)), None)
 
 
-def output(model: nn.Module, tokens: torch.Tensor, offset: int = 0, part: str | None = None) -> torch.Tensor:
-    """The model's logits (or last hidden state, for a base model) on ``tokens`` at positions
-    ``offset, offset + 1, ...``: of the submodule ``part`` (``None``: the text part
-    :data:`rope.hf.coverage_table.TEXT_PARTS` records for its model type, else the model)."""
-    if part is None:
-        from .coverage_table import TEXT_PARTS
-        part = TEXT_PARTS.get(getattr(model.config, "model_type", None), "")
-    model = model.get_submodule(part) if part else model
-    positions = torch.arange(tokens.shape[1])[None].expand(tokens.shape[0], -1) + offset
-    with torch.no_grad():
-        out = model(tokens, position_ids=positions)
-    logits = getattr(out, "logits", None)
-    return logits if logits is not None else out.last_hidden_state
+def output(model: nn.Module, tokens: torch.Tensor, offset: int = 0, feed: Feed | None = None) -> torch.Tensor:
+    """The model's logits (or last hidden state, for a base model, or first float output) run by
+    ``feed`` (:func:`rope.hf.feeds.run`: seeded by ``tokens``, at positions ``offset, offset + 1,
+    ...``; ``None``: the feed :data:`rope.hf.coverage_table.FEEDS` records for its model type,
+    else ``tokens`` to the model)."""
+    if feed is None:
+        from .coverage_table import FEEDS
+        recorded = FEEDS.get(getattr(model.config, "model_type", None))
+        feed = Feed(*recorded) if recorded else Feed()
+    return feeds.run(model, feed, tokens, offset)
+
+
+def _codec_features(config) -> tuple:
+    """The semantic encoder's features, a frame per acoustic frame of :data:`rope.hf.feeds.SAMPLES`."""
+    frames = feeds.SAMPLES // math.prod(config.downsampling_ratios)
+    return (("input_features", (2, frames, config.semantic_model_config.feature_projection_input_dim)),)
+
+
+FEED_EXTRAS = {
+    "neucodec": _codec_features, "xcodec2": _codec_features,
+    "blt_local_decoder": lambda config: (("patch_embeds", (2, 20, config.hidden_size_global)),),
+    "idefics": lambda config: (("image_encoder_embeddings", (2, 1, 4, config.vision_config.embed_dim)),
+                               ("image_attention_mask", (2, 20, 1))),
+    "muse_glimmer_assistant": lambda config: (
+        ("context_hidden_states", (2, 20, len(config.target_layer_ids) * config.hidden_size)),
+        ("attention_mask", (2, 40))),
+    "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),)}
+"""Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
+``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
+transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
+every token attending to it), Muse Glimmer's assistant's context (the target model's hidden
+states of its ``target_layer_ids``, concatenated, and a mask over context and block), Voxtral
+Realtime's text model's time conditioning (``t_cond``, which its decoder layers read through
+``**kwargs``), NeuCodec's and XCodec2's semantic features (a frame per acoustic frame)."""
+
+
+PROBE_SHIFT = 24
+"""How far a probe moves the positions to see that a feed's output depends on them: the moved
+positions stay below the tiny ``max_position_embeddings`` (64), which GPT-J's and CodeGen's
+position tables hold."""
+
+LIVE_OUTPUT = 0.1
+"""The largest output entry a feed must give to be chosen (a similarity of untrained embeddings
+is zero, and would show nothing of the rotation)."""
+
+
+UNFED = {"blt_local_encoder": "BLT's local encoder pools its bytes into patches by patch_ids and num_patches, "
+                              "which BLT's model computes from its patcher's entropies: alone it runs on none of the "
+                              "inputs the probe makes; it is probed inside blt"}
+"""Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
+
+
+def _chosen_feed(model: nn.Module, module, convention: families.Convention):
+    """The first feed of :func:`rope.hf.feeds.candidates` on which ``model`` runs, calls one of
+    the convention's functions of its modeling ``module``, gives an output above
+    :data:`LIVE_OUTPUT`, and another output at positions moved by :data:`PROBE_SHIFT` (the
+    rotation shows in it: a codec's quantized codes may hide it); else the first that does all
+    but the last; else the first on which it runs. Returns the feed and its output, or why none
+    runs (and ``None``)."""
+    tokens, failures, ranked = sample_tokens(), [], {}
+    originals = {name: getattr(module, name) for name, _ in convention.functions}
+    extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
+    for candidate in feeds.candidates(model, text_part(model), extra):
+        calls = []
+        try:
+            for name, function in originals.items():
+                setattr(module, name, _counting(function, calls))
+            out = output(model, tokens, feed=candidate)
+            live = bool(calls) and float(out.abs().max()) > LIVE_OUTPUT
+            moved = live and not torch.equal(output(model, tokens, PROBE_SHIFT, feed=candidate), out)
+        except Exception as err:  # it needs another input: the next candidate
+            failures.append(f"{candidate.describe()}: {type(err).__name__}: {_checks.first_line(err, 90)}")
+            continue
+        finally:
+            for name, function in originals.items():
+                setattr(module, name, function)
+        if moved:
+            return candidate, out
+        ranked.setdefault(live, (candidate, out))
+    if ranked:
+        return ranked.get(True) or ranked[False]
+    if model.config.model_type in UNFED:
+        return UNFED[model.config.model_type], None
+    unmade = feeds.unmade_arguments(model)
+    tried = "; ".join(failures[:3]) + (f"; and {len(failures) - 3} more" if len(failures) > 3 else "")
+    if unmade:
+        return (f"its forward requires {', '.join(unmade)}, which the probe does not make (it makes ids, "
+                f"embeddings, audio features and waveforms), and none of its parts' forwards runs on those it makes "
+                f"({tried})"), None
+    return (f"its forward runs on none of the {len(failures)} inputs the probe makes from its signature and config "
+            f"({tried})"), None
 
 
 def _counting(function: Callable, calls: list) -> Callable:
@@ -507,52 +756,49 @@ def _counting(function: Callable, calls: list) -> Callable:
     return counted
 
 
-def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
+def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     """Why a tiny model of ``model_type`` is not reproduced with ``convention``, or ``""``: its
     output after :func:`rope.hf.install` and with the convention's functions replaced by rope's
-    (counted: the attention must call one) equals its own to :data:`LOGITS_TOLERANCE`. Where its
-    forward needs more than token ids, its text model's forward (:func:`text_part`) is the one
-    run. Returns the reason and the text part run (``""``: the model's own forward)."""
+    (counted: the attention must call one) equals its own to :data:`LOGITS_TOLERANCE`. The
+    forward run is the first of :func:`rope.hf.feeds.candidates` on which the model runs and
+    calls one of the convention's functions: token ids to the model, else to its text model
+    (:func:`text_part`), else embeddings, audio features or a waveform to the model or the
+    outermost holder of a ``rotary_emb``. Returns the reason and the feed run."""
     module = importlib.import_module(module_name(model_type))
     config = None  # until the tiny config is built
     try:
         config = tiny_config(model_type)
-        with torch.device("meta"):  # no memory: which modules it holds
-            skeleton = model_class(model_type, config)._from_config(config)
+        built = skeleton(model_type, config)
+    except NoModelClass:  # a part's config (a vision tower's, an encoder's): only ever inside another model
+        return _part_only(model_type, type(config)), Feed()
     except ImportError as err:  # a library transformers builds a part with is not installed here
         missing = re.search(r"requires the (\w+) library", str(err))
         if missing is None:
             raise
-        return _missing_library(missing.group(1), config, module), ""
+        return _missing_library(missing.group(1), config, module), Feed()
     except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
-        return (f"not probed: a tiny model is not built ({type(err).__name__}: {_checks.first_line(err, 200)})"
-                + _text_verdict(config), "")
-    if not rotary_slots(skeleton):
-        return _no_rotary_emb(skeleton, module), ""
+        return (f"transformers does not build it from its default config at rope's tiny sizes ({type(err).__name__}: "
+                f"{_checks.first_line(err, 200)})" + _text_verdict(config), Feed())
+    if not rotary_slots(built):
+        return _no_rotary_emb(built, module), Feed()
     try:
-        model = tiny_model(model_type, config=config)
+        model = _materialized(built, config, seed=0)
     except ValueError as err:
-        return f"not probed: {_checks.first_line(err, 200)}" + _text_verdict(config), ""
+        return _checks.first_line(err, 300) + _text_verdict(config), Feed()
     if model.config.model_type != model_type:
-        return (f"not probed: its tiny {type(model).__name__} holds a {model.config.model_type!r} config (a part of a "
-                "composite model), so patch would not see this model_type"), ""
+        return (f"transformers maps the model_type {model_type!r} to {type(model.config).__name__}, whose model_type "
+                f"is {model.config.model_type!r}: patch sees every model of it as {model.config.model_type!r}"), Feed()
+    owners = sorted({type(model.get_submodule(owner)).__module__ for owner, _, _ in rotary_slots(model)})
+    if len(owners) > 1:  # patch replaces the functions of one modeling module
+        return (f"its rotary_emb modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
+                "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()
     try:
         rotary_replacements(model)
     except ValueError as err:
-        return _checks.first_line(err, 200).removeprefix("install: "), ""
-    tokens, part = sample_tokens(), ""
-    try:
-        expected = output(model, tokens, part=part)
-    except Exception as err:  # its forward needs more than token ids (pixels, audio features, ...)
-        part = text_part(model)
-        try:
-            if part is None:
-                raise err
-            expected = output(model, tokens, part=part)
-        except Exception as err:  # nor does a text model inside it
-            return ("not probed: a tiny model does not run on token ids alone"
-                    + (f", nor its text model {part}" if part else "")
-                    + f" ({type(err).__name__}: {_checks.first_line(err, 200)})"), ""
+        return _checks.first_line(err, 200).removeprefix("install: "), Feed()
+    feed, expected = _chosen_feed(model, module, convention)
+    if isinstance(feed, str):
+        return feed, Feed()
     install(model)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
@@ -560,10 +806,10 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
     try:
         for name, ours in convention.functions:
             setattr(module, name, _counting(ours, calls[name]))
-        got = output(model, tokens, part=part)
+        got = output(model, sample_tokens(), feed=feed)
     except Exception as err:  # rope's function refused the model's inputs
         quoted = _checks.first_line(err, 200)
-        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {quoted})", part
+        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
     finally:
         for name, function in originals.items():
             setattr(module, name, function)
@@ -571,13 +817,13 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, str]:
     if called:
         name, kind = called[0]
         return (f"after install its forward still calls {kind} at {name} (patch swaps the modules named "
-                "rotary_emb): those layers would keep transformers' float32 angles"), part
+                "rotary_emb): those layers would keep transformers' float32 angles"), feed
     if not any(calls.values()):
-        return f"its attention calls none of {', '.join(calls)} (it rotates with another function)", part
+        return f"its attention calls none of {', '.join(calls)} (it rotates with another function)", feed
     gap = float((got - expected).abs().max())
     if not torch.allclose(got, expected, **LOGITS_TOLERANCE):
-        return f"its output with rope's tables and functions is off by {gap:.2g}", part
-    return "", part
+        return f"its output with rope's tables and functions is off by {gap:.2g}", feed
+    return "", feed
 
 
 class _Calls:
@@ -680,12 +926,12 @@ def classify(model_type: str) -> Row:
         module = importlib.import_module(module_name(model_type))
     except Exception as err:  # a dependency transformers lacks here
         quoted = _checks.first_line(err, 200)
-        return Row(model_type, source, None, f"not probed: its modeling module does not import ({quoted})")
+        return Row(model_type, source, None, f"its modeling module does not import here ({quoted})")
     convention = convention_of(module)
     if isinstance(convention, str):
         return Row(model_type, source, None, convention, matches)
-    reason, part = probe(model_type, convention)
-    return Row(model_type, source, None if reason else convention.name, reason, matches, part if not reason else "")
+    reason, feed = probe(model_type, convention)
+    return Row(model_type, source, None if reason else convention.name, reason, matches, Feed() if reason else feed)
 
 
 def survey(model_types=None) -> list[Row]:
@@ -707,13 +953,14 @@ def write_table(rows: list[Row], path: pathlib.Path) -> None:
              '"""Generated by ``python -m rope.hf.coverage`` from transformers ' + version + ': do not edit.',
              "",
              "``COVERED``: model_type -> (convention, modeling file in transformers, source equals Llama's);",
-             "``TEXT_PARTS``: covered model_type -> its text model, where its forward needs more than token ids;",
+             "``FEEDS``: covered model_type -> how the probe ran it, where not on token ids to the model: the part",
+             "run, its argument, that argument's shape, the other arguments made (:class:`rope.hf.feeds.Feed`);",
              '``REFUSED``: model_type -> the reason (:mod:`rope.hf.coverage`)."""', "",
              f"TRANSFORMERS_VERSION = {version!r}", "", "COVERED = {"]
     lines += [f"    {r.model_type!r}: ({r.convention!r}, {r.source!r}, {r.source_matches_llama!r})," for r in rows
               if r.convention]
-    lines += ["}", "", "TEXT_PARTS = {"]
-    lines += [f"    {r.model_type!r}: {r.text_part!r}," for r in rows if r.convention and r.text_part]
+    lines += ["}", "", "FEEDS = {"]
+    lines += [f"    {r.model_type!r}: {astuple(r.feed)!r}," for r in rows if r.convention and r.feed != Feed()]
     lines += ["}", "", "REFUSED = {"]
     lines += [f"    {r.model_type!r}: {r.reason!r}," for r in rows if not r.convention]
     lines += ["}", ""]

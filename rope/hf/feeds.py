@@ -1,0 +1,229 @@
+"""How a probe runs a tiny model (:mod:`rope.hf.coverage`): which submodule's forward it calls,
+with what inputs, and at which positions.
+
+A :class:`Feed` names the submodule run (``part``; ``""``: the model), the forward's argument the
+sequence goes in (``input_ids``, ``inputs_embeds``, ``input_features``, ``input_values``, ...)
+with its shape, and any other argument the forward requires (an encoder's hidden states, a
+decoder's ids). :func:`run` calls it: token ids are the ones given (or, for another shape, drawn
+in the tokens' range from a generator seeded by them), float inputs standard normal from a
+generator seeded by the token ids, so the same tokens give the same inputs. The positions are
+``offset, offset + 1, ...``: passed as ``position_ids`` where the forward takes them for a
+sequence of tokens or embeddings, else added to the position ids every ``rotary_emb`` module
+receives (:func:`shifted_rotary_positions`, a forward pre-hook), which moves the rotary angles
+and nothing else. No cache is built (``use_cache=False`` where the forward takes it).
+:func:`candidates` lists the feeds a probe tries, in order, from the forwards' signatures and
+the parts' configs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One way to run a model: ``part(argument=<shape>, **<extra>)``.
+
+    Args:
+        part: the qualified name of the submodule whose forward runs (``""``: the model's).
+        argument: the forward's argument that holds the sequence.
+        shape: its shape (``()``: the token ids given, as they are).
+        extra: other arguments the forward requires, ``(name, shape)`` each: integer ids where
+            the name ends in ``_ids`` (``()``: the token ids given), ones where it ends in
+            ``_mask``, a count (half the sequence: image patches, frames) where it starts with
+            ``num_``, else float.
+    """
+
+    part: str = ""
+    argument: str = "input_ids"
+    shape: tuple[int, ...] = ()
+    extra: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def describe(self) -> str:
+        """``part.forward(argument[shape], ...)``, for reasons and reports."""
+        args = [f"{name}{list(shape) if shape else ''}" for name, shape in ((self.argument, self.shape), *self.extra)]
+        return f"{self.part or 'the model'}({', '.join(args)})"
+
+
+def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) -> torch.Tensor | int:
+    """An input: the token ids, ids of another shape in their range, or floats, seeded by the tokens."""
+    if name.endswith("_ids") and not shape:
+        return tokens
+    if name.endswith("_mask"):
+        return torch.ones(shape, dtype=torch.long)
+    if name.startswith("num_"):
+        return LENGTH // 2
+    generator = torch.Generator().manual_seed(int(tokens.sum()) * 7 + index)
+    if name.endswith("_ids"):
+        return torch.randint(int(tokens.min()), int(tokens.max()) + 1, shape, generator=generator)
+    return torch.randn(shape, generator=generator)
+
+
+def _parameters(module: nn.Module) -> dict[str, inspect.Parameter]:
+    return {name: p for name, p in inspect.signature(module.forward).parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def takes_positions(module: nn.Module, feed: Feed) -> bool:
+    """Whether ``feed`` passes the positions as ``position_ids``: the forward takes them, and its
+    sequence is the tokens' or embeddings' (not audio frames a convolution subsamples), with no
+    second sequence (a decoder's) beside it."""
+    return ("position_ids" in _parameters(module) and feed.argument in ("input_ids", "inputs_embeds")
+            and not any(name.startswith("decoder_") for name, _ in feed.extra))
+
+
+def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """The output of ``feed`` on ``model`` (:func:`first_output`), seeded by ``tokens``, at
+    positions ``offset, offset + 1, ...``."""
+    module = model.get_submodule(feed.part) if feed.part else model
+    main = _value(feed.argument, feed.shape, tokens, 0)
+    kwargs = {feed.argument: main}
+    kwargs.update((name, _value(name, shape, tokens, i + 1)) for i, (name, shape) in enumerate(feed.extra))
+    if "use_cache" in _parameters(module):
+        kwargs["use_cache"] = False  # one forward: a cache changes nothing, and some configs cannot size one
+    shift = contextlib.nullcontext()
+    if takes_positions(module, feed):
+        kwargs["position_ids"] = torch.arange(main.shape[1])[None].expand(main.shape[0], -1) + offset
+    elif offset:
+        shift = shifted_rotary_positions(model, offset)
+    with torch.no_grad(), shift:
+        return first_output(module(**kwargs))
+
+
+def first_output(out) -> torch.Tensor:
+    """The logits, else the last hidden state, else the largest floating tensor of a forward's
+    output (a codec's waveform, a patcher's logits beside its entropies)."""
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    values = out.to_tuple() if hasattr(out, "to_tuple") else out if isinstance(out, (tuple, list)) else (out,)
+    found = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not found:
+        raise TypeError(f"its output ({type(out).__name__}) holds no floating tensor")
+    return max(found, key=torch.Tensor.numel)
+
+
+def rotary_modules(model: nn.Module) -> list[nn.Module]:
+    """Every module held as ``rotary_emb`` in ``model`` (transformers' or rope's), each once."""
+    found = {}
+    for m in model.modules():
+        held = getattr(m, "rotary_emb", None)
+        if isinstance(held, nn.Module):
+            found.setdefault(id(held), held)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def shifted_rotary_positions(model: nn.Module, offset: int) -> Iterator[None]:
+    """Within the context, every ``rotary_emb`` module of ``model`` sees its integer position ids
+    (its second argument, or ``position_ids``) moved by ``offset``."""
+    def hook(module, args, kwargs):
+        if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].is_floating_point():
+            args = (args[0], args[1] + offset, *args[2:])
+        elif isinstance(kwargs.get("position_ids"), torch.Tensor):
+            kwargs = {**kwargs, "position_ids": kwargs["position_ids"] + offset}
+        return args, kwargs
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in rotary_modules(model)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+FEATURE_KEYS = ("num_mel_bins", "feature_size", "input_feat_size", "n_mels", "mel_dim", "input_dim", "num_features",
+                "feature_dim", "input_size", "feature_projection_input_dim")
+"""Config keys that give the width of an audio encoder's input features."""
+
+CHANNEL_KEYS = ("num_codebooks", "num_channels", "audio_channels", "num_quantizers")
+"""Config keys that give a third dimension of ids (codebooks) or the channels of a waveform."""
+
+BATCH, LENGTH, FRAMES, SAMPLES = 2, 20, 64, 3840
+"""The inputs' batch, sequence length (tokens, embeddings), feature frames (a multiple of the
+encoders' subsampling, 8 at most) and waveform samples (two frames of a 24 kHz codec at 12.5 Hz)."""
+
+
+def _sizes(config, keys) -> list[int]:
+    """The positive integers ``config`` or its sub-configs hold under ``keys``, the config's first."""
+    subs = [getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {}]
+    found = (getattr(c, key, None) for c in (config, *(s for s in subs if s is not None)) for key in keys)
+    return list(dict.fromkeys(v for v in found if isinstance(v, int) and not isinstance(v, bool) and v > 0))
+
+
+def _hidden(config) -> list[int]:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return _sizes(config, ("hidden_size", "d_model")) + _sizes(text, ("hidden_size",))
+
+
+def _shapes(name: str, config) -> list[tuple[int, ...]]:
+    """The shapes tried for the argument ``name`` of a forward whose module has ``config``."""
+    if name.endswith("input_ids"):
+        return [()] + [(BATCH, LENGTH, c) for c in _sizes(config, CHANNEL_KEYS)]
+    if name.endswith("embeds") or name.endswith("hidden_states"):
+        return [(BATCH, LENGTH, d) for d in dict.fromkeys(_hidden(config))]
+    if name.endswith("_mask"):
+        return [(BATCH, LENGTH)]
+    if name.startswith("num_"):
+        return [()]
+    if name == "input_features":
+        widths = _sizes(config, FEATURE_KEYS)
+        return [shape for f in widths for shape in ((BATCH, FRAMES, f), (BATCH, f, FRAMES))]
+    if name == "input_values":
+        return [(BATCH, c, SAMPLES) for c in _sizes(config, ("audio_channels",)) or [1]] + [(BATCH, SAMPLES)]
+    if name == "past_values":
+        return [(BATCH, FRAMES)]
+    return []
+
+
+def unmade_arguments(module: nn.Module) -> list[str]:
+    """The arguments ``module``'s forward requires (no default) for which :func:`candidates`
+    makes no input (pixels, patch counts, ...)."""
+    config = getattr(module, "config", None)
+    return [name for name, p in _parameters(module).items()
+            if p.default is inspect.Parameter.empty and not _shapes(name, config)]
+
+
+def _parts(model: nn.Module, text: str | None) -> list[str]:
+    """The model, its text model, then each outermost module holding a ``rotary_emb``."""
+    owners = [name for name, m in model.named_modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)]
+    outermost = [n for n in owners if not any(n != o and n.startswith(o + ".") for o in owners if o)]
+    return list(dict.fromkeys(["", *([text] if text else []), *outermost]))
+
+
+def candidates(model: nn.Module, text: str | None = None, extra: tuple = ()) -> list[Feed]:
+    """The feeds a probe tries, in order: token ids to the model and its text model ``text``;
+    then, for the model, the text model and each outermost holder of a ``rotary_emb``, every
+    input its forward's first argument takes (:func:`_shapes`: ids, embeddings of its hidden
+    size, audio features of its feature width, a waveform, a series) and ``inputs_embeds`` where
+    it takes them, with the other arguments it requires where they are ids, masks or hidden
+    states, an encoder's hidden states where it takes them, and a decoder's ids (of the same
+    shape) beside an encoder's where it takes them. ``extra`` (``(name, shape)`` pairs: what a
+    model type needs beyond its signature) is given to every feed of the model's own forward."""
+    feeds = [Feed(extra=extra)] + ([Feed(part=text)] if text else [])
+    for part in _parts(model, text):
+        module = model.get_submodule(part) if part else model
+        config = getattr(module, "config", None) or model.config
+        parameters = _parameters(module)
+        if not parameters:
+            continue
+        first = next(iter(parameters))
+        wanted = [n for n, p in parameters.items() if n != first and p.default is inspect.Parameter.empty]
+        wanted += ["encoder_hidden_states"] if "encoder_hidden_states" in parameters else []
+        given = dict(extra) if not part else {}
+        if any(not _shapes(n, config) for n in wanted if n not in given):
+            continue  # it requires an argument the probe does not make
+        others = {**{n: _shapes(n, config)[0] for n in wanted if n != first}, **given}
+        decoder = "decoder_input_ids" in parameters and "decoder_input_ids" not in others
+        for name in dict.fromkeys([first, *(["inputs_embeds"] if "inputs_embeds" in parameters else [])]):
+            for shape in _shapes(name, config):
+                more = {"decoder_input_ids": shape if name.endswith("input_ids") else ()} if decoder else {}
+                feeds.append(Feed(part, name, shape, tuple({**others, **more}.items())))
+    return list(dict.fromkeys(feeds))
