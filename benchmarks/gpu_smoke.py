@@ -21,7 +21,9 @@ on the CPU. Bounds as tests/test_fused_attention.py: the output within ``4 (16 u
 or ``4 u max|g|`` (bfloat16). At the float limits (tests/test_attention_limits.py): softmax_scale
 1e37, whose scaled logits are beyond float32's range, gives the hard maximum bit for bit in the
 prefill and decoding kernels, and the backward at 1e30 no NaN; float16 q and k up to 65000 (rotated
-operands beyond float16's range, prescaled) stay within float16's rounding of the reference.
+operands beyond float16's range, prescaled) stay within float16's rounding of the reference; logits
+beyond float32's range are recomputed in float64 (rope.kernels.triton_attention_repair), within an
+ulp of the reference, and on CUDA an ordinary call captured in a CUDA graph replays bit for bit.
 
 Prints a table (case, reference, worst error over its bound, result); exit status 1 if any case
 fails. Without CUDA it runs in Triton's interpreter on the CPU (``--tiny`` sizes), which is how
@@ -330,6 +332,67 @@ def attention_cases(s):
     for name in ("RoPE", "Leaky ReRoPE"):
         cases[f"attention {name} fp16 q, k up to 65000 (a = 1.5), fwd+decoding+bwd"] = partial(
             largest_float16, modes[name], 1.5)
+
+    def overflowing_logits(dtype, q_len):
+        """Logits of 2^128 (1 + m / 128) (k's first tail coordinate 2^63 (1 + m / 128), one query's 2^65),
+        softmax_scale 2^-120: beyond float32's range, NaN in the kernels, so those rows (and, in the backward,
+        their slice) are recomputed in float64 (rope.kernels.triton_attention_repair): the worst error of
+        output and gradients over an ulp of the float64 reference's (tests/test_attention_limits.py)."""
+        gen = torch.Generator().manual_seed(32)
+        q, k = (torch.randn(1, n, heads, 16, generator=gen, dtype=torch.float64) for n, heads in ((q_len, 2), (40, 1)))
+        k[..., 12] = 2.0**63 * (1 + torch.randint(0, 4, (1, 40, 1), generator=gen) / 128)
+        q[..., 12] = 0.0
+        q[0, -1, 0, 12] = 2.0**65
+        v = torch.randint(-8, 9, (1, 40, 1, 16), generator=gen).double()
+        grad_out = torch.randint(-4, 5, (1, q_len, 2, 16), generator=gen).double()
+        k_positions, theta = torch.arange(40), theta_for(12, "cpu")
+        q_positions = k_positions[-q_len:]
+        exact_leaves = [t.to(dtype).double().requires_grad_() for t in (q, k, v)]
+        expected = rotary_attention(*exact_leaves, q_positions, k_positions, theta, softmax_scale=2.0**-120,
+                                    compute_dtype=torch.float64)
+        expected_grads = torch.autograd.grad(expected, exact_leaves, grad_out)
+        leaves = [t.to(dtype).to(DEVICE).requires_grad_() for t in (q, k, v)]
+        out = fused_rotary_attention(*leaves, q_positions.to(DEVICE), k_positions.to(DEVICE), theta.to(DEVICE),
+                                     softmax_scale=2.0**-120)
+        grads = torch.autograd.grad(out, leaves, grad_out.to(dtype).to(DEVICE))
+        ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-23
+        ratios = []  # the recomputed: the last query's row of head 0, and the gradients (one slice: all of them)
+        for got, exact in ((out[0, -1, 0], expected[0, -1, 0]), *zip(grads, expected_grads)):
+            error = (got.detach().cpu().double() - exact.to(dtype).double()).abs().max().item()
+            ratios.append(error / (ulp * exact.abs().max().item()) if got.isfinite().all() else math.inf)
+        return max(ratios)
+
+    for dtype_name in ("fp32", "bf16"):
+        for q_len, kernel in ((12, "prefill"), (1, "decoding")):  # prefill: 12 x 2 rows per key head
+            cases[f"attention logits beyond float32's range {dtype_name} {kernel}, rows recomputed, fwd+bwd"] = partial(
+                overflowing_logits, DTYPES[dtype_name], q_len)
+
+    def captured_graph():
+        """An ordinary fused call (prefill and decoding) captured in a CUDA graph: the results check cannot read
+        its flag there (it is a device assertion while capturing), and the replay gives the eager call's output
+        bit for bit. 0 when it does, inf otherwise."""
+        gen = torch.Generator().manual_seed(33)
+        q, k, v = (torch.randn(1, n, heads, 64, generator=gen).to(DEVICE) for n, heads in ((32, 4), (64, 2), (64, 2)))
+        positions, theta = torch.arange(64, device=DEVICE), theta_for(64, DEVICE)
+        ok = True
+        for q_len in (32, 1):
+            call = partial(fused_rotary_attention, q[:, -q_len:], k, v, positions[-q_len:], positions, theta)
+            eager = call()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                call()  # warm-up outside the capture (compiles the kernel)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = call()
+            graph.replay()
+            torch.cuda.synchronize()
+            ok = ok and torch.equal(captured, eager)
+        return 0.0 if ok else math.inf
+
+    if DEVICE == "cuda":
+        cases["attention prefill and decoding captured in a CUDA graph (no host read of the check)"] = captured_graph
     return cases
 
 

@@ -13,9 +13,15 @@ logits lie beyond float64's range, against references written from the formula:
 * the float32 path (rope.attention.blockwise_float32, the default for float16/bfloat16/float32
   inputs): within its range the same limits in float32, beyond it the float64 path's result
   rounded to float32 (its backward the float64 one), never NaN.
+
+The fused Triton kernels (rope.kernels: prefill, decoding, backward) against the same references:
+the hard maximum under a huge scale, the scales refused by name, and the rows whose float32
+arithmetic overflows (logits of 2^128 and beyond, values near float32's largest) recomputed in
+float64 (rope.kernels.triton_attention_repair), every other row bit for bit the kernels' own.
 """
 
 import math
+from functools import partial
 
 import mpmath
 import pytest
@@ -138,13 +144,14 @@ def test_a_huge_attention_factor_gives_the_hard_maximum_of_the_rotary_logits(att
 
 
 def dense(q, k, v, q_positions, k_positions, theta, *, softmax_scale, window=None, leaky_scale=None,
-          attention_factor=1.0):
-    """softmax(s L + mask) V and its LSE, the whole matrix in float64 (differentiable): the reference for
-    inputs whose logits fit float64."""
+          attention_factor=1.0, logn_length=None):
+    """softmax(s c L + mask) V and its LSE, the whole matrix in float64 (differentiable; c the row's log-n factor
+    max(1, ln(m + 1) / ln L), else 1): the reference for inputs whose logits fit float64."""
     rotary = torch.arange(q.shape[3]) < 2 * theta.numel()
     q2, k2 = (torch.where(rotary, attention_factor * t, t) for t in (q, k))
-    x = masked(softmax_scale * logits(q2, k2, q_positions, k_positions, theta, window=window,
-                                      leaky_scale=leaky_scale), q_positions, k_positions)
+    scale = softmax_scale if logn_length is None else softmax_scale * logn_scale(q_positions, logn_length)[:, None]
+    x = masked(scale * logits(q2, k2, q_positions, k_positions, theta, window=window,
+                              leaky_scale=leaky_scale), q_positions, k_positions)
     values = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     return torch.einsum("bhij,bjhd->bihd", torch.softmax(x, dim=-1), values), torch.logsumexp(x, dim=-1)
 
@@ -353,8 +360,9 @@ def test_the_fused_kernels_take_any_scale_they_accept(dtype, kernel, method):
 
 @pytest.mark.parametrize("kernel", ["prefill", "decode"])
 def test_the_fused_kernels_take_the_smallest_scale_they_accept(kernel):
-    """The kernels hold log2(e) softmax_scale in float32: below float32's smallest normal number it would be 0
-    (0 times a masked logit's -inf: NaN), so such a scale is refused by name before any work; the smallest one
+    """The kernels take log2(e) softmax_scale from 2^-120: below float32's smallest normal number 2^-126 it would
+    be 0 (0 times a masked logit's -inf: NaN), below 2^-120 a logit lost beyond float32's range could weigh
+    (rope.kernels.triton_attention_repair), so such a scale is refused by name before any work; the smallest one
     accepted gives the softmax's limit at s -> 0, the mean of v over each row's unmasked keys."""
     pytest.importorskip("triton")
     from rope.kernels.triton_attention import launch
@@ -362,8 +370,8 @@ def test_the_fused_kernels_take_the_smallest_scale_they_accept(kernel):
 
     run = launch if kernel == "prefill" else launch_decode
     inputs = kernel_case(12, torch.float32)
-    smallest = 2.0**-126 / math.log2(math.e) * (1 + 2.0**-40)  # log2(e) s >= 2^-126 after its float64 rounding
-    for scale in (5e-324, 1e-300, 2.0**-126 / math.log2(math.e) * (1 - 2.0**-40)):
+    smallest = 2.0**-120 / math.log2(math.e) * (1 + 2.0**-40)  # log2(e) s >= 2^-120 after its float64 rounding
+    for scale in (5e-324, 1e-300, 2.0**-126 / math.log2(math.e), 2.0**-120 / math.log2(math.e) * (1 - 2.0**-40)):
         with pytest.raises(ValueError, match="softmax_scale is too small"):
             run(*inputs, softmax_scale=scale)
     out, lse = run(*inputs, softmax_scale=smallest)
@@ -375,17 +383,28 @@ def test_the_fused_kernels_take_the_smallest_scale_they_accept(kernel):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
-def test_the_fused_backward_refuses_an_infinite_lse_by_name():
-    """An LSE beyond float32's range leaves P = exp(s L - LSE) nothing to recompute from: refused, naming lse."""
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
+def test_the_fused_backward_takes_an_infinite_lse(kernel):
+    """An LSE beyond float32's range leaves P = exp(s L - LSE) nothing to recompute from: those rows' slices are
+    differentiated in float64 (rope.kernels.triton_attention_repair), the hard maximum's gradients: 0 in q and
+    k, dO on each row's maximum in v (integer values: exact)."""
     pytest.importorskip("triton")
     from rope.kernels.triton_attention import launch
     from rope.kernels.triton_attention_backward import launch_backward
+    from rope.kernels.triton_attention_decode import launch_decode
 
     inputs = kernel_case(11, torch.float32)
-    out, lse = launch(*inputs, softmax_scale=1e37)
+    run = launch if kernel == "prefill" else partial(launch_decode, splits=3)
+    out, lse = run(*inputs, softmax_scale=1e37)
     assert lse.isinf().any()
-    with pytest.raises(ValueError, match="lse must hold no infinite value"):
-        launch_backward(*inputs, out, lse, torch.ones_like(out), softmax_scale=1e37)
+    d_out = torch.randint(-4, 5, out.shape, generator=torch.Generator().manual_seed(4)).to(out)
+    dq, dk, dv = launch_backward(*inputs, out, lse, d_out, softmax_scale=1e37)
+    x = rounded_logits(*inputs[:2], *inputs[3:])
+    _, weights = hard_maximum(x, inputs[2].cpu())
+    expected_dv = torch.einsum("bhij,bihd->bjhd", weights, d_out.cpu().double()).unflatten(2, (1, 2)).sum(dim=3)
+    torch.testing.assert_close(dv.cpu().double(), expected_dv, rtol=0, atol=0)
+    assert (dq == 0).all() and (dk == 0).all()
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
@@ -444,6 +463,185 @@ def test_float16_inputs_near_the_largest_value(attention_factor, method):
     for got, exact in zip(grads, expected_grads):
         assert got.isfinite().all()
         assert (got.cpu().double() - exact).abs().max() <= 8 * logit_error * exact.abs().max() + 1e-3
+
+
+# --- logits and sums beyond float32's range in the fused kernels: those rows recomputed in float64 ------------------
+
+ULP_AT_ONE = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float32: 2.0**-23}
+
+
+def overflow_case(seed, dtype, route):
+    """(inputs, huge, options): two batch rows of kernel_case's shapes (queries at 0, 11, 26, 39 against 40 keys,
+    heads 2 / 1, head_dim 16 with six pairs and a tail of four), integer v; the rows ``huge`` [batch, q_len,
+    heads_q] (batch row 0: query 1 of head 0 and query 3 of head 1) have logits beyond float32's range, every
+    other row's stay far within it. Routes:
+
+    * "tail": k's first tail coordinate (unrotated) is 2^63 (1 + m_j / 128), m_j in 0..3, the huge queries'
+      2^65, the others' 0: logits 2^128 (1 + m_j / 128) plus ordinary ones, and softmax_scale 2^-120 (log2(e) s
+      just above the kernels' least), so the scaled logits differ by about 2.9 m_j in log2: a softmax far from
+      its hard maximum. float32 and bfloat16 only (float16 holds no 2^63).
+    * "factor": attention_factor 2^62 with softmax_scale 2^-120: the rotary logits times a^2 = 2^124, the huge
+      queries 8 N(0, 1), the others N(0, 1) / 8. Every dtype (float16: operands prescaled by 2^-63).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 2, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 40, 1, 16, generator=gen, dtype=torch.float64)
+    v = torch.randint(-8, 9, (2, 40, 1, 16), generator=gen).double()
+    huge = torch.zeros(2, 4, 2, dtype=torch.bool)
+    huge[0, 1, 0] = huge[0, 3, 1] = True
+    if route == "tail":
+        k[..., 12] = 2.0**63 * (1 + torch.randint(0, 4, (2, 40, 1), generator=gen) / 128)
+        q[..., 12] = torch.where(huge, 2.0**65, 0.0)
+        options = dict(softmax_scale=2.0**-120)
+    else:
+        q = q * torch.where(huge, 8.0, 1 / 8)[..., None]
+        options = dict(softmax_scale=2.0**-120, attention_factor=2.0**62)
+    theta = rope.inv_freq({"rope_theta": 100.0}, 12)[0]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tensors = [q.to(dtype), k.to(dtype), v.to(dtype), torch.tensor([0, 11, 26, 39]), torch.arange(40), theta]
+    return [t.to(device) for t in tensors], huge, options
+
+
+def exact_attention(inputs, options, d_out, d_lse):
+    """(out, lse, grads, x): :func:`dense` of ``inputs`` in float64 from the formula, the gradients of
+    out . dO + lse . dL in q, k and v (float64 autograd), and the unscaled logits a^2 L_rot + L_tail
+    [batch, heads_q, q_len, k_len] (-inf where masked)."""
+    q, k, v, q_positions, k_positions, theta = (t.cpu() for t in inputs)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    formula = dict(window=options.get("window"), leaky_scale=options.get("leaky_scale"),
+                   attention_factor=options.get("attention_factor", 1.0))
+    out, lse = dense(*leaves, q_positions, k_positions, theta, softmax_scale=options["softmax_scale"],
+                     logn_length=options.get("logn_length"), **formula)
+    ((out * d_out.cpu().double()).sum() + (lse * d_lse.cpu().double()).sum()).backward()
+    a, rotary = formula.pop("attention_factor"), torch.arange(q.shape[3]) < 2 * theta.numel()
+    q2, k2 = (torch.where(rotary, a * t.double(), t.double()) for t in (q, k))
+    x = masked(logits(q2, k2, q_positions, k_positions, theta, **formula), q_positions, k_positions)
+    return out.detach(), lse.detach(), [t.grad for t in leaves], x
+
+
+OVERFLOW_CASES = [(torch.float32, "tail", "rope", None), (torch.bfloat16, "tail", "leaky", 8),
+                  (torch.float16, "factor", "rerope", None), (torch.bfloat16, "factor", "rope", 8),
+                  (torch.float32, "factor", "leaky", None)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("kernel", ["prefill", "decode", "blockwise"])
+@pytest.mark.parametrize(("dtype", "route", "method", "logn_length"), OVERFLOW_CASES,
+                         ids=[f"{str(d)[6:]}-{r}-{m}-logn{n}" for d, r, m, n in OVERFLOW_CASES])
+def test_logits_beyond_float32s_range_are_recomputed(dtype, route, method, logn_length, kernel):
+    """Rows whose logits are beyond float32's range (which made the kernels' row maximum +inf and the row NaN):
+    their output and lse are the float64 reference's rounded once (within an ulp of the formula's), and the
+    gradients of their slice (the whole batch row 0) too; every other row and slice is what the kernels give
+    where nothing overflows, bit for bit. "blockwise": rope.attention.blockwise on the same inputs (its float32
+    path, which scales the queries by s first, or its float64 path), within float32's rounding of the scaled
+    logits."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_backward import launch_backward
+    from rope.kernels.triton_attention_decode import launch_decode
+
+    window, leaky_scale = METHODS[method]
+    inputs, huge, options = overflow_case(14, dtype, route)
+    options.update(window=window, leaky_scale=leaky_scale, logn_length=logn_length)
+    device = inputs[0].device
+    d_out = torch.randint(-4, 5, (2, 4, 2, 16), generator=torch.Generator().manual_seed(15)).to(dtype).to(device)
+    d_lse = torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(16)).to(device)
+    expected, expected_lse, expected_grads, x = exact_attention(inputs, options, d_out, d_lse)
+    top = x.abs().masked_fill(x == -math.inf, 0).amax(dim=-1).transpose(1, 2)  # [batch, q_len, heads_q]
+    assert (top[huge] > 2.0**128).all() and (top[~huge] < 2.0**126).all()
+    tol = ULP_AT_ONE[dtype]
+
+    def assert_within_an_ulp(got, exact):
+        torch.testing.assert_close(got.cpu().double(), exact.to(dtype).double(), rtol=tol,
+                                   atol=tol * exact.abs().max().item())
+
+    if kernel == "blockwise":
+        leaves = [t.detach().requires_grad_() for t in inputs[:3]]
+        out, lse = blockwise_attention(*leaves, *inputs[3:], block_size=16, **options)
+        ((out * d_out.to(out.dtype)).sum() + (lse * d_lse).sum()).backward()
+        # its float32 path: scaled logits of about 2^8 (S_i), within about (d + 6) 2^-24 S_i each
+        torch.testing.assert_close(out.cpu().double(), expected, rtol=0, atol=2.0**-8 * 8)
+        for leaf, exact in zip(leaves, expected_grads):
+            assert not leaf.grad.isnan().any()
+            torch.testing.assert_close(leaf.grad.cpu().double(), exact, rtol=0, atol=2.0**-8 * exact.abs().max().item())
+        return
+    run = launch if kernel == "prefill" else partial(launch_decode, splits=3)
+    out, lse = run(*inputs, **options)
+    assert not out.isnan().any() and not lse.isnan().any()
+    rows = huge.to(device)
+    torch.testing.assert_close(out[rows].cpu().double(), expected[huge].to(dtype).double(), rtol=tol, atol=tol * 8)
+    torch.testing.assert_close(lse.transpose(1, 2)[rows].cpu().double(),
+                               expected_lse.transpose(1, 2)[huge].float().double(), rtol=2.0**-23, atol=0)
+    calm = inputs[0].clone()
+    calm[rows] = 0  # the other rows, where no logit overflows: the kernels alone (rows are independent)
+    calm_out, calm_lse = run(calm, *inputs[1:], **options)
+    assert torch.equal(out[~rows], calm_out[~rows])
+    assert torch.equal(lse.transpose(1, 2)[~rows], calm_lse.transpose(1, 2)[~rows])
+
+    grads = launch_backward(*inputs, out, lse, d_out, d_lse, **options)
+    for got, exact in zip(grads, expected_grads):  # batch row 0 holds the huge rows: its slice recomputed
+        assert_within_an_ulp(got[0], exact[0])
+    ordinary = [t[1:] for t in inputs[:3]] + inputs[3:]  # batch row 1 alone: nothing overflows, the kernels' own
+    alone = launch_backward(*ordinary, out[1:], lse[1:], d_out[1:], d_lse[1:].contiguous(), **options)
+    for got, kernels in zip(grads, alone):
+        assert torch.equal(got[1:], kernels)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("kernel", ["prefill", "decode"])
+def test_values_near_float32s_largest_are_recomputed(dtype, kernel):
+    """v up to 255 2^120 (just below 2^128): the kernels' unnormalised sums P V pass float32's range (inf, or NaN
+    after rescaling), where the exact output, a convex combination of v, is within it: those rows are the float64
+    reference's, rounded once, and so are the gradients (dO . v beyond float32's range too: ±inf where the exact
+    gradient is)."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+    from rope.kernels.triton_attention_backward import launch_backward
+    from rope.kernels.triton_attention_decode import launch_decode
+
+    inputs = kernel_case(17, dtype)
+    inputs[2] = (torch.randint(-255, 256, inputs[2].shape, generator=torch.Generator().manual_seed(17)).double()
+                 * 2.0**120).to(dtype).to(inputs[2].device)
+    run = launch if kernel == "prefill" else partial(launch_decode, splits=3)
+    options = dict(softmax_scale=0.25)
+    out, lse = run(*inputs, **options)
+    leaves = [t.detach().double().cpu().requires_grad_() for t in inputs[:3]]
+    expected, expected_lse = dense(*leaves, *(t.cpu() for t in inputs[3:]), **options)
+    tol = ULP_AT_ONE[dtype]
+    largest = inputs[2].abs().max().item()
+    assert out.isfinite().all()
+    torch.testing.assert_close(out.cpu().double(), expected.detach().to(dtype).double(), rtol=tol, atol=tol * largest)
+    # v leaves the lse alone: the kernels' own (float32 logits of operands rounded to q's dtype)
+    logit_tol = 2.0**-20 if dtype == torch.float32 else 2.0**-6
+    torch.testing.assert_close(lse.cpu().double(), expected_lse.detach(), rtol=logit_tol, atol=0)
+    d_out = torch.randint(-4, 5, out.shape, generator=torch.Generator().manual_seed(18)).to(out)
+    (expected * d_out.cpu().double()).sum().backward()
+    for got, leaf in zip(launch_backward(*inputs, out, lse, d_out, **options), leaves):
+        exact = leaf.grad.to(dtype).double()
+        assert not got.isnan().any() and torch.equal(got.isinf().cpu(), exact.isinf())
+        finite = exact.isfinite()
+        torch.testing.assert_close(got.cpu().double()[finite], exact[finite], rtol=tol,
+                                   atol=tol * exact[finite].abs().max().item())
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_float16_attention_factors_beyond_the_kernels_prescale_are_refused():
+    """float16 operands are prescaled by 2^-c, c = ceil(log2(sqrt(2) a)), and the logits multiplied back by 2^2c,
+    a float32 constant: from a = 2^62.5 it is beyond float32's range (infinite: NaN even for zero q), refused by
+    name before any work, while 2^62 (2^2c = 2^126) is computed."""
+    pytest.importorskip("triton")
+    from rope.kernels.triton_attention import launch
+
+    inputs = kernel_case(19, torch.float16)
+    for a in (2.0**63, 2.0**62.5 * (1 + 2.0**-40), 1e30):
+        with pytest.raises(ValueError, match="attention_factor = .* too large for float16"):
+            launch(*inputs, softmax_scale=2.0**-120, attention_factor=a)
+    out, lse = launch(*inputs, softmax_scale=2.0**-120, attention_factor=2.0**62)
+    assert out.isfinite().all() and lse.isfinite().all()
 
 
 # --- the float32 path (rope.attention.blockwise_float32): its range, and the float64 path beyond it -----------------

@@ -384,6 +384,8 @@ BAD = [
     (dict(attention_factor=-1.0), ValueError, "attention_factor"),
     (dict(attention_factor=None), TypeError, "attention_factor"),
     (dict(attention_factor=2.0, rotate=False), ValueError, "rotate=False takes 1"),
+    (dict(window=3, rotate=False), ValueError, "rotate=False takes window=None"),
+    (dict(leaky_scale=2.0, window=3, rotate=False), ValueError, "rotate=False takes window=None"),
     (dict(logn_length=8.0), TypeError, "logn_length"),
     (dict(logn_length=True), TypeError, "logn_length"),
     (dict(k=lambda k: k[:, :0], v=lambda v: v[:, :0], k_positions=lambda p: p[:0], causal=False), ValueError,
@@ -722,21 +724,21 @@ def test_the_backward_refuses_bad_saved_tensors(changes, error, message):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_without_rotation_it_is_attention_on_q_and_k_as_given(dtype):
     """rotate=False (the benchmark's baseline): the logits of unrotated q and k, i.e. theta = 0,
-    in the forward and the backward; a window changes nothing then (both frames are the identity)."""
+    in the forward and the backward. A window would change nothing then (both frames are the
+    identity): refused by name, as the attention factor is, rather than ignored."""
     q, k, v, q_positions, k_positions, theta = case(28, q_len=9, k_len=17, heads_q=2, heads_k=1, dtype=dtype)
     zero = torch.zeros_like(theta)
-    for window in (None, 5):
-        out, lse = launch(q, k, v, q_positions, k_positions, theta, window=window, rotate=False)
-        expected, expected_lse = launch(q, k, v, q_positions, k_positions, zero)
-        assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
-        grad_out = torch.randn_like(out)
-        grads = launch_backward(q, k, v, q_positions, k_positions, theta, out, lse, grad_out, window=window,
-                                rotate=False)
-        for g, e in zip(grads, launch_backward(q, k, v, q_positions, k_positions, zero, out, lse, grad_out)):
-            if window is None:
-                assert torch.equal(g, e)
-            else:  # the two frames' gradients are accumulated apart, then added: another order of sums
-                torch.testing.assert_close(g, e)
+    out, lse = launch(q, k, v, q_positions, k_positions, theta, rotate=False)
+    expected, expected_lse = launch(q, k, v, q_positions, k_positions, zero)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    grad_out = torch.randn_like(out)
+    grads = launch_backward(q, k, v, q_positions, k_positions, theta, out, lse, grad_out, rotate=False)
+    for g, e in zip(grads, launch_backward(q, k, v, q_positions, k_positions, zero, out, lse, grad_out)):
+        assert torch.equal(g, e)
+    for run in (lambda **o: launch(q, k, v, q_positions, k_positions, theta, **o),
+                lambda **o: launch_backward(q, k, v, q_positions, k_positions, theta, out, lse, grad_out, **o)):
+        with pytest.raises(ValueError, match="rotate=False takes window=None"):
+            run(window=5, rotate=False)
     with pytest.raises(TypeError, match="rotate"):
         launch(q, k, v, q_positions, k_positions, theta, rotate=0)
 

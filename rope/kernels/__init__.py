@@ -5,7 +5,8 @@
 * :mod:`.triton_attention` — RoPE, ReRoPE and Leaky ReRoPE inside attention: q and k rotated on
   load in a FlashAttention-2 style forward kernel, and its launcher;
   :mod:`.triton_attention_backward` its backward kernels; :mod:`.triton_attention_decode` the
-  decoding kernel (few queries, the keys split across programs);
+  decoding kernel (few queries, the keys split across programs); :mod:`.triton_attention_repair`
+  the rows whose float32 arithmetic overflowed, found from the results and recomputed in float64;
 * :mod:`.attention_operators` — those kernels as differentiable operators,
   ``torch.ops.rope.fused_attention`` and :func:`.attention_operators.fused_rotary_attention`;
 * :mod:`.operators` — the kernel as ``torch.ops.rope.rotary`` and ``torch.ops.rope.rotary_``,

@@ -38,10 +38,12 @@ def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layou
     :func:`rope.kernels.triton_attention.launch` (float16, bfloat16 or
     float32 q, k, v of one dtype; float32 inv_freq; integer positions in (-2^31, 2^31)); returns
     ``[batch, q_len, heads_q, v_dim]`` in q's dtype. The float64 reference is
-    :func:`rope.attention.blockwise.rotary_attention`. Finite inputs give no NaN except where a logit
-    ``q . k`` a^2 is beyond float32's range (float32 or bfloat16 inputs from about 1e18 / a), which the
-    kernels do not read the values to refuse (:func:`rope.kernels.triton_attention.launch`); a
-    ``softmax_scale`` or ``attention_factor`` their float32 arithmetic cannot hold is refused by name.
+    :func:`rope.attention.blockwise.rotary_attention`. Finite inputs never give NaN, in the output or
+    the gradients: the rows whose float32 arithmetic may have overflowed (a logit ``q . k`` a^2 or a
+    sum P V beyond float32's range) are recomputed in float64
+    (:mod:`rope.kernels.triton_attention_repair`); a ``softmax_scale`` or ``attention_factor`` the
+    kernels' float32 arithmetic cannot hold is refused by name
+    (:func:`rope.kernels.triton_attention.launch`).
 
     Args:
         q: ``[batch, q_len, heads_q, d]``, float16, bfloat16 or float32.

@@ -54,11 +54,13 @@ and v of one dtype; float32 inv_freq with ``|theta_i|`` < 2^16 (and theta_i / k,
 positions (any integer dtype), one row for the batch or one per sequence, with ``|m|`` < 2^31, so
 that every angle is reduced exactly and every difference m - n is an int64; every query with a key to
 attend to; log2(e) softmax_scale attention_factor^2 within float32's range and log2(e) softmax_scale
-no smaller than its smallest normal number 2^-126; CUDA tensors, or CPU
-tensors in Triton's interpreter. The values are not checked (it would cost a pass over q and k): a
-logit q . k a^2 beyond float32's range (float32 or bfloat16 inputs from about 1e18 / a; float16
-inputs only with a beyond about 1e13) is infinite in the kernel and gives NaN;
-:func:`rope.attention.blockwise.rotary_attention` computes it (:func:`launch`).
+at least 2^-120 (:func:`check_logit_scale`); float16 q and k with attention_factor below 2^62.5 (the
+prescale's 2^2c is a float32 constant); CUDA tensors, or CPU tensors in Triton's interpreter.
+The values of q, k and v are not read before the kernel runs (a pass over them would cost a
+decoding step as much memory traffic as the kernel): the rows whose float32 arithmetic may have
+overflowed (a logit or a sum P V beyond float32's range, an lse beyond it) are found from the
+results and recomputed in float64, so that finite inputs never give NaN
+(:mod:`.triton_attention_repair` states which rows, why that suffices, and the cost).
 
 The backward is :mod:`.triton_attention_backward`; both are differentiable operators in
 :mod:`.attention_operators` (:func:`.attention_operators.fused_rotary_attention`). No GPU ran these
@@ -79,6 +81,7 @@ from .. import _checks
 from ..attention.blockwise import AttentionOptions, check_arguments, check_logn_positions, logn_factors
 from ..limits import MAX_FREQUENCY, MAX_POSITION
 from .emulation import fma, loop_bound
+from .triton_attention_repair import repair_forward
 from .triton_rotary import (
     check_launch_device,
     check_positions_in_range,
@@ -98,7 +101,10 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LN2 = math.log(2.0)
 _LOG2E = 1 / _LN2
 FLOAT32_MAX = torch.finfo(torch.float32).max
-FLOAT32_TINY = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal number
+SMALLEST_LOG2_SCALE = 2.0**-120
+"""The smallest log2(e) softmax_scale the kernels take: a logit their float32 arithmetic loses (beyond float32's
+range, 2^127 below its row's maximum or more) then weighs at most 2^-128 of the maximum's weight
+(:mod:`.triton_attention_repair`); below it such a weight could matter, and no row check could tell."""
 MAX_POSITION_C = tl.constexpr(MAX_POSITION)  # the jit functions read constexpr globals only
 LN2_C = tl.constexpr(_LN2)
 
@@ -469,6 +475,13 @@ def check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, 
                               softmax_scale, 16, logn_length, attention_factor)  # block_size 16: unused here
     check_kernel_dtypes(q, k, v, inv_freq)
     check_logit_scale(options, softmax_scale is None)
+    rot_scale = 4.0 ** operand_prescale(q.dtype, options.attention_factor)
+    if rot_scale > FLOAT32_MAX:
+        raise ValueError(f"attention_factor = {options.attention_factor!r} is too large for float16 q and k in the "
+                         f"kernel: their rotated operands are prescaled by 2^-c, c = ceil(log2(sqrt(2) "
+                         f"attention_factor)), and the logits multiplied back by 2^2c = {rot_scale:.3g}, which must "
+                         f"not exceed float32's largest number (attention_factor below 2^62.5; "
+                         f"rope.attention.blockwise.rotary_attention takes any)")
     return options
 
 
@@ -478,9 +491,11 @@ def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool 
     hold log2(e) s (times the log-n factors) and a in float32 and scale the gaps between float32 logits
     and their row's maximum by them, which a finite factor keeps 0 at the maximum (an infinite one
     would give inf * 0 = NaN). Only the options are read; any finite factor is taken, however far
-    s a^2 |q . k| lies beyond float32's range (the output is then the hard maximum, :func:`launch`).
-    Refuse too a softmax_scale whose log2(e) s is below float32's smallest normal number 2^-126: held in
-    float32 it would be 0 or subnormal (flushed to 0 on the GPU), and 0 times a masked logit's -inf is NaN."""
+    s a^2 ``|q . k|`` lies beyond float32's range (the output is then the hard maximum, :func:`launch`).
+    Refuse too a softmax_scale whose log2(e) s is below :data:`SMALLEST_LOG2_SCALE` 2^-120: below float32's
+    smallest normal number 2^-126 it would be 0 or subnormal (flushed to 0 on the GPU), and 0 times a masked
+    logit's -inf is NaN; below 2^-120 a logit the float32 arithmetic loses (beyond float32's range) could
+    carry weight, which no check of the results could see (:mod:`.triton_attention_repair`)."""
     logn = 1.0 if options.logn_length is None else max(1.0, math.log(MAX_POSITION) / math.log(options.logn_length))
     a = options.attention_factor
     largest = _LOG2E * options.scale * logn * a * a  # products: inf beyond float64, not OverflowError (a**2)
@@ -492,10 +507,11 @@ def check_logit_scale(options: AttentionOptions, softmax_scale_is_default: bool 
                          f"attention_factor^2{times} = {largest:.3g} (and attention_factor) must not exceed "
                          f"float32's largest number {FLOAT32_MAX:.6g}; got softmax_scale = {options.scale!r}, "
                          f"attention_factor = {a!r}")
-    if not _LOG2E * options.scale >= FLOAT32_TINY:
+    if not _LOG2E * options.scale >= SMALLEST_LOG2_SCALE:
         raise ValueError(f"softmax_scale is too small for the kernel's float32 logits: log2(e) softmax_scale = "
-                         f"{_LOG2E * options.scale:.3g} must be at least float32's smallest normal number "
-                         f"2^-126 = {FLOAT32_TINY:.6g}; got softmax_scale = {options.scale!r}")
+                         f"{_LOG2E * options.scale:.3g} must be at least 2^-120 = {SMALLEST_LOG2_SCALE:.6g} "
+                         f"(rope.attention.blockwise.rotary_attention takes any); got softmax_scale = "
+                         f"{options.scale!r}")
 
 
 @dataclass(frozen=True)
@@ -524,6 +540,16 @@ class Launch:
         """q_len, k_len, heads_q, group, qk_scale = softmax_scale log2(e), window."""
         return (q.shape[1], k.shape[1], q.shape[2], q.shape[2] // k.shape[2], self.options.scale * _LOG2E,
                 self.options.window or 0)
+
+    def row_scales(self) -> torch.Tensor:
+        """Each query row's log2(e) s times its log-n factor, float32 as the kernels compute it, broadcasting
+        with ``[batch, heads_q, q_len]``: a 0-D CPU tensor without log-n scaling (a scalar to the device's
+        operations: no copy to the device, which a captured CUDA graph could not hold)."""
+        scale = torch.tensor(self.options.scale * _LOG2E, dtype=torch.float32)
+        if not self.constants["LOGN"]:
+            return scale
+        factors = self.row_scale if self.row_scale.dim() == 2 else self.row_scale[None]  # [batch or 1, q_len]
+        return factors[:, None, :] * scale
 
 
 def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causal, window, leaky_scale,
@@ -560,6 +586,9 @@ def prepare_launch(q, k, v, q_positions, k_positions, inv_freq, *, layout, causa
                                  rotate=_checks.flag("rotate", rotate), logn=options.logn_length is not None)
     if not constants["ROTATE"] and options.attention_factor != 1.0:
         raise ValueError(f"attention_factor = {options.attention_factor} scales the rotation: rotate=False takes 1")
+    if not constants["ROTATE"] and options.window is not None:  # both passes would be the same logits
+        raise ValueError(f"window = {options.window} (and leaky_scale) choose between rotations: rotate=False "
+                         "takes window=None")
     q_positions, k_positions = q_positions.to(torch.int64).contiguous(), k_positions.to(torch.int64).contiguous()
     return Launch(
         options=options, mode=mode, q_positions=q_positions, k_positions=k_positions,
@@ -602,31 +631,30 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
     logit by a^2), as :func:`rope.attention.blockwise.rotary_attention` defines it.
     ``logn_length`` L multiplies the logits of the query at position m by
     ``max(1, ln(m + 1) / ln L)`` (log-n scaling, :mod:`rope.attention.logn`; positions from 0).
-    ``rotate=False`` skips the rotations (attention on q and k as given, a window still selecting
-    between the frames' identical logits): the same kernel without RoPE, the benchmark's baseline.
+    ``rotate=False`` skips the rotations (attention on q and k as given): the same kernel without
+    RoPE, the benchmark's baseline. It takes no window (both passes would be the same logits) and
+    the attention factor 1 (it scales the rotation): the others are refused by name, not ignored.
 
     The logits are float32 (module docstring): ``ValueError`` where the factor they are scaled by,
     log2(e) ``softmax_scale`` a^2 (times the largest log-n factor), or a itself, exceeds float32's
-    range, or where log2(e) ``softmax_scale`` is below float32's smallest normal number 2^-126 (held
-    in float32 it would be 0, and 0 times a masked logit's -inf NaN) (:func:`check_logit_scale`,
-    from the options alone). Every factor within it is computed:
-    the running maximum is taken before the scale, so scaled logits beyond float32's range give
-    the hard maximum (the mean of v over each row's largest logits, the limit of the softmax) and
-    an lse of ±inf, never NaN. float16 q and k of any finite value are taken (their rotated
-    operands are prescaled by a power of two, module docstring). The values are not checked (a
-    pass over q and k): a logit ``q . k`` a^2 beyond float32's range (float32 or bfloat16 inputs
-    from about 1e18 / a; float16 only with a beyond about 1e13) is infinite and gives NaN where the
-    float64 reference (:func:`rope.attention.blockwise.rotary_attention`, which computes it) is
-    finite.
+    range, where log2(e) ``softmax_scale`` is below 2^-120, or where float16's prescale 2^2c does
+    (a from 2^62.5) (:func:`check_metadata`, :func:`check_logit_scale`, from the options alone).
+    Every other call is computed, and finite q, k and v never give NaN: the running maximum is taken
+    before the scale, so scaled logits beyond float32's range give the hard maximum (the mean of v
+    over each row's largest logits, the limit of the softmax), and the rows whose float32
+    arithmetic may have overflowed (a logit ``q . k`` a^2 or a sum P V beyond float32's range, an
+    lse beyond it) are recomputed in float64 and rounded once (:mod:`.triton_attention_repair`:
+    one check of out and lse per call, a host synchronisation on CUDA).
     ``v_dim = 0`` gives an empty output and every row's lse. CPU tensors need Triton's interpreter
     (``TRITON_INTERPRET=1``; ``ValueError`` naming q's device otherwise,
     :func:`rope.kernels.triton_rotary.check_launch_device`).
 
-    Non-finite inputs are not refused (checking them would cost a pass over q, k and v). A NaN
-    in q reaches its own row only; one in k reaches the output and lse of the rows that attend
-    to that key (a masked key's logit is dropped); one in v reaches the output of those rows and
-    may reach the other rows of the query blocks that load its key block, whose zero weights
-    meet it in the tile's product.
+    Non-finite inputs are not refused (checking them would cost a pass over q, k and v), and no
+    row whose q, or whose key head's k or v, holds one is recomputed. A NaN in q reaches its own
+    row only; one in k reaches the output and lse of the rows that attend to that key (a masked
+    key's logit is dropped); one in v reaches the output of those rows and may reach the other
+    rows of the query blocks that load its key block, whose zero weights meet it in the tile's
+    product.
     """
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
@@ -651,4 +679,5 @@ def launch(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
             *run.runtime_scalars(q, k), run.factor,
             **run.constants, **run.sizes, **run.launch_options, enable_fp_fusion=False,
         )
+    repair_forward(run, q, k, v, out, lse)  # the rows the float32 arithmetic may have lost, in float64
     return out, lse

@@ -31,11 +31,12 @@ At the float limits. P is recomputed from the float32 LSE, so its exponent s L -
 error of about ``|LSE|`` 2^-24: the gradients lose accuracy as the scaled logits grow (beyond 2^20 or so
 the weights are no longer the softmax's), and the exponent is taken at most 0 (P <= 1), so that the
 rounding never makes P infinite. An LSE of ±inf (the forward's scaled logits beyond float32's
-range) leaves nothing to recompute P from: :func:`launch_backward` refuses it, naming lse
-(:func:`rope.attention.blockwise.blockwise_attention_backward` differentiates those rows in
-float64). Where softmax_scale times the largest log-n factor exceeds 1, s multiplies the summed dq
-and dk rather than each tile's dL (``SCALE_AFTER``, :func:`scale_after_the_sums`), so that a large
-scale cannot make dL infinite in the inputs' dtype and its products with zeros NaN.
+range), or one whose row holds logits beyond float32's range, leaves nothing to recompute P from:
+:func:`launch_backward` recomputes the slices (batch row, key head) of such rows, and of any
+non-finite gradient, in float64 (:func:`.triton_attention_repair.repair_backward`), so that finite
+inputs never give NaN. Where softmax_scale times the largest log-n factor exceeds 1, s multiplies
+the summed dq and dk rather than each tile's dL (``SCALE_AFTER``, :func:`scale_after_the_sums`), so
+that a large scale cannot make dL infinite in the inputs' dtype and its products with zeros NaN.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from .triton_attention import (
     tile_logits,
     token_block,
 )
+from .triton_attention_repair import repair_backward
 from .triton_rotary import cos_sin_of_int32_turns, interpreting, launch_device, pair_offsets, round_to_dtype
 
 LOG2E_C = tl.constexpr(1.4426950408889634)
@@ -417,18 +419,15 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
     (lse's shape, float32; None for zero). The other arguments as the forward's, the same values
     (``rotate=False``: the gradients of the forward without rotation, the benchmark's baseline),
     except the launch sizes: on a GPU those not given are :data:`DKDV_LAUNCH` and :data:`DQ_LAUNCH`.
-    An lse with an infinite value (a row's logsumexp beyond float32's range) raises ``ValueError``
-    naming lse (eager off CUDA, a device assertion on it); a NaN (a NaN input's row) stays in its rows."""
+    The slices (batch row, key head) of a row whose lse leaves the kernels no float32 softmax to
+    recompute (±inf, or logits beyond float32's range), or of a non-finite gradient, are recomputed
+    in float64 and rounded once (:mod:`.triton_attention_repair`), except those that read a
+    non-finite input (a NaN stays in its rows)."""
     run = prepare_launch(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal, window=window,
                          leaky_scale=leaky_scale, softmax_scale=softmax_scale, block_m=block_m, block_n=block_n,
                          num_warps=num_warps, num_stages=num_stages, rotate=rotate, logn_length=logn_length,
                          attention_factor=attention_factor)
     check_saved(q, v, out, lse, grad_out, grad_lse)
-    # an LSE of ±inf (beyond float32's range: the forward's logits times softmax_scale) leaves no softmax to
-    # recompute (P = exp(s L - LSE)); NaN (a NaN input's row) stays in its rows, as in the forward
-    _checks.assert_values("lse", ~lse.isinf().any(), "no infinite value: a row's logsumexp beyond float32's range "
-                          "(softmax_scale times the logits) leaves the kernels' backward without its softmax weights "
-                          "(rope.attention.blockwise differentiates it in float64)")
     # contiguous, as the fake implementation's (the kernels take the strides; empty_like would keep
     # a permuted q's layout, which torch.compile's traced graph would not expect)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -455,6 +454,9 @@ def launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_
         attention_dq_kernel[grid](q, k, v, grad_out, lse, delta, dq, *common, *strides, *dq.stride()[:3],
                                   *run.batch_strides, *scalars, **run.constants, **scale_after, **dq_sizes,
                                   enable_fp_fusion=False)
+    # the slices of a row whose lse leaves no float32 softmax to recompute (±inf, or logits beyond float32's
+    # range) or of a non-finite gradient, in float64
+    repair_backward(run, q, k, v, out, lse, grad_out, grad_lse, dq, dk, dv)
     return dq, dk, dv
 
 

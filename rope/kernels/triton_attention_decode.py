@@ -21,9 +21,10 @@ Massa and Sizov, "Flash-Decoding for long-context inference", 2023), changes bot
   a weight inf - inf (exp(LSE_s - LSE) would, where the LSEs are beyond float32's range).
 
 The logits, options and domain are those of :func:`.triton_attention.launch`; the partials are
-float32, the output is rounded once to q's dtype. :func:`prefers_decode` says when the operators
-of :mod:`.attention_operators` take this kernel; the backward is the prefill kernels' (it needs
-only out and lse).
+float32, the output is rounded once to q's dtype, and the rows whose float32 arithmetic may have
+overflowed are recomputed as there (:mod:`.triton_attention_repair`). :func:`prefers_decode` says
+when the operators of :mod:`.attention_operators` take this kernel; the backward is the prefill
+kernels' (it needs only out and lse).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .triton_attention import (
     query_frames,
     row_factors,
 )
+from .triton_attention_repair import repair_forward
 from .triton_rotary import interpreting, launch_device
 
 DECODE_ROWS = 16
@@ -209,18 +211,10 @@ def launch_decode(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = 
             *run.runtime_scalars(q, k)[4:], run.factor,
             **run.constants, BLOCK_M=rows, BLOCK_N=block_n, **run.launch_options, enable_fp_fusion=False,
         )
-    out.copy_(combine_partials(out_part, max_part, sum_part, _row_scales(run, q)).transpose(1, 2))
-    return out, torch.logsumexp(lse_part, dim=-1)  # LSE = log sum_s exp(LSE_s): ±inf where one is
-
-
-def _row_scales(run, q: torch.Tensor) -> torch.Tensor:
-    """Each query row's log2(e) s times its log-n factor, float32 as the kernel computes it, broadcasting
-    with ``[batch, heads_q, q_len]``."""
-    scale = torch.tensor(run.runtime_scalars(q, q)[4], dtype=torch.float32, device=q.device)
-    if not run.constants["LOGN"]:
-        return scale
-    factors = run.row_scale if run.row_scale.dim() == 2 else run.row_scale[None]  # [batch or 1, q_len]
-    return factors[:, None, :] * scale
+    out.copy_(combine_partials(out_part, max_part, sum_part, run.row_scales()).transpose(1, 2))
+    lse = torch.logsumexp(lse_part, dim=-1)  # LSE = log sum_s exp(LSE_s): ±inf where one is
+    repair_forward(run, q, k, v, out, lse)  # the rows the float32 arithmetic may have lost, in float64
+    return out, lse
 
 
 def combine_partials(out_part, max_part, sum_part, row_scale):
@@ -229,6 +223,6 @@ def combine_partials(out_part, max_part, sum_part, row_scale):
     chunk without a key for the row), so no weight is inf - inf whatever the scale (exp(LSE_s - LSE) would be
     where the LSEs are beyond float32's range); one chunk gives its O_s unchanged; a NaN stays NaN."""
     top = max_part.amax(dim=-1, keepdim=True)
-    weights = sum_part * torch.exp2((max_part - top) * row_scale[..., None])
+    weights = sum_part * torch.exp2((max_part - top) * (row_scale[..., None] if row_scale.dim() else row_scale))
     weights = weights / weights.sum(dim=-1, keepdim=True)
     return (weights[..., None] * out_part).sum(dim=-2)
