@@ -263,24 +263,28 @@ def _read(source: tables.Source, copies: tuple[str, ...], layer_type, dtype, len
 
 def diagnose(model: nn.Module, *, dtype: torch.dtype | None = None, limit: int | None = None,
              threshold: float = 0.5) -> Diagnosis:
-    """The precision of every rotary table a model makes: per rotary module and layer type, the
-    worst error against exact angles (in units of the model dtype, :mod:`rope.hf.precision`)
-    below and beyond ``max_position_embeddings``, and the first position whose error exceeds
-    ``threshold``. Patched or not, covered by :func:`rope.hf.patch` or not; the model is not
-    changed (copies of its rotary modules are called).
+    """The precision of every rotary table a model makes: per rotary module (or precomputed
+    table) and layer type, the worst error against exact angles (in units of the model dtype,
+    :mod:`rope.hf.precision`) below and beyond ``max_position_embeddings``, and the first
+    position whose error exceeds ``threshold``. Patched or not, covered by :func:`rope.hf.patch`
+    or not; the model is not changed (copies of its rotary modules are called).
 
     Args:
-        model: a transformers model (a ``torch.nn.Module`` with rotary modules: submodules with
-            an ``inv_freq`` buffer, or rope's).
+        model: a transformers model (a ``torch.nn.Module`` that makes rotary tables in one of
+            the forms of :mod:`rope.hf.tables`).
         dtype: the dtype to call the modules with and measure in (default: that of the model's
             first floating-point parameter).
         limit: the largest position read (default: the larger of 2^20 and four times each
-            module's ``max_position_embeddings``).
+            module's ``max_position_embeddings``; a precomputed table or an image ends sooner).
         threshold: the error in units whose first excess is reported (0.5: the table is no longer
             the exact one rounded to the dtype).
 
     Returns:
         a :class:`Diagnosis`: its rows, and ``str()`` a Markdown table.
+
+    Raises:
+        ValueError: the model has no rotary tables (no place that makes them, or none that
+            reads in any form: the message gives each one's reason).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")

@@ -5,10 +5,14 @@ reference.
 the first whose tables at the positions ``first`` to ``first + 7`` match ``a cos(p theta_i)`` and
 ``a sin(p theta_i)`` of its frequencies theta_i, each column to the pair it is closest to, within
 :data:`LAYOUT_TOLERANCE` times a (:class:`Reader`): which pair each column holds (``rotate_half``,
-interleaved, partial, M-RoPE's or a vision module's sections) is read there, not assumed. Every
-form gives the tables as the model makes them, in its dtype, and the model's own frequencies,
+interleaved, partial, M-RoPE's or a vision module's sections) is read there, not assumed, and
+every frequency must be held by some column (all columns near one slow pair are no table of
+positions). A called module is read again at those positions in reverse order, so that one
+that rotates positions 0..n-1 whatever it is given is not taken for another form. Every form
+gives the tables as the model makes them, in its dtype, and the model's own frequencies,
 computed as its code does in float32 (or float64 where its code does), so that a cast of the
-model, which rounds its buffers, does not hide in the reference.
+model, which rounds its buffers, does not hide in the reference (but for form 3, whose
+frequencies are its weights: the cast weights are then its frequencies).
 
 1. **A rotary module called with positions** (rope's, a module with an ``inv_freq`` buffer, a
    module whose class names rotary or RoPE): ``module(x, position_ids[, layer_type])`` with ``x``
@@ -25,8 +29,9 @@ model, which rounds its buffers, does not hide in the reference.
    ``hidden_states`` of the length one past the largest position read, returning ``(cos, sin)``
    stacked in one tensor, or the angles themselves, whose cos and sin the model then takes in
    their dtype (as here). The frequencies as in 1.
-3. **A coordinate encoder**: ``module(coordinates)`` with coordinates ``[1, n, 2]`` in the model
-   dtype, whose angles are a bias-free ``nn.Linear`` of them (LightGlue's keypoint encoder, 2-D
+3. **A coordinate encoder** (a module named for positions whose one submodule is a bias-free
+   ``nn.Linear`` of 2 coordinates): ``module(coordinates)`` with coordinates ``[1, n, 2]``
+   in the model dtype, whose angles are that Linear of them (LightGlue's keypoint encoder, 2-D
    Fourier features): its weights are the frequencies, learned (no formula): with p on both
    axes, theta_i is the sum of row i of the weight, exact in float64.
 4. **An image grid**: ``module(pixel_values)`` (DINOv3, Sapiens2) rotates patch (i, j) of an
@@ -50,16 +55,19 @@ model, which rounds its buffers, does not hide in the reference.
    rounded from float64 within half a unit of the second, and the two differ by up to
    2^-25 p theta); a = 1. Positions end with the table.
 
-A module that none of these reads (a relative-position encoding with an ``inv_freq`` buffer, a
-sinusoid added to the input: not rotary tables) gets the reason each form gave.
+A place that none of these reads (a relative-position encoding with an ``inv_freq`` buffer, a
+sinusoid added to the input: not rotary tables) gets the reason the first form tried gave, and
+how many others failed.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -104,17 +112,18 @@ class Source:
     config: object
 
 
-def _mentions_rotary(module: nn.Module) -> bool:
-    """Whether the source file of ``module``'s class mentions rotary (its modeling module)."""
+@functools.cache
+def _mentions_rotary(module_name: str) -> bool:
+    """Whether the source of the Python module ``module_name`` (a class's modeling module) mentions rotary."""
     try:
-        return "rotary" in inspect.getsource(sys.modules[type(module).__module__]).lower()
-    except (KeyError, OSError, TypeError):  # a class without source (built-in, interactive): no evidence
+        return "rotary" in inspect.getsource(sys.modules[module_name]).lower()
+    except (KeyError, OSError, TypeError):  # a module without source (built-in, interactive): no evidence
         return False
 
 
 def _is_table(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` looks like a precomputed rotary table: complex, or real rows whose
-    first is K zeros then K ones (sin | cos at position 0)."""
+    first is K zeros then K ones (``[sin | cos]`` at position 0)."""
     if tensor.is_complex():
         return tensor.dim() >= 2
     if not tensor.is_floating_point() or tensor.dim() < 2 or tensor.shape[-1] % 2 or tensor.shape[0] < MAP_POSITIONS:
@@ -135,12 +144,12 @@ def _has_inv_freq(module: nn.Module) -> bool:
 
 
 def _coordinate_linear(module: nn.Module) -> nn.Linear | None:
-    """The one bias-free ``nn.Linear`` from 2 or 3 coordinates of a module named for positions
-    (form 3), or ``None``."""
+    """The one bias-free ``nn.Linear`` of 2 coordinates of a module named for positions (form 3),
+    or ``None``."""
     if "posit" not in type(module).__name__.lower():
         return None
     linears = [m for m in module.children() if isinstance(m, nn.Linear)]
-    if len(linears) == 1 and linears[0].bias is None and linears[0].in_features in (2, 3):
+    if len(linears) == 1 and linears[0].bias is None and linears[0].in_features == 2:
         return linears[0]
     return None
 
@@ -148,7 +157,8 @@ def _coordinate_linear(module: nn.Module) -> nn.Linear | None:
 def sources(model: nn.Module) -> list[Source]:
     """The places in ``model`` that make rotary tables, outermost only (a rotary module's own
     submodules and tensors are its parts): rope's modules, modules with a buffer named
-    ``inv_freq`` or ``<layer type>_inv_freq``, modules whose class names rotary or RoPE,
+    ``inv_freq`` or ``<layer type>_inv_freq``, modules whose class names a rotary or RoPE
+    embedding and that hold no buffer (one that holds a table is read as that table),
     coordinate encoders (form 3), and precomputed tables (form 5) in modeling modules that
     mention rotary. Each comes with the config nearest to it."""
     found: list[Source] = []
@@ -165,7 +175,7 @@ def sources(model: nn.Module) -> list[Source]:
             continue
         tensors = [*module.named_buffers(recurse=False), *module.named_parameters(recurse=False)]
         tables = [t for t, value in tensors if _is_table(value)]
-        if tables and _mentions_rotary(module):
+        if tables and _mentions_rotary(type(module).__module__):
             found += [Source(f"{name}.{t}" if name else t, module, t, configs[name]) for t in tables]
     return found
 
@@ -284,12 +294,11 @@ def _settings(module: nn.Module) -> dict:
 def same(a: Source, b: Source) -> bool:
     """Whether two sources make the same tables: the same class, and the same RoPE configuration
     and layout (rope's modules) or config object and settings (transformers'), and the same
-    buffers; for tables, the same tensor."""
+    buffers and parameters; for tables, the same tensor."""
     if type(a.module) is not type(b.module) or (a.tensor is None) != (b.tensor is None):
         return False
     if a.tensor is not None:
-        x, y = getattr(a.module, a.tensor), getattr(b.module, b.tensor)
-        return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.detach().cpu(), y.detach().cpu())
+        return _equal({"": getattr(a.module, a.tensor)}, {"": getattr(b.module, b.tensor)})
     if isinstance(a.module, ROTARY_MODULES):
         ours, theirs = (dict((name, (m.rope_config, m.tables, m.head_dim)) for name, m in module.named_modules()
                              if isinstance(m, RotaryEmbedding)) for module in (a.module, b.module))
@@ -298,13 +307,15 @@ def same(a: Source, b: Source) -> bool:
     elif getattr(a.module, "config", None) is not getattr(b.module, "config", None) or (
             _settings(a.module) != _settings(b.module)):
         return False
-    ours, theirs = dict(a.module.named_buffers()), dict(b.module.named_buffers())
+    return all(_equal(dict(getattr(a.module, kind)()), dict(getattr(b.module, kind)()))
+               for kind in ("named_buffers", "named_parameters"))
+
+
+def _equal(ours: dict, theirs: dict) -> bool:
+    """Whether two name -> tensor maps hold the same names and tensors (dtype, shape, values)."""
     return ours.keys() == theirs.keys() and all(
-        ours[k].dtype == theirs[k].dtype and ours[k].shape == theirs[k].shape and torch.equal(ours[k].cpu(),
-                                                                                              theirs[k].cpu())
-        for k in ours) and dict(a.module.named_parameters()).keys() == dict(b.module.named_parameters()).keys() and all(
-        torch.equal(p.detach().cpu(), q.detach().cpu())
-        for p, q in zip(a.module.parameters(), b.module.parameters()))
+        ours[k].dtype == theirs[k].dtype and ours[k].shape == theirs[k].shape
+        and torch.equal(ours[k].detach().cpu(), theirs[k].detach().cpu()) for k in ours)
 
 
 def layer_types(source: Source) -> list[str | None]:
@@ -388,7 +399,7 @@ class _Call:
     arguments before the layer type; ``sequence``: it rotates positions 0..L-1 for a length L."""
 
     form: str
-    arguments: object
+    arguments: Callable[[torch.Tensor, torch.dtype], tuple]
     sequence: bool = False
     takes_layer_type: bool = True
 
