@@ -1,6 +1,6 @@
 """rope.hf.diagnose on tiny random models (no download) of every rotary model type of the
-installed transformers whose tiny model builds: rope.hf.coverage_table's COVERED and REFUSED
-types (but those needing timm or scipy), one model per type shared by the tests:
+installed transformers whose tiny model builds (rope.hf.coverage_table's COVERED and REFUSED
+types), one model per type shared by the tests:
 
 * stock, every place that makes rotary tables is read in some form of rope.hf.tables (the places
   listed in NOT_ROTARY_PLACES, which are not rotary tables, are named unread), and each form's
@@ -36,10 +36,10 @@ transformers = pytest.importorskip("transformers")
 from rope.hf import coverage, coverage_table  # noqa: E402
 
 COVERED = sorted(coverage_table.COVERED)
-TYPES = sorted(set(COVERED) | {t for t, reason in coverage_table.REFUSED.items()
-                               if "timm" not in reason and "scipy" not in reason})
-"""Every rotary model type (a modeling file that mentions rotary) but those whose tiny model needs
-a library not installed here; those whose tiny model does not build are skipped, with the reason."""
+TYPES = sorted(set(COVERED) | set(coverage_table.REFUSED))
+"""Every rotary model type (a modeling file that mentions rotary: rope.hf.coverage.rotary_model_types,
+tabulated); those whose tiny model does not build here (too large, a library not installed: timm,
+scipy) are skipped, with the reason."""
 
 NO_ROTARY = {
     "clvp_decoder": "CLVP's decoder holds no rotary module: its attention's rotary path gets rotary_pos_emb=None "
