@@ -6,7 +6,9 @@ needs, e.g. audio features to an encoder; rope.hf.feeds):
 * patched, its logits (or hidden states, or waveform) near position 0 are transformers' to
   float32 noise (LOGITS_TOLERANCE);
 * with the positions moved by 2^16 (as position_ids, or, where the forward takes none for its
-  sequence, added to the position ids its rotary modules receive), the patched model's output
+  sequence, added to the position ids its rotary modules receive; a vision tower's, fed an image
+  of rope.hf.feeds.GRID patches, on every axis: the image moves to rows and columns near 2^16
+  and its patches keep their relative positions), the patched model's output
   is its output near 0 (rope's angles are exact, so only relative positions count), while
   transformers' own changes by more than that tolerance (its float32 angles at 2^16 are off by
   up to 2^-8 rad);
@@ -48,6 +50,8 @@ ABSOLUTE_POSITIONS = {
                    "of the cache, whatever position_ids say: moved by 2^16, queries move 2^16 away from those keys",
     "t5gemma2": "its decoder's merged attention rotates its own keys, not the encoder's it attends to alike",
     "t5gemma2_decoder": "its merged attention rotates its own keys, not the encoder's it attends to alike",
+    "mlcd_vision_model": "its class token turns by a learned parameter (class_pos_emb), not by a position: moved by "
+                         "2^16, the patches move 2^16 away from it",
 }
 """Covered types whose output depends on absolute positions beyond RoPE: the 2^16 shift changes
 rope's logits too, so only the logits near 0 are compared there."""
@@ -58,9 +62,12 @@ OWN_POSITIONS = {
 """Covered types that ignore the position_ids given: moved by 2^16 they still run at positions near 0."""
 
 STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya", "dots3_note",
-               "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2"}
+               "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2",
+               "step3p5_vision"}
 """Types whose tiny model's transformers output stays within SHIFT_TOLERANCE at 2^16 (few or slow
-rotary pairs; a codec's waveform, synthesised from the transformer's output): the shift test
+rotary pairs; a codec's waveform, synthesised from the transformer's output; Step 3.5's vision
+tower, whose output is its attention's through two stride-2 convolutions: 1 x 2 tokens of the
+4 x 6 patches): the shift test
 cannot tell transformers' angles from rope's on them."""
 
 SHIFT_TOLERANCE = dict(rtol=1e-4, atol=5e-5)

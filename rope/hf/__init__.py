@@ -30,7 +30,9 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   (DeepSeek-V3, GLM-5, Mistral Large 4), :func:`apply_rotary_pos_emb_single` (Gemma 4),
   :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
   (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
-  :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2).
+  :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2); for vision towers
+  :func:`apply_rotary_pos_emb_vision` (Qwen2-VL's, GLM-4V's and most others) and
+  :func:`apply_rotary_pos_emb_vision_pairwise` (Inkling 2's).
 * :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
   exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
   CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
@@ -87,6 +89,8 @@ from .functions import (
     apply_rotary_pos_emb_pair_tables_interleaved,
     apply_rotary_pos_emb_single,
     apply_rotary_pos_emb_trailing,
+    apply_rotary_pos_emb_vision,
+    apply_rotary_pos_emb_vision_pairwise,
     rotate_half,
     rotate_pairs_interleaved,
 )
@@ -118,6 +122,8 @@ __all__ = [
     "apply_rotary_pos_emb_pair_tables_interleaved",
     "apply_rotary_pos_emb_single",
     "apply_rotary_pos_emb_trailing",
+    "apply_rotary_pos_emb_vision",
+    "apply_rotary_pos_emb_vision_pairwise",
     "diagnose",
     "head_dim_of",
     "install",

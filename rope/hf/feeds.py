@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .vision import is_vision_rotary
+
 
 @dataclass(frozen=True)
 class Feed:
@@ -37,7 +39,8 @@ class Feed:
         extra: other arguments the forward requires, ``(name, shape)`` each: integer ids where
             the name ends in ``_ids`` (``()``: the token ids given), ones where it ends in
             ``_mask``, a count (half the sequence: image patches, frames) where it starts with
-            ``num_``, else float.
+            ``num_``, an image's grid where it ends in ``_thw`` or ``_sizes`` (one row: the
+            shape's numbers, :data:`GRID` patches or their pixels), else float.
     """
 
     part: str = ""
@@ -59,6 +62,8 @@ def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) 
         return torch.ones(shape, dtype=torch.long)
     if name.startswith("num_"):
         return LENGTH // 2
+    if name.endswith(GRID_NAMES):
+        return torch.tensor([shape])
     generator = torch.Generator().manual_seed(int(tokens.sum()) * 7 + index)
     if name.endswith("_ids"):
         return torch.randint(int(tokens.min()), int(tokens.max()) + 1, shape, generator=generator)
@@ -111,19 +116,23 @@ def first_output(out) -> torch.Tensor:
 
 
 def rotary_modules(model: nn.Module) -> list[nn.Module]:
-    """Every module held as ``rotary_emb`` in ``model`` (transformers' or rope's), each once."""
+    """Every module held as ``rotary_emb`` in ``model`` and every vision rotary module
+    (:func:`rope.hf.vision.is_vision_rotary`; transformers' or rope's), each once."""
     found = {}
     for m in model.modules():
         held = getattr(m, "rotary_emb", None)
         if isinstance(held, nn.Module):
             found.setdefault(id(held), held)
+        if is_vision_rotary(m):
+            found.setdefault(id(m), m)
     return list(found.values())
 
 
 @contextlib.contextmanager
 def shifted_rotary_positions(model: nn.Module, offset: int) -> Iterator[None]:
-    """Within the context, every ``rotary_emb`` module of ``model`` sees its integer position ids
-    (its second argument, or ``position_ids``) moved by ``offset``."""
+    """Within the context, every rotary module of ``model`` (:func:`rotary_modules`) sees its
+    integer position ids (its second argument, or ``position_ids``) moved by ``offset``: a vision
+    module's on every axis, which moves the image and keeps its patches' relative positions."""
     def hook(module, args, kwargs):
         if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].is_floating_point():
             args = (args[0], args[1] + offset, *args[2:])
@@ -151,6 +160,24 @@ BATCH, LENGTH, FRAMES, SAMPLES = 2, 20, 64, 3840
 encoders' subsampling, 8 at most) and waveform samples (two frames of a 24 kHz codec at 12.5 Hz)."""
 
 
+GRID = (1, 4, 6)
+"""The image a vision tower is fed: frames, rows and columns of patches (rows and columns even,
+for the towers that merge 2 x 2 patches; not square, so that swapped axes show)."""
+
+GRID_NAMES = ("_thw", "_sizes")
+"""Name endings of a vision forward's grid argument (``grid_thw``: frames, rows, columns of
+patches; ``image_sizes``: height and width in pixels)."""
+
+
+def _patch(config) -> tuple[int, int, int] | None:
+    """A vision config's channels, frames per patch and patch side, or ``None`` without ``patch_size``."""
+    side = getattr(config, "patch_size", None)
+    if not isinstance(side, int) or isinstance(side, bool):
+        return None
+    channels = getattr(config, "in_channels", None) or getattr(config, "num_channels", None) or 3
+    return channels, getattr(config, "temporal_patch_size", None) or 1, side
+
+
 def _sizes(config, keys) -> list[int]:
     """The positive integers ``config`` or its sub-configs hold under ``keys``, the config's first."""
     subs = [getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {}]
@@ -167,8 +194,16 @@ def _shapes(name: str, config) -> list[tuple[int, ...]]:
     """The shapes tried for the argument ``name`` of a forward whose module has ``config``."""
     if name.endswith("input_ids"):
         return [()] + [(BATCH, LENGTH, c) for c in _sizes(config, CHANNEL_KEYS)]
+    patch = _patch(config)
     if name.endswith("embeds") or name.endswith("hidden_states"):
-        return [(BATCH, LENGTH, d) for d in dict.fromkeys(_hidden(config))]
+        flat = [(GRID[0] * GRID[1] * GRID[2], patch[0] * patch[1] * patch[2] ** 2)] if patch else []
+        return [(BATCH, LENGTH, d) for d in dict.fromkeys(_hidden(config))] + flat  # flat: a tower's patches
+    if name == "pixel_values" and patch:
+        return [(1, patch[0], GRID[1] * patch[2], GRID[2] * patch[2])]
+    if name.endswith("_thw"):
+        return [GRID]
+    if name.endswith("_sizes") and patch:
+        return [(GRID[1] * patch[2], GRID[2] * patch[2])]
     if name.endswith("_mask"):
         return [(BATCH, LENGTH)]
     if name.startswith("num_"):
