@@ -12,7 +12,9 @@ needs, e.g. audio features to an encoder; rope.hf.feeds):
   is its output near 0 (rope's angles are exact, so only relative positions count), while
   transformers' own changes by more than that tolerance (its float32 angles at 2^16 are off by
   up to 2^-8 rad);
-* unpatch gives transformers' output back bit for bit.
+* unpatch gives transformers' output back bit for bit;
+* a vision tower alone has every vision rotary module swapped for rope's (whose tables
+  test_hf_vision.py checks against exact angles for every class, up to positions past 2^17).
 
 A type whose attention looks its table up in a buffer of max_position_embeddings rows (GPT-J,
 CodeGen: rope.hf.POSITION_TABLES) runs only at positions that table holds: its tiny model is built
@@ -31,7 +33,7 @@ import torch
 import rope
 
 transformers = pytest.importorskip("transformers")
-from rope.hf import coverage, coverage_table, families, feeds  # noqa: E402
+from rope.hf import coverage, coverage_table, families, feeds, vision  # noqa: E402
 from rope.hf.feeds import Feed  # noqa: E402
 from rope.hf.install import rotary_slots  # noqa: E402
 from test_hf_families import EARLIER  # noqa: E402
@@ -63,11 +65,12 @@ OWN_POSITIONS = {
 
 STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya", "dots3_note",
                "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2",
-               "step3p5_vision"}
+               "step3p5_vision", "kimi_k25_vision", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision"}
 """Types whose tiny model's transformers output stays within SHIFT_TOLERANCE at 2^16 (few or slow
 rotary pairs; a codec's waveform, synthesised from the transformer's output; Step 3.5's vision
-tower, whose output is its attention's through two stride-2 convolutions: 1 x 2 tokens of the
-4 x 6 patches): the shift test
+tower, whose output is its attention's through two stride-2 convolutions; the vision towers of
+Kimi-K2.5, MuSE Glimmer and Spark, PaddleOCR-VL, whose tiny attention is near uniform: their
+output moves by under 2e-6 even at 2^20): the shift test
 cannot tell transformers' angles from rope's on them."""
 
 SHIFT_TOLERANCE = dict(rtol=1e-4, atol=5e-5)
@@ -100,6 +103,8 @@ def test_patch_is_exact_and_unpatch_restores(model_type):
     record = rope.hf.patch(model)
     try:
         assert record.convention is rope.hf.FAMILIES[model_type]
+        if not rotary_slots(model):  # a vision tower alone: every vision rotary module is rope's now
+            assert record.vision_modules and not record.vision_left and not vision.vision_rotary_modules(model)
         near = coverage.output(model, tokens)
         torch.testing.assert_close(near, expected, **coverage.LOGITS_TOLERANCE)
         if model_type not in ABSOLUTE_POSITIONS | OWN_POSITIONS:

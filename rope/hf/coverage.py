@@ -185,7 +185,8 @@ def _inputs(ours: Callable, form: str, generator: torch.Generator):
     """Random float32 positional arguments of rope's function ``ours`` (read from its signature):
     q and k ``[1, 4, 4, 16]``, as many heads as tokens so that either layout of the heads
     broadcasts and only the values tell them apart, and tables of ``form`` that carry no
-    provenance (so rope's function applies the formula)."""
+    provenance (so rope's function applies the formula); for a vision tower's function, q and k
+    ``[4, 4, 16]`` and tables ``[4, width]``, its contract (seq first, no batch)."""
     q, k = (torch.randn(1, 4, 4, 16, generator=generator) for _ in range(2))
     positions = torch.randint(0, 4096, (1, 4), generator=generator)
     tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=form)(q, positions)
@@ -194,6 +195,8 @@ def _inputs(ours: Callable, form: str, generator: torch.Generator):
         values["freqs_cis"] = tables * 1
     else:
         values["cos"], values["sin"] = (table * 1 for table in tables)
+    if ours.__name__.startswith("apply_rotary_pos_emb_vision"):  # a tower's: q [seq, heads, dim], tables [seq, dim]
+        values = {name: value[0] for name, value in values.items()}
     parameters = [p.name for p in inspect.signature(ours).parameters.values() if p.default is inspect.Parameter.empty]
     return tuple(values[_ARGUMENTS[name]] for name in parameters)
 
@@ -802,6 +805,11 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if len(owners) > 1:  # patch replaces the functions of one modeling module
         return (f"its rotary modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
                 "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()
+    missing = [name for name, _ in convention.functions if not callable(getattr(sys.modules[owners[0]], name, None))]
+    if missing:  # patch replaces the functions of the rotary modules' module, not of the model type's
+        return (f"its rotary modules are held by classes of {owners[0]}, which defines no {missing[0]} (the "
+                f"{convention.name} convention's function, of {module.__name__}): patch would find none to "
+                "replace"), Feed()
     try:
         swaps, left = vision.vision_replacements(model) if vision_only else (rotary_replacements(model), ())
     except ValueError as err:
@@ -811,7 +819,10 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     feed, expected = _chosen_feed(model, module, convention)
     if isinstance(feed, str):
         return feed, Feed()
-    vision.swap(model, swaps) if vision_only else install(model)
+    if not vision_only:
+        install(model)
+        swaps = vision.vision_replacements(model)[0]  # as patch does: its vision towers' too
+    vision.swap(model, swaps)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
     left = stock_rotary_calls(model)
@@ -933,7 +944,7 @@ def classify(model_type: str) -> Row:
     """The :class:`Row` of one model type: convention from its code, then the probe; where the
     module computes several conventions and the probed forward calls none of the first's
     functions, the next (Qwen2-VL's vision tower calls ``apply_rotary_pos_emb_vision``, not the
-    ``apply_rotary_pos_emb`` of its text model)."""
+    ``apply_rotary_pos_emb`` of its text model). A type none of them passes gets the first's verdict."""
     file = source_file(model_type)
     source = str(file.relative_to(pathlib.Path(_transformers().__file__).parent))
     matches = source_matches_llama(model_type)
@@ -945,14 +956,13 @@ def classify(model_type: str) -> Row:
     convention = convention_of(module)
     if isinstance(convention, str):
         return Row(model_type, source, None, convention, matches)
-    first = None
+    tried = []
     for convention in conventions_of(module):
         reason, feed = probe(model_type, convention)
+        tried.append((convention, reason, feed))
         if not reason.startswith("its attention calls none of"):
             break
-        first = first or (convention, reason, feed)
-    else:  # the forward calls none of them: the first one's verdict
-        convention, reason, feed = first
+    convention, reason, feed = next((row for row in tried if not row[1]), tried[0])  # else the first's verdict
     return Row(model_type, source, None if reason else convention.name, reason, matches, Feed() if reason else feed)
 
 
