@@ -60,8 +60,14 @@ rope's logits too, so only the logits near 0 are compared there."""
 
 OWN_POSITIONS = {
     "csm_depth_decoder_model": "the CSM depth decoder ignores position_ids: it numbers the codebooks 0, 1, ... itself",
+    "sam3_vit_model": "its layers turn by grid positions held in float buffers of their own (the global layers' "
+                      "scaled), which the shift does not move: rope's tables at such positions are checked in "
+                      "test_hf_vision.py (test_fractional_positions_are_exact)",
+    "sam3_vision_model": "its ViT backbone's layers turn by grid positions of their own float buffers (as "
+                         "sam3_vit_model's)",
 }
-"""Covered types that ignore the position_ids given: moved by 2^16 they still run at positions near 0."""
+"""Covered types that ignore the position_ids given, or whose rotary modules take positions the
+shift does not move: moved by 2^16 they still run at positions near 0."""
 
 STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya", "dots3_note",
                "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2",

@@ -57,6 +57,8 @@ modeling module's functions and a probe of a tiny model, and writes
   model (its text models, where it has them, follow their own convention).
 * :data:`VISION_PAIRWISE`: Inkling 2's ``apply_rotary_pos_emb_vision``, the same with a
   ``rotate_pairwise`` that pairs (2i, 2i + 1) (``modeling_inkling2.py``).
+* :data:`SAM`: ``apply_rotary_pos_emb_2d(q, k, cos, sin)``, pairs (2i, 2i + 1) in float32 on
+  tables ``[seq, head_dim]`` broadcast as they are (``modeling_sam3.py``, ``modeling_sam2_video.py``).
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -115,13 +117,14 @@ LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_comple
 DEEPSEEK_V2 = Convention("deepseek_v2", (("apply_rotary_emb", ours.apply_rotary_emb_complex_heads_first),), "complex")
 VISION = Convention("qwen2_vl_vision", (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision),),
                     "rotate_half")
+SAM = Convention("sam3", (("apply_rotary_pos_emb_2d", ours.apply_rotary_pos_emb_2d),), "interleaved")
 VISION_PAIRWISE = Convention("inkling2_vision",
                              (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
                              "interleaved")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (LLAMA, GLM, COHERE, GPT_OSS, DEEPSEEK_V3, INTERLEAVE, NANOCHAT,
                                                     PRIVACY_FILTER, GEMMA4, DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2,
-                                                    VISION, VISION_PAIRWISE)})
+                                                    VISION, VISION_PAIRWISE, SAM)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -181,13 +181,14 @@ patches; ``image_sizes``: height and width in pixels)."""
 
 
 def _patch(config) -> tuple[int, int, int] | None:
-    """A vision config's channels, frames per patch and patch side, or ``None`` without ``patch_size``."""
-    side = getattr(config, "patch_size", None)
-    if not isinstance(side, int) or isinstance(side, bool):
+    """A vision config's channels, frames per patch and patch side (its own or its sub-configs'
+    first), or ``None`` without ``patch_size``."""
+    side = _sizes(config, ("patch_size",))
+    if not side:
         return None
-    channels = getattr(config, "in_channels", None) or getattr(config, "num_channels", None) or 3
-    frames = getattr(config, "temporal_patch_size", None) or getattr(config, "patch_temporal", None) or 1
-    return channels, frames, side
+    channels = _sizes(config, ("in_channels", "num_channels")) or [3]
+    frames = _sizes(config, ("temporal_patch_size", "patch_temporal")) or [1]
+    return channels[0], frames[0], side[0]
 
 
 def _sizes(config, keys) -> list[int]:

@@ -41,6 +41,7 @@ first`                                      before seq)
                                             vision towers
 :func:`apply_rotary_pos_emb_vision_         Inkling 2's vision      interleaved   (2i, 2i + 1)
 pairwise`                                   tower
+:func:`apply_rotary_pos_emb_2d`             SAM 2, SAM 3            interleaved   (2i, 2i + 1)
 ==========================================  ======================  ============  ==================
 
 Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
@@ -183,6 +184,7 @@ _DEEPSEEK_V4 = _Convention("apply_rotary_pos_emb_trailing", "pairs", "interleave
 _GPTJ = _Convention("apply_rotary_pos_emb_every_two", "pairs", "interleaved", _pair_tables_interleaved_formula,
                     whole_head=True, promote=True)
 _VISION = _Convention("apply_rotary_pos_emb_vision", "rotate_half", "half", _llama_formula, float64=True)
+_SAM = _Convention("apply_rotary_pos_emb_2d", "interleaved", "interleaved", _cohere_formula, float64=True)
 _VISION_PAIRWISE = _Convention("apply_rotary_pos_emb_vision_pairwise", "interleaved", "interleaved", _cohere_formula,
                                float64=True)
 
@@ -470,6 +472,25 @@ def apply_rotary_pos_emb_vision_pairwise(q, k, cos, sin):
         ``(q_out, k_out)``, each in its input's dtype.
     """
     return _rotate({"q": q, "k": k}, cos, sin, -2, _VISION_PAIRWISE)
+
+
+def apply_rotary_pos_emb_2d(q, k, cos, sin):
+    """transformers-compatible with SAM 2's and SAM 3's ``apply_rotary_pos_emb_2d`` (its
+    ``rotate_pairwise`` pairs (2i, 2i + 1)): ``q cos + rotate_pairs_interleaved(q) sin`` with the
+    tables ``[seq, head_dim]`` (each angle twice in a row) broadcast to q as they are, no heads
+    dimension added (q ``[..., seq, head_dim]``); in float64, each output rounded once to its
+    input's dtype, as :func:`apply_rotary_pos_emb_vision`.
+
+    Args:
+        q: queries ``[..., seq, head_dim]``, floating.
+        k: keys, laid out as q.
+        cos: the interleaved cos table, ``[seq, width]`` (or any shape that broadcasts to q).
+        sin: the sin table, of cos's shape.
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    return _rotate({"q": q, "k": k}, cos, sin, 0, _SAM)  # unsqueezed at 0: broadcast as given
 
 
 def _complex_rotation(xs: dict, freqs_cis, *, heads_dim: int) -> tuple:
