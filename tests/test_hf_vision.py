@@ -406,3 +406,16 @@ def test_patch_refuses_a_vision_tower_whose_module_it_does_not_reproduce():
                                              r"reproduced.*nothing changed"):
             rope.hf.patch(model)
     assert model.rotary_pos_emb is held and module.apply_rotary_pos_emb_vision is function
+
+
+@pytest.mark.parametrize("name", list(VISION_FUNCTIONS))
+def test_vision_functions_refuse_bad_tables_by_name(name):
+    function = getattr(rope.hf, name)
+    q = torch.randn(24, 3, 16)
+    cos = torch.randn(24, 16)
+    with pytest.raises(ValueError, match=r"sin \(24, 8\) must have the shape of cos"):
+        function(q, q, cos, cos[:, :8])
+    with pytest.raises(ValueError, match="cos has width 18, expected an even width"):
+        function(q, q, torch.randn(24, 18), torch.randn(24, 18))
+    with pytest.raises(TypeError, match="q"):
+        function(q.long(), q, cos, cos)
