@@ -6,11 +6,15 @@ needs, e.g. audio features to an encoder; rope.hf.feeds):
 * patched, its logits (or hidden states, or waveform) near position 0 are transformers' to
   float32 noise (LOGITS_TOLERANCE);
 * with the positions moved by 2^16 (as position_ids, or, where the forward takes none for its
-  sequence, added to the position ids its rotary modules receive), the patched model's output
+  sequence, added to the position ids its rotary modules receive; a vision tower's, fed an image
+  of rope.hf.feeds.GRID patches, on every axis: the image moves to rows and columns near 2^16
+  and its patches keep their relative positions), the patched model's output
   is its output near 0 (rope's angles are exact, so only relative positions count), while
   transformers' own changes by more than that tolerance (its float32 angles at 2^16 are off by
   up to 2^-8 rad);
-* unpatch gives transformers' output back bit for bit.
+* unpatch gives transformers' output back bit for bit;
+* a vision tower alone has every vision rotary module swapped for rope's (whose tables
+  test_hf_vision.py checks against exact angles for every class, up to positions past 2^17).
 
 A type whose attention looks its table up in a buffer of max_position_embeddings rows (GPT-J,
 CodeGen: rope.hf.POSITION_TABLES) runs only at positions that table holds: its tiny model is built
@@ -29,7 +33,7 @@ import torch
 import rope
 
 transformers = pytest.importorskip("transformers")
-from rope.hf import coverage, coverage_table, families, feeds  # noqa: E402
+from rope.hf import coverage, coverage_table, families, feeds, vision  # noqa: E402
 from rope.hf.feeds import Feed  # noqa: E402
 from rope.hf.install import rotary_slots  # noqa: E402
 from test_hf_families import EARLIER  # noqa: E402
@@ -48,19 +52,31 @@ ABSOLUTE_POSITIONS = {
                    "of the cache, whatever position_ids say: moved by 2^16, queries move 2^16 away from those keys",
     "t5gemma2": "its decoder's merged attention rotates its own keys, not the encoder's it attends to alike",
     "t5gemma2_decoder": "its merged attention rotates its own keys, not the encoder's it attends to alike",
+    "mlcd_vision_model": "its class token turns by a learned parameter (class_pos_emb), not by a position: moved by "
+                         "2^16, the patches move 2^16 away from it",
 }
 """Covered types whose output depends on absolute positions beyond RoPE: the 2^16 shift changes
 rope's logits too, so only the logits near 0 are compared there."""
 
 OWN_POSITIONS = {
     "csm_depth_decoder_model": "the CSM depth decoder ignores position_ids: it numbers the codebooks 0, 1, ... itself",
+    "sam3_vit_model": "its layers turn by grid positions held in float buffers of their own (the global layers' "
+                      "scaled), which the shift does not move: rope's tables at such positions are checked in "
+                      "test_hf_vision.py (test_fractional_positions_are_exact)",
+    "sam3_vision_model": "its ViT backbone's layers turn by grid positions of their own float buffers (as "
+                         "sam3_vit_model's)",
 }
-"""Covered types that ignore the position_ids given: moved by 2^16 they still run at positions near 0."""
+"""Covered types that ignore the position_ids given, or whose rotary modules take positions the
+shift does not move: moved by 2^16 they still run at positions near 0."""
 
 STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya", "dots3_note",
-               "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2"}
+               "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2",
+               "step3p5_vision", "kimi_k25_vision", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision"}
 """Types whose tiny model's transformers output stays within SHIFT_TOLERANCE at 2^16 (few or slow
-rotary pairs; a codec's waveform, synthesised from the transformer's output): the shift test
+rotary pairs; a codec's waveform, synthesised from the transformer's output; Step 3.5's vision
+tower, whose output is its attention's through two stride-2 convolutions; the vision towers of
+Kimi-K2.5, MuSE Glimmer and Spark, PaddleOCR-VL, whose tiny attention is near uniform: their
+output moves by under 2e-6 even at 2^20): the shift test
 cannot tell transformers' angles from rope's on them."""
 
 SHIFT_TOLERANCE = dict(rtol=1e-4, atol=5e-5)
@@ -93,6 +109,8 @@ def test_patch_is_exact_and_unpatch_restores(model_type):
     record = rope.hf.patch(model)
     try:
         assert record.convention is rope.hf.FAMILIES[model_type]
+        if not rotary_slots(model):  # a vision tower alone: every vision rotary module is rope's now
+            assert record.vision_modules and not record.vision_left and not vision.vision_rotary_modules(model)
         near = coverage.output(model, tokens)
         torch.testing.assert_close(near, expected, **coverage.LOGITS_TOLERANCE)
         if model_type not in ABSOLUTE_POSITIONS | OWN_POSITIONS:

@@ -13,7 +13,9 @@ config of its family (rope.hf.coverage.tiny_config), and for Llama 4's complex t
 
 Then rope.hf.patch on tiny Qwen2-VL, GLM-4V and Llama 4: the vision towers' rotary modules are
 swapped, a vision forward is transformers' to float32 noise, and unpatch restores the model
-bit for bit. Refusals name their reason.
+bit for bit; on a vision tower alone (Qwen2-VL's, GLM-4V's, Pixtral's, SAM 3's ViT) likewise,
+with its modeling module's function; rope's vision functions (apply_rotary_pos_emb_vision, its
+pairwise form, apply_rotary_pos_emb_2d) against the float64 formula. Refusals name their reason.
 """
 
 import copy
@@ -325,3 +327,95 @@ def test_casts_keep_the_float32_frequencies():
     assert new.inv_freq.dtype == torch.float32 and torch.equal(new.inv_freq, theta)
     cos, _ = new(torch.zeros(1, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.int64))
     assert cos.dtype == torch.float32
+
+
+def _vision_reference(q, cos, sin, pairwise, heads=True):
+    """q cos + rotate(q) sin in float64, tables unsqueezed at -2 where q has heads after seq:
+    rotate_half (x1, x2) -> (-x2, x1) on the halves, or pairwise (x_2i, x_2i+1) -> (-x_2i+1, x_2i)."""
+    q, cos, sin = q.double(), cos.double(), sin.double()
+    if heads:
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    if pairwise:
+        turned = torch.stack((-q[..., 1::2], q[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        half = q.shape[-1] // 2
+        turned = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+    return q * cos + turned * sin
+
+
+VISION_FUNCTIONS = {"apply_rotary_pos_emb_vision": ("qwen2_vl_vision", False, True),
+                    "apply_rotary_pos_emb_vision_pairwise": ("inkling2_vision", True, True),
+                    "apply_rotary_pos_emb_2d": ("sam3_vit_model", True, False)}
+"""rope's vision functions: (a model type whose modeling module has transformers' function, pairs
+(2i, 2i + 1), q [seq, heads, dim] with tables unsqueezed at -2 (else q [heads, seq, dim], tables
+broadcast as given))."""
+
+
+@pytest.mark.parametrize("name", list(VISION_FUNCTIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vision_functions_round_the_exact_formula_once(name, dtype):
+    """rope's vision functions on random q, k and tables [seq, dim]: every output within half an
+    ulp of its input's dtype of the float64 formula (rounded once), and transformers' function to
+    float32 noise."""
+    model_type, pairwise, heads = VISION_FUNCTIONS[name]
+    gen = torch.Generator().manual_seed(len(name))
+    q, k = (torch.randn(*((24, 3) if heads else (3, 24)), 16, generator=gen).to(dtype) for _ in range(2))
+    angles = torch.rand(24, 16, generator=gen, dtype=torch.float64) * 2000
+    cos, sin = angles.cos().float(), angles.sin().float()
+    got = getattr(rope.hf, name)(q, k, cos, sin)
+    for x, out in zip((q, k), got):
+        assert out.dtype == dtype
+        assert_correctly_rounded(out, _vision_reference(x, cos, sin, pairwise, heads))
+    theirs = importlib.import_module(coverage.module_name(model_type))
+    function = theirs.apply_rotary_pos_emb_2d if name.endswith("2d") else theirs.apply_rotary_pos_emb_vision
+    for a, b in zip(got, function(q, k, cos, sin)):
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_vl_vision", "glm4v_vision", "pixtral", "sam3_vit_model"])
+def test_patch_takes_a_vision_tower_alone(model_type):
+    """A vision tower alone (no rotary_emb): patch swaps its vision rotary module and its modeling
+    module's function; a forward calls rope's module; unpatch restores both."""
+    model = coverage.tiny_model(model_type)
+    module = importlib.import_module(coverage.module_name(model_type))
+    convention = rope.hf.FAMILIES[model_type]
+    originals = [getattr(module, name) for name, _ in convention.functions]
+    held = dict(vision.vision_rotary_modules(model))
+    assert held
+    record = rope.hf.patch(model)
+    try:
+        assert record.rotary_modules == () and [r.name for r in record.vision_modules] == list(held)
+        assert record.module is module and not vision.vision_rotary_modules(model)
+        assert all(isinstance(model.get_submodule(name), vision.VISION_MODULES) for name in held)
+        assert all(getattr(module, n) is ours for n, ours in convention.functions)
+    finally:
+        rope.hf.unpatch(model)
+    assert all(model.get_submodule(name) is module for name, module in held.items())
+    assert [getattr(module, n) for n, _ in convention.functions] == originals
+
+
+def test_patch_refuses_a_vision_tower_whose_module_it_does_not_reproduce():
+    model = coverage.tiny_model("qwen2_vl_vision")
+    module = importlib.import_module(coverage.module_name("qwen2_vl_vision"))
+    function = module.apply_rotary_pos_emb_vision
+    held = Shifted(model.rotary_pos_emb.config)
+    model.rotary_pos_emb = held
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match=r"are vision ones, and vision: rotary_pos_emb \(Shifted\) is not "
+                                             r"reproduced.*nothing changed"):
+            rope.hf.patch(model)
+    assert model.rotary_pos_emb is held and module.apply_rotary_pos_emb_vision is function
+
+
+@pytest.mark.parametrize("name", list(VISION_FUNCTIONS))
+def test_vision_functions_refuse_bad_tables_by_name(name):
+    function = getattr(rope.hf, name)
+    q = torch.randn(24, 3, 16)
+    cos = torch.randn(24, 16)
+    with pytest.raises(ValueError, match=r"sin \(24, 8\) must have the shape of cos"):
+        function(q, q, cos, cos[:, :8])
+    with pytest.raises(ValueError, match="cos has width 18, expected an even width"):
+        function(q, q, torch.randn(24, 18), torch.randn(24, 18))
+    with pytest.raises(TypeError, match="q"):
+        function(q.long(), q, cos, cos)

@@ -30,7 +30,10 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   (DeepSeek-V3, GLM-5, Mistral Large 4), :func:`apply_rotary_pos_emb_single` (Gemma 4),
   :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
   (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
-  :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2).
+  :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2); for vision towers
+  :func:`apply_rotary_pos_emb_vision` (Qwen2-VL's, GLM-4V's and most others) and
+  :func:`apply_rotary_pos_emb_vision_pairwise` (Inkling 2's), :func:`apply_rotary_pos_emb_2d`
+  (SAM 2's and SAM 3's).
 * :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
   exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
   CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
@@ -78,6 +81,7 @@ from .functions import (
     apply_rotary_emb_complex,
     apply_rotary_emb_complex_heads_first,
     apply_rotary_pos_emb,
+    apply_rotary_pos_emb_2d,
     apply_rotary_pos_emb_conjugate,
     apply_rotary_pos_emb_every_two,
     apply_rotary_pos_emb_interleave,
@@ -87,6 +91,8 @@ from .functions import (
     apply_rotary_pos_emb_pair_tables_interleaved,
     apply_rotary_pos_emb_single,
     apply_rotary_pos_emb_trailing,
+    apply_rotary_pos_emb_vision,
+    apply_rotary_pos_emb_vision_pairwise,
     rotate_half,
     rotate_pairs_interleaved,
 )
@@ -118,6 +124,9 @@ __all__ = [
     "apply_rotary_pos_emb_pair_tables_interleaved",
     "apply_rotary_pos_emb_single",
     "apply_rotary_pos_emb_trailing",
+    "apply_rotary_pos_emb_2d",
+    "apply_rotary_pos_emb_vision",
+    "apply_rotary_pos_emb_vision_pairwise",
     "diagnose",
     "head_dim_of",
     "install",

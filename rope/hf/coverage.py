@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import families, feeds
+from . import families, feeds, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
@@ -185,7 +185,8 @@ def _inputs(ours: Callable, form: str, generator: torch.Generator):
     """Random float32 positional arguments of rope's function ``ours`` (read from its signature):
     q and k ``[1, 4, 4, 16]``, as many heads as tokens so that either layout of the heads
     broadcasts and only the values tell them apart, and tables of ``form`` that carry no
-    provenance (so rope's function applies the formula)."""
+    provenance (so rope's function applies the formula); for a vision tower's function, q and k
+    ``[4, 4, 16]`` and tables ``[4, width]``, its contract (seq first, no batch)."""
     q, k = (torch.randn(1, 4, 4, 16, generator=generator) for _ in range(2))
     positions = torch.randint(0, 4096, (1, 4), generator=generator)
     tables = RotaryEmbedding(rope_parameters={"rope_theta": 1e4}, head_dim=16, tables=form)(q, positions)
@@ -194,6 +195,8 @@ def _inputs(ours: Callable, form: str, generator: torch.Generator):
         values["freqs_cis"] = tables * 1
     else:
         values["cos"], values["sin"] = (table * 1 for table in tables)
+    if ours.__name__.startswith("apply_rotary_pos_emb_vision"):  # a tower's: q [seq, heads, dim], tables [seq, dim]
+        values = {name: value[0] for name, value in values.items()}
     parameters = [p.name for p in inspect.signature(ours).parameters.values() if p.default is inspect.Parameter.empty]
     return tuple(values[_ARGUMENTS[name]] for name in parameters)
 
@@ -210,14 +213,21 @@ def _same_function(theirs: Callable, ours: Callable, args) -> bool:
         for a, b in zip(got, expected))
 
 
-def convention_of(module) -> families.Convention | str:
-    """The convention (:data:`CONVENTIONS`) whose functions ``module`` defines and computes, or
-    the reason none fits: the rotary functions it defines instead."""
+def conventions_of(module) -> list[families.Convention]:
+    """The conventions (:data:`CONVENTIONS`, in order) whose functions ``module`` defines and
+    computes (Qwen2-VL's module: Llama's for its text model, the vision one for its tower)."""
     generator = torch.Generator().manual_seed(0)
-    for convention in CONVENTIONS:
-        if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
-                              _inputs(ours, convention.tables, generator)) for name, ours in convention.functions):
-            return convention
+    return [convention for convention in CONVENTIONS
+            if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
+                                  _inputs(ours, convention.tables, generator)) for name, ours in convention.functions)]
+
+
+def convention_of(module) -> families.Convention | str:
+    """The first convention of :func:`conventions_of` ``module``, or the reason none fits: the
+    rotary functions it defines instead."""
+    found = conventions_of(module)
+    if found:
+        return found[0]
     own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
                  and getattr(value, "__module__", None) == module.__name__
                  and any(word in name for word in ("rotary", "rotate", "rope")))
@@ -779,7 +789,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     except Exception as err:  # transformers' own model is not built at the tiny sizes: not probed
         return (f"transformers does not build it from its default config at rope's tiny sizes ({type(err).__name__}: "
                 f"{_checks.first_line(err, 200)})" + _text_verdict(config), Feed())
-    if not rotary_slots(built):
+    vision_only = not rotary_slots(built) and bool(vision.vision_rotary_modules(built))
+    if not rotary_slots(built) and not vision_only:
         return _no_rotary_emb(built, module), Feed()
     try:
         model = _materialized(built, config, seed=0)
@@ -788,18 +799,30 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if model.config.model_type != model_type:
         return (f"transformers maps the model_type {model_type!r} to {type(model.config).__name__}, whose model_type "
                 f"is {model.config.model_type!r}: patch sees every model of it as {model.config.model_type!r}"), Feed()
-    owners = sorted({type(model.get_submodule(owner)).__module__ for owner, _, _ in rotary_slots(model)})
+    owners = sorted({type(holder).__module__ for _, holder in (vision.owners(model) if vision_only else
+                                                                ((o, model.get_submodule(o)) for o, _, _ in
+                                                                 rotary_slots(model)))})
     if len(owners) > 1:  # patch replaces the functions of one modeling module
-        return (f"its rotary_emb modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
+        return (f"its rotary modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
                 "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()
+    missing = [name for name, _ in convention.functions if not callable(getattr(sys.modules[owners[0]], name, None))]
+    if missing:  # patch replaces the functions of the rotary modules' module, not of the model type's
+        return (f"its rotary modules are held by classes of {owners[0]}, which defines no {missing[0]} (the "
+                f"{convention.name} convention's function, of {module.__name__}): patch would find none to "
+                "replace"), Feed()
     try:
-        rotary_replacements(model)
+        swaps, left = vision.vision_replacements(model) if vision_only else (rotary_replacements(model), ())
     except ValueError as err:
         return _checks.first_line(err, 200).removeprefix("install: "), Feed()
+    if left:  # a vision tower whose tables rope does not reproduce keeps transformers' float32 angles
+        return _checks.first_line(left[0][1], 300), Feed()
     feed, expected = _chosen_feed(model, module, convention)
     if isinstance(feed, str):
         return feed, Feed()
-    install(model)
+    if not vision_only:
+        install(model)
+        swaps = vision.vision_replacements(model)[0]  # as patch does: its vision towers' too
+    vision.swap(model, swaps)
     originals = {name: getattr(module, name) for name, _ in convention.functions}
     calls = {name: [] for name in originals}
     left = stock_rotary_calls(model)
@@ -918,7 +941,10 @@ def _text_verdict(config) -> str:
 
 
 def classify(model_type: str) -> Row:
-    """The :class:`Row` of one model type: convention from its code, then the probe."""
+    """The :class:`Row` of one model type: convention from its code, then the probe; where the
+    module computes several conventions and the probed forward calls none of the first's
+    functions, the next (Qwen2-VL's vision tower calls ``apply_rotary_pos_emb_vision``, not the
+    ``apply_rotary_pos_emb`` of its text model). A type none of them passes gets the first's verdict."""
     file = source_file(model_type)
     source = str(file.relative_to(pathlib.Path(_transformers().__file__).parent))
     matches = source_matches_llama(model_type)
@@ -930,7 +956,13 @@ def classify(model_type: str) -> Row:
     convention = convention_of(module)
     if isinstance(convention, str):
         return Row(model_type, source, None, convention, matches)
-    reason, feed = probe(model_type, convention)
+    tried = []
+    for convention in conventions_of(module):
+        reason, feed = probe(model_type, convention)
+        tried.append((convention, reason, feed))
+        if not reason.startswith("its attention calls none of"):
+            break
+    convention, reason, feed = next((row for row in tried if not row[1]), tried[0])  # else the first's verdict
     return Row(model_type, source, None if reason else convention.name, reason, matches, Feed() if reason else feed)
 
 

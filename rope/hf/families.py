@@ -49,6 +49,16 @@ modeling module's functions and a probe of a tiny model, and writes
   times ``freqs_cis`` (``modeling_llama4.py``).
 * :data:`DEEPSEEK_V2`: Llama 4's ``apply_rotary_emb`` on q and k ``[batch, heads, seq, head_dim]``
   (``modeling_deepseek_v2.py``).
+* :data:`VISION`: ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` of the vision towers, Llama's
+  formula in float32 on q, k ``[seq, heads, head_dim]`` and tables ``[seq, head_dim]`` unsqueezed
+  at -2 (``modeling_qwen2_vl.py``, ``modeling_glm4v.py``, ``modeling_mlcd.py`` and the other
+  modules that define it with ``rotate_half``). Its tables come from the tower's vision rotary
+  module, which :mod:`rope.hf.vision` swaps; a model type follows it only where the tower is the
+  model (its text models, where it has them, follow their own convention).
+* :data:`VISION_PAIRWISE`: Inkling 2's ``apply_rotary_pos_emb_vision``, the same with a
+  ``rotate_pairwise`` that pairs (2i, 2i + 1) (``modeling_inkling2.py``).
+* :data:`SAM`: ``apply_rotary_pos_emb_2d(q, k, cos, sin)``, pairs (2i, 2i + 1) in float32 on
+  tables ``[seq, head_dim]`` broadcast as they are (``modeling_sam3.py``, ``modeling_sam2_video.py``).
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -105,9 +115,16 @@ DEEPSEEK_V4 = Convention("deepseek_v4", (("apply_rotary_pos_emb", ours.apply_rot
 GPTJ = Convention("gptj", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_every_two),), "pairs")
 LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_complex),), "complex")
 DEEPSEEK_V2 = Convention("deepseek_v2", (("apply_rotary_emb", ours.apply_rotary_emb_complex_heads_first),), "complex")
+VISION = Convention("qwen2_vl_vision", (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision),),
+                    "rotate_half")
+SAM = Convention("sam3", (("apply_rotary_pos_emb_2d", ours.apply_rotary_pos_emb_2d),), "interleaved")
+VISION_PAIRWISE = Convention("inkling2_vision",
+                             (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
+                             "interleaved")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (LLAMA, GLM, COHERE, GPT_OSS, DEEPSEEK_V3, INTERLEAVE, NANOCHAT,
-                                                    PRIVACY_FILTER, GEMMA4, DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2)})
+                                                    PRIVACY_FILTER, GEMMA4, DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2,
+                                                    VISION, VISION_PAIRWISE, SAM)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -8,9 +8,12 @@ decoder's ids). :func:`run` calls it: token ids are the ones given (or, for anot
 in the tokens' range from a generator seeded by them), float inputs standard normal from a
 generator seeded by the token ids, so the same tokens give the same inputs. The positions are
 ``offset, offset + 1, ...``: passed as ``position_ids`` where the forward takes them for a
-sequence of tokens or embeddings, else added to the position ids every ``rotary_emb`` module
-receives (:func:`shifted_rotary_positions`, a forward pre-hook), which moves the rotary angles
-and nothing else. No cache is built (``use_cache=False`` where the forward takes it).
+sequence of tokens or embeddings, else added to the position ids every ``rotary_emb`` module and
+every vision rotary module receives (:func:`shifted_rotary_positions`, a forward pre-hook), which
+moves the rotary angles and nothing else. A vision tower is fed one image of :data:`GRID`
+patches: as pixels, or as its patches flattened (the patch embedding's input: channels x frames
+x side^2), with its grid (``grid_thw``, ``image_sizes``, the patches' positions) where its
+forward takes one. No cache is built (``use_cache=False`` where the forward takes it).
 :func:`candidates` lists the feeds a probe tries, in order, from the forwards' signatures and
 the parts' configs.
 """
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .vision import is_vision_rotary
+
 
 @dataclass(frozen=True)
 class Feed:
@@ -37,7 +42,10 @@ class Feed:
         extra: other arguments the forward requires, ``(name, shape)`` each: integer ids where
             the name ends in ``_ids`` (``()``: the token ids given), ones where it ends in
             ``_mask``, a count (half the sequence: image patches, frames) where it starts with
-            ``num_``, else float.
+            ``num_``, an image's grid where it ends in ``_thw`` or ``image_sizes`` (one row: the
+            shape's numbers, :data:`GRID` patches or their pixels), the merge size per image
+            where it ends in ``merge_sizes`` (the shape's numbers), the patches' (row, column)
+            where it ends in ``position_ids`` with a last dimension of 2, else float.
     """
 
     part: str = ""
@@ -59,6 +67,13 @@ def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) 
         return torch.ones(shape, dtype=torch.long)
     if name.startswith("num_"):
         return LENGTH // 2
+    if name.endswith(GRID_NAMES):
+        return torch.tensor([shape])
+    if name.endswith("merge_sizes"):
+        return torch.tensor(shape)
+    if name.endswith("position_ids") and shape and shape[-1] == 2:
+        rows, columns = torch.meshgrid(torch.arange(GRID[1]), torch.arange(GRID[2]), indexing="ij")
+        return torch.stack((rows.flatten(), columns.flatten()), dim=-1).expand(shape)
     generator = torch.Generator().manual_seed(int(tokens.sum()) * 7 + index)
     if name.endswith("_ids"):
         return torch.randint(int(tokens.min()), int(tokens.max()) + 1, shape, generator=generator)
@@ -111,19 +126,23 @@ def first_output(out) -> torch.Tensor:
 
 
 def rotary_modules(model: nn.Module) -> list[nn.Module]:
-    """Every module held as ``rotary_emb`` in ``model`` (transformers' or rope's), each once."""
+    """Every module held as ``rotary_emb`` in ``model`` and every vision rotary module
+    (:func:`rope.hf.vision.is_vision_rotary`; transformers' or rope's), each once."""
     found = {}
     for m in model.modules():
         held = getattr(m, "rotary_emb", None)
         if isinstance(held, nn.Module):
             found.setdefault(id(held), held)
+        if is_vision_rotary(m):
+            found.setdefault(id(m), m)
     return list(found.values())
 
 
 @contextlib.contextmanager
 def shifted_rotary_positions(model: nn.Module, offset: int) -> Iterator[None]:
-    """Within the context, every ``rotary_emb`` module of ``model`` sees its integer position ids
-    (its second argument, or ``position_ids``) moved by ``offset``."""
+    """Within the context, every rotary module of ``model`` (:func:`rotary_modules`) sees its
+    integer position ids (its second argument, or ``position_ids``) moved by ``offset``: a vision
+    module's on every axis, which moves the image and keeps its patches' relative positions."""
     def hook(module, args, kwargs):
         if len(args) > 1 and isinstance(args[1], torch.Tensor) and not args[1].is_floating_point():
             args = (args[0], args[1] + offset, *args[2:])
@@ -151,6 +170,27 @@ BATCH, LENGTH, FRAMES, SAMPLES = 2, 20, 64, 3840
 encoders' subsampling, 8 at most) and waveform samples (two frames of a 24 kHz codec at 12.5 Hz)."""
 
 
+GRID = (1, 6, 12)
+"""The image a vision tower is fed: frames, rows and columns of patches (rows and columns
+multiples of 2 and 3, for the towers that merge 2 x 2 patches and Gemma 4's, which pools 3 x 3;
+not square, so that swapped axes show)."""
+
+GRID_NAMES = ("_thw", "image_sizes")
+"""Name endings of a vision forward's grid argument (``grid_thw``: frames, rows, columns of
+patches; ``image_sizes``: height and width in pixels)."""
+
+
+def _patch(config) -> tuple[int, int, int] | None:
+    """A vision config's channels, frames per patch and patch side (its own or its sub-configs'
+    first), or ``None`` without ``patch_size``."""
+    side = _sizes(config, ("patch_size",))
+    if not side:
+        return None
+    channels = _sizes(config, ("in_channels", "num_channels")) or [3]
+    frames = _sizes(config, ("temporal_patch_size", "patch_temporal")) or [1]
+    return channels[0], frames[0], side[0]
+
+
 def _sizes(config, keys) -> list[int]:
     """The positive integers ``config`` or its sub-configs hold under ``keys``, the config's first."""
     subs = [getattr(config, key, None) for key in getattr(config, "sub_configs", None) or {}]
@@ -167,8 +207,24 @@ def _shapes(name: str, config) -> list[tuple[int, ...]]:
     """The shapes tried for the argument ``name`` of a forward whose module has ``config``."""
     if name.endswith("input_ids"):
         return [()] + [(BATCH, LENGTH, c) for c in _sizes(config, CHANNEL_KEYS)]
+    patch = _patch(config)
     if name.endswith("embeds") or name.endswith("hidden_states"):
-        return [(BATCH, LENGTH, d) for d in dict.fromkeys(_hidden(config))]
+        flat = [(GRID[0] * GRID[1] * GRID[2], patch[0] * patch[1] * patch[2] ** 2)] if patch else []
+        return [(BATCH, LENGTH, d) for d in dict.fromkeys(_hidden(config))] + flat  # flat: a tower's patches
+    if name == "pixel_values" and patch:  # an image; its patches flat, batched, or as squares; a square image
+        channels, frames, side = patch
+        n, flat = GRID[0] * GRID[1] * GRID[2], channels * frames * side**2
+        size = getattr(config, "image_size", None)
+        return [(1, channels, GRID[1] * side, GRID[2] * side), (n, flat), (1, n, flat), (n, channels, side, side),
+                (1, n, channels, side, side), *([(1, channels, size, size)] if isinstance(size, int) else [])]
+    if name.endswith("_thw"):
+        return [GRID]
+    if name.endswith("image_sizes") and patch:
+        return [(GRID[1] * patch[2], GRID[2] * patch[2])]
+    if name.endswith("merge_sizes"):
+        return [(1,)]
+    if name.endswith("position_ids") and patch:
+        return [(1, GRID[1] * GRID[2], 2)]
     if name.endswith("_mask"):
         return [(BATCH, LENGTH)]
     if name.startswith("num_"):
@@ -217,6 +273,8 @@ def candidates(model: nn.Module, text: str | None = None, extra: tuple = ()) -> 
         first = next(iter(parameters))
         wanted = [n for n, p in parameters.items() if n != first and p.default is inspect.Parameter.empty]
         wanted += ["encoder_hidden_states"] if "encoder_hidden_states" in parameters else []
+        if first in ("pixel_values", "hidden_states"):  # a vision tower: its grid, where optional too
+            wanted += [n for n in parameters if n.endswith("_thw") and n not in wanted]
         given = dict(extra) if not part else {}
         if any(not _shapes(n, config) for n in wanted if n not in given):
             continue  # it requires an argument the probe does not make

@@ -37,6 +37,11 @@ interleaved`
 :func:`apply_rotary_emb_complex`            Llama 4                 complex       (2i, 2i + 1)
 :func:`apply_rotary_emb_complex_heads_      DeepSeek-V2 (heads      complex       (2i, 2i + 1)
 first`                                      before seq)
+:func:`apply_rotary_pos_emb_vision`         Qwen2-VL's, GLM-4V's    rotate_half   (i, i + d/2)
+                                            vision towers
+:func:`apply_rotary_pos_emb_vision_         Inkling 2's vision      interleaved   (2i, 2i + 1)
+pairwise`                                   tower
+:func:`apply_rotary_pos_emb_2d`             SAM 2, SAM 3            interleaved   (2i, 2i + 1)
 ==========================================  ======================  ============  ==================
 
 Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
@@ -146,7 +151,8 @@ class _Convention:
     the head; ``rotated``, which coordinates the tables rotate (``"first"`` or ``"last"``);
     ``conjugate``, whether the exact source turns by the negated angles; ``promote``, whether the
     result takes the dtype of the input and the tables promoted (as torch computes the model's
-    formula) rather than the input's."""
+    formula) rather than the input's; ``float64``, whether the formula runs in float64 whatever
+    the dtypes (the vision functions: exact on float32 inputs and tables, then rounded once)."""
 
     function: str
     form: str
@@ -157,6 +163,7 @@ class _Convention:
     rotated: str = "first"
     conjugate: bool = False
     promote: bool = False
+    float64: bool = False
 
     def rotated_width(self, table_width: int) -> int:
         """The coordinates a table of ``table_width`` entries rotates."""
@@ -176,6 +183,10 @@ _DEEPSEEK_V4 = _Convention("apply_rotary_pos_emb_trailing", "pairs", "interleave
                            rotated="last")
 _GPTJ = _Convention("apply_rotary_pos_emb_every_two", "pairs", "interleaved", _pair_tables_interleaved_formula,
                     whole_head=True, promote=True)
+_VISION = _Convention("apply_rotary_pos_emb_vision", "rotate_half", "half", _llama_formula, float64=True)
+_SAM = _Convention("apply_rotary_pos_emb_2d", "interleaved", "interleaved", _cohere_formula, float64=True)
+_VISION_PAIRWISE = _Convention("apply_rotary_pos_emb_vision_pairwise", "interleaved", "interleaved", _cohere_formula,
+                               float64=True)
 
 _READERS = {
     "rotate_half": "rope.hf.apply_rotary_pos_emb (or, where the model pairs (2i, 2i + 1) as GLM does, "
@@ -421,6 +432,67 @@ def apply_rotary_emb_complex_heads_first(xq, xk, freqs_cis):
     return _complex_rotation({"xq": xq, "xk": xk}, freqs_cis, heads_dim=1)
 
 
+def apply_rotary_pos_emb_vision(q, k, cos, sin):
+    """transformers-compatible with the vision towers' ``apply_rotary_pos_emb_vision`` (Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL, GLM-4V, GLM-OCR, MLCD, Kimi-K2.5, LFM3-VL, VideoLLaMA 3 and the others
+    whose modeling module defines it with ``rotate_half``): ``q cos + rotate_half(q) sin`` with
+    the tables ``[seq, head_dim]`` unsqueezed at -2 (q, k ``[seq, heads, head_dim]``, or with a
+    batch in front). transformers computes it in float32, rounding each product and sum; here the
+    formula runs in float64 on the tables as given, exact for float32 inputs and tables, and each
+    output is rounded once to its input's dtype (:func:`rope.rotation.round_once`). The tables
+    are used as given: a vision tower's rotary module hands them to its attention directly, and
+    rope's (:mod:`rope.hf.vision`) are exactly rounded.
+
+    Args:
+        q: queries ``[..., seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the cos table ``[..., seq, width]``, width even and at most head_dim (the rest of the
+            head passes through).
+        sin: the sin table, of cos's shape.
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    return _rotate({"q": q, "k": k}, cos, sin, -2, _VISION)
+
+
+def apply_rotary_pos_emb_vision_pairwise(q, k, cos, sin):
+    """transformers-compatible with Inkling 2's ``apply_rotary_pos_emb_vision``, whose
+    ``rotate_pairwise`` pairs (2i, 2i + 1): ``q cos + rotate_pairs_interleaved(q) sin`` on tables
+    ``[seq, head_dim]`` holding each angle twice in a row, unsqueezed at -2; in float64, each
+    output rounded once to its input's dtype, as :func:`apply_rotary_pos_emb_vision`.
+
+    Args:
+        q: queries ``[..., seq, heads, head_dim]``, floating.
+        k: keys, laid out as q (heads may differ).
+        cos: the interleaved cos table (each angle twice in a row), ``[..., seq, width]``.
+        sin: the sin table, of cos's shape.
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    return _rotate({"q": q, "k": k}, cos, sin, -2, _VISION_PAIRWISE)
+
+
+def apply_rotary_pos_emb_2d(q, k, cos, sin):
+    """transformers-compatible with SAM 2's and SAM 3's ``apply_rotary_pos_emb_2d`` (its
+    ``rotate_pairwise`` pairs (2i, 2i + 1)): ``q cos + rotate_pairs_interleaved(q) sin`` with the
+    tables ``[seq, head_dim]`` (each angle twice in a row) broadcast to q as they are, no heads
+    dimension added (q ``[..., seq, head_dim]``); in float64, each output rounded once to its
+    input's dtype, as :func:`apply_rotary_pos_emb_vision`.
+
+    Args:
+        q: queries ``[..., seq, head_dim]``, floating.
+        k: keys, laid out as q.
+        cos: the interleaved cos table, ``[seq, width]`` (or any shape that broadcasts to q).
+        sin: the sin table, of cos's shape.
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    return _rotate({"q": q, "k": k}, cos, sin, 0, _SAM)  # unsqueezed at 0: broadcast as given
+
+
 def _complex_rotation(xs: dict, freqs_cis, *, heads_dim: int) -> tuple:
     """The complex product of every tensor of ``xs`` (heads at ``heads_dim``) by ``freqs_cis``:
     from the exact source where it is rope's untouched table made for these inputs."""
@@ -577,7 +649,7 @@ def _from_tables(x, cos, sin, width: int, convention: _Convention) -> torch.Tens
     """The convention's formula on its ``width`` coordinates of x (the first, or the last) and the
     unsqueezed tables, in :func:`_working_dtype`, rounded once to x's dtype; the other
     coordinates pass through."""
-    dtype = _working_dtype(x, cos)
+    dtype = torch.float64 if convention.float64 else _working_dtype(x, cos)
     start = x.shape[-1] - width if convention.rotated == "last" else 0
     y = round_once(convention.formula(x.narrow(-1, start, width).to(dtype), cos.to(dtype), sin.to(dtype)), x.dtype)
     parts = (x[..., :start], y) if convention.rotated == "last" else (y, x[..., width:])

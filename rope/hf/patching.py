@@ -27,6 +27,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from .. import _checks
 from . import vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
@@ -82,7 +83,10 @@ def patch(model: nn.Module) -> Patch:
     the one that defines the classes holding ``rotary_emb`` (or, in GPT-J and CodeGen, the
     position table :func:`rope.hf.install` replaces). Vision towers get rope's exact module in
     place of each vision rotary module it reproduces (:mod:`rope.hf.vision`); the others stay the
-    model's, named with the reason in a ``UserWarning`` and the record. Returns the
+    model's, named with the reason in a ``UserWarning`` and the record. A vision tower alone (a
+    model whose only rotary modules are vision ones, as ``Qwen2VisionTransformerPretrainedModel``)
+    is patched likewise, its modeling module being the one that defines the classes holding its
+    vision rotary modules; it is refused where rope does not reproduce one of them. Returns the
     :class:`Patch` record.
 
     Raises ``TypeError`` for a model that is not an ``nn.Module`` or whose ``config.model_type``
@@ -99,8 +103,9 @@ def patch(model: nn.Module) -> Patch:
     """
     model_type, convention = _family(model)
     _refuse_overlap(model)
+    vision_only = _vision_only(model)
     try:
-        replacements = rotary_replacements(model)
+        replacements = () if vision_only else rotary_replacements(model)
     except ValueError as err:
         raise ValueError(f"patch: {err}") from err
     module = _modeling_module(model, model_type, convention)
@@ -108,9 +113,13 @@ def patch(model: nn.Module) -> Patch:
     if state is not None:
         _refuse_foreign_state(module, convention, state)
     _check_tables(model, replacements, model_type, convention)
+    swapped, left = vision.vision_replacements(model)
+    if vision_only and left:
+        raise ValueError(f"patch: the rotary modules of this {type(model).__name__} are vision ones, and "
+                         f"{_checks.first_line(left[0][1], 300)}: its tables would stay transformers'; nothing changed")
     originals = state.originals if state is not None else tuple(
         (name, getattr(module, name)) for name, _ in convention.functions)
-    record = Patch(model_type, convention, module, originals, replacements, *vision.vision_replacements(model))
+    record = Patch(model_type, convention, module, originals, replacements, swapped, left)
     _apply(model, record, first=state is None)
     state = _MODULES.setdefault(module.__name__, _ModuleState(module, originals, convention))
     state.models += 1
@@ -190,9 +199,18 @@ def _refuse_overlap(model: nn.Module) -> None:
                              f"{type(other).__name__} (one contains the other); nothing changed")
 
 
+def _vision_only(model: nn.Module) -> bool:
+    """Whether the model's only rotary modules are vision ones (a vision tower alone): no
+    ``rotary_emb`` module nor position table, and a vision rotary module of transformers'."""
+    return not rotary_slots(model) and bool(vision.vision_rotary_modules(model))
+
+
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module (vision
-    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`), each once."""
+    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`), each once;
+    in a vision tower alone (:func:`_vision_only`), of every holder of a vision rotary module."""
+    if _vision_only(model):
+        return vision.owners(model)
     owners = {owner: model.get_submodule(owner) for owner, _, _ in rotary_slots(model)}
     return list(owners.items())
 
@@ -225,12 +243,14 @@ def _original(r: Replacement, current):
 
 
 def _modeling_module(model: nn.Module, model_type: str, convention: Convention) -> ModuleType:
-    """The module that defines the classes holding the model's rotary modules. It must be one
-    module, and it must define the convention's functions."""
+    """The module that defines the classes holding the model's rotary modules (a vision tower's
+    alone: its vision rotary modules). It must be one module, and it must define the convention's
+    functions."""
     names = sorted({type(owner).__module__ for _, owner in _rotary_owners(model)})
     if len(names) != 1:
-        raise ValueError(f"patch: the modules holding rotary_emb (or position tables) in this {type(model).__name__} "
-                         f"are defined in {names}, expected one modeling module; nothing changed")
+        raise ValueError(f"patch: the modules holding rotary_emb (or position tables, or in a vision tower vision "
+                         f"rotary modules) in this {type(model).__name__} are defined in {names}, expected one "
+                         "modeling module; nothing changed")
     module = sys.modules[names[0]]
     missing = [name for name, _ in convention.functions if not callable(getattr(module, name, None))]
     if missing:

@@ -479,6 +479,17 @@ def vision_rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if name and is_vision_rotary(module) and not isinstance(module, VISION_MODULES)]
 
 
+def owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every module that holds a vision rotary module of ``model``
+    (:func:`vision_rotary_modules`), each once.
+
+    Args:
+        model: a ``torch.nn.Module``.
+    """
+    held = {name.rpartition(".")[0] for name, _ in vision_rotary_modules(model)}
+    return [(name, model.get_submodule(name)) for name in sorted(held)]
+
+
 def vision_replacements(model: nn.Module) -> tuple[tuple[VisionReplacement, ...], tuple[tuple[str, str], ...]]:
     """The vision rotary modules of ``model`` that rope reproduces, each with its checked
     replacement (one per module, however many names hold it), and ``(name, reason)`` for the
@@ -580,5 +591,5 @@ def position_ids(module: nn.Module, positions: torch.Tensor) -> torch.Tensor:
 
 __all__ = ["FREQUENCY_ULPS", "ORDERS", "PROBE_TOLERANCE", "VISION_MODULES", "VisionComplexRotaryEmbedding",
            "VisionReplacement", "VisionRotaryEmbedding", "axial_frequencies", "exact_positions", "is_vision_rotary",
-           "moved", "position_ids", "probe_positions", "reproduce", "restore", "swap", "vision_replacements",
+           "moved", "owners", "position_ids", "probe_positions", "reproduce", "restore", "swap", "vision_replacements",
            "vision_rotary_modules"]
