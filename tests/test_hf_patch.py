@@ -167,6 +167,51 @@ def test_the_layer_type_module_is_chosen_and_keeps_transformers_contracts():
             rope.hf.unpatch(model)
 
 
+def test_rotary_modules_under_other_names_and_in_lists_are_swapped_and_restored():
+    """A rotary module under another attribute (LFM2-MoE's pos_emb), in a ModuleList (Granite
+    SWA's rotary_embs) or beside rotary_emb (Molmo 2's rotary_emb_unscaled) is a slot: patch
+    swaps each for rope's, which keeps its config; unpatch puts each original back; rope's own
+    per-layer-type parts are never slots."""
+    import copy
+
+    slots_of, slot_holder = sys.modules["rope.hf.install"].rotary_slots, sys.modules["rope.hf.install"].slot_holder
+    model = tiny_model("llama")
+    inner = model.model
+    inner.pos_emb = copy.deepcopy(inner.rotary_emb)
+    inner.rotary_embs = torch.nn.ModuleList([copy.deepcopy(inner.rotary_emb), copy.deepcopy(inner.rotary_emb)])
+    originals = {name: module for name, module in model.named_modules() if "rotary" in name or "pos_emb" in name}
+    slots = [f"{owner}.{attribute}" for owner, attribute, _ in slots_of(model)]
+    assert slots == ["model.rotary_emb", "model.pos_emb", "model.rotary_embs.0", "model.rotary_embs.1"]
+    assert slot_holder(model, "model.rotary_embs") is inner
+    record = rope.hf.patch(model)
+    try:
+        assert sorted(r.name for r in record.rotary_modules) == sorted(slots)
+        for name in slots:
+            new = model.get_submodule(name)
+            assert isinstance(new, rope.hf.RotaryEmbedding) and new.config is originals[name].config
+    finally:
+        rope.hf.unpatch(model)
+    assert all(model.get_submodule(name) is module for name, module in originals.items())
+    gemma = tiny_model("gemma3_text")
+    rope.hf.install(gemma)
+    assert [(o, a) for o, a, _ in slots_of(gemma)] == [("model", "rotary_emb")]
+
+
+@pytest.mark.parametrize("model_type, style", [("qwen3_omni_moe_text", "interleaved"),
+                                               ("ernie4_5_vl_moe_text", "alternating"),
+                                               ("cohere_compass_text", "interleaved")])
+def test_the_mrope_style_of_the_modeling_code_is_found(model_type, style):
+    """The config names M-RoPE sections but no style (the modeling code fixes it): install tries
+    the module's sections in each style and keeps the one that reproduces its tables."""
+    from rope.hf.coverage import tiny_model as build
+
+    model = build(model_type)
+    rope.hf.install(model)
+    styles = {m.rope_config.mrope_style for m in model.modules()
+              if isinstance(m, rope.hf.RotaryEmbedding) and m.mrope_axes is not None}
+    assert styles == {style}
+
+
 # ----- probing leaves a stateful rotary module as it was -----------------------------------------
 
 

@@ -55,7 +55,7 @@ from .. import _checks
 from . import families, feeds
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
-from .install import install, rotary_replacements, rotary_slots
+from .install import install, rotary_replacements, rotary_slots, slot_holder
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -97,6 +97,10 @@ the config holds per modality or per stage (a list) is set in each entry."""
 
 MAX_PARAMETERS = 5_000_000
 """A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
+
+LARGEST_WEIGHT = 1e3
+"""A tiny model's weight larger than this, or not finite, was left uninitialised by transformers'
+init (memory as ``torch.empty`` found it): :func:`_materialized` draws it again, seeded."""
 
 LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)
 """rope's exact angles against transformers' float32 ones, on a tiny model at positions below 20."""
@@ -556,7 +560,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
-         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8)}
+         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
+         "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
 DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
 checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
@@ -575,7 +580,10 @@ layer count from its stack and cycles (one layer, one low cycle here); ESM C, Mo
 Streaming, NeuCodec and XCodec2 project queries with as many heads as keys (one key per head);
 the codecs' quantizer width is the acoustic plus the semantic hidden size; EfficientLoFTR
 derives its backbone's blocks from the stages (one block each); dots.llm3's sliding layers
-rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``."""
+rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``;
+Qwen3-Omni's code-to-wave transformer has no M-RoPE, but the sections its modeling module
+defaults to (for the thinker) are fitted into every sub-config without them, so they are removed
+from that one again."""
 
 
 def model_class(model_type: str, config=None):
@@ -636,7 +644,13 @@ def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
                          f"{MAX_PARAMETERS / 1e6:.0f}M for a probe, {parts.get(name, 0) / 1e6:.1f}M of them in {name} "
                          "(sizes rope's TINY does not set)")
     torch.manual_seed(seed)
-    return type(built)._from_config(config).eval()
+    model = type(built)._from_config(config).eval()
+    with torch.no_grad():  # weights transformers' init leaves as torch.empty made them (Qwen3-Omni's talker experts)
+        for weight in model.parameters():
+            if weight.is_floating_point() and weight.numel() and not (
+                    torch.isfinite(weight).all() and float(weight.abs().max()) <= LARGEST_WEIGHT):
+                weight.normal_(0.0, TINY["initializer_range"])
+    return model
 
 
 def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
@@ -788,7 +802,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if model.config.model_type != model_type:
         return (f"transformers maps the model_type {model_type!r} to {type(model.config).__name__}, whose model_type "
                 f"is {model.config.model_type!r}: patch sees every model of it as {model.config.model_type!r}"), Feed()
-    owners = sorted({type(model.get_submodule(owner)).__module__ for owner, _, _ in rotary_slots(model)})
+    owners = sorted({type(slot_holder(model, owner)).__module__ for owner, _, _ in rotary_slots(model)})
     if len(owners) > 1:  # patch replaces the functions of one modeling module
         return (f"its rotary_emb modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
                 "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()

@@ -30,7 +30,7 @@ from torch import nn
 from . import vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
-from .install import Replacement, rotary_replacements, rotary_slots, table_form
+from .install import Replacement, rotary_replacements, rotary_slots, slot_holder, table_form
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,9 +191,10 @@ def _refuse_overlap(model: nn.Module) -> None:
 
 
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module (vision
-    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`), each once."""
-    owners = {owner: model.get_submodule(owner) for owner, _, _ in rotary_slots(model)}
+    """``(qualified name, module)`` of every submodule whose class holds a rotary module (vision
+    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`; a list's
+    holder: :func:`rope.hf.install.slot_holder`), each once."""
+    owners = {owner: slot_holder(model, owner) for owner, _, _ in rotary_slots(model)}
     return list(owners.items())
 
 
