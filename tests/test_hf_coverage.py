@@ -58,7 +58,8 @@ OWN_POSITIONS = {
 """Covered types that ignore the position_ids given: moved by 2^16 they still run at positions near 0."""
 
 STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya", "dots3_note",
-               "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2"}
+               "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2",
+               "muse_glimmer_assistant"}
 """Types whose tiny model's transformers output stays within SHIFT_TOLERANCE at 2^16 (few or slow
 rotary pairs; a codec's waveform, synthesised from the transformer's output): the shift test
 cannot tell transformers' angles from rope's on them."""

@@ -198,7 +198,8 @@ def _inputs(ours: Callable, form: str, generator: torch.Generator):
         values["freqs_cis"] = tables * 1
     else:
         values["cos"], values["sin"] = (table * 1 for table in tables)
-    parameters = [p.name for p in inspect.signature(ours).parameters.values() if p.default is inspect.Parameter.empty]
+    parameters = [p.name for p in inspect.signature(ours).parameters.values()
+                  if p.default is inspect.Parameter.empty or p.name in ("k", "cos", "sin")]
     return tuple(values[_ARGUMENTS[name]] for name in parameters)
 
 
@@ -214,13 +215,35 @@ def _same_function(theirs: Callable, ours: Callable, args) -> bool:
         for a, b in zip(got, expected))
 
 
+def _without_keys(args: tuple) -> tuple:
+    return (args[0], None, *args[2:])
+
+
+def _shorter_queries(args: tuple) -> tuple:
+    return (args[0][..., : args[0].shape[-2] // 2, :], *args[1:])
+
+
+EXTRA_CALLS = {"apply_rotary_pos_emb_keys_optional": _without_keys,
+               "apply_rotary_pos_emb_last_queries": _shorter_queries}
+"""rope's functions that Llama's also matches on q and k alike, and the further call that tells
+them apart (made from the first call's arguments): keys ``None``, queries shorter than the keys."""
+
+
+def _computes(theirs: Callable, ours: Callable, form: str, generator: torch.Generator) -> bool:
+    """Whether ``theirs`` returns what rope's ``ours`` does on random inputs (:func:`_inputs`),
+    and on the further call of :data:`EXTRA_CALLS` where ``ours`` has one."""
+    args = _inputs(ours, form, generator)
+    extra = EXTRA_CALLS.get(ours.__name__)
+    return _same_function(theirs, ours, args) and (extra is None or _same_function(theirs, ours, extra(args)))
+
+
 def convention_of(module) -> families.Convention | str:
     """The convention (:data:`CONVENTIONS`) whose functions ``module`` defines and computes, or
     the reason none fits: the rotary functions it defines instead."""
     generator = torch.Generator().manual_seed(0)
     for convention in CONVENTIONS:
-        if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
-                              _inputs(ours, convention.tables, generator)) for name, ours in convention.functions):
+        if all(_computes(getattr(module, name, None) or (lambda *a: None), ours, convention.tables, generator)
+               for name, ours in convention.functions):
             return convention
     own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
                  and getattr(value, "__module__", None) == module.__name__
