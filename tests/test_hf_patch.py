@@ -288,6 +288,19 @@ def doubled_llama():
     return model
 
 
+def positionless_llama():
+    """A tiny Llama with a second rotary module that takes no position ids (forward(x), as
+    EfficientLoFTR's, which reads a feature map's height and width)."""
+    model = tiny_model("llama")
+
+    class PositionlessRotaryEmbedding(type(model.model.rotary_emb)):
+        def forward(self, x):
+            return super().forward(x, torch.arange(x.shape[-2])[None])
+
+    model.model.grid_rotary = PositionlessRotaryEmbedding(model.config)
+    return model
+
+
 def no_config_module():
     return torch.nn.Linear(2, 2)
 
@@ -304,6 +317,9 @@ REFUSALS = [
                  id="refused model_type"),
     pytest.param(doubled_llama, ValueError, r"patch: install: model.rotary_emb \(Doubled\) is not reproduced",
                  id="tables install refuses"),
+    pytest.param(positionless_llama, ValueError,
+                 r"model.grid_rotary \(PositionlessRotaryEmbedding\) is called as forward\(x\): it takes no position",
+                 id="rotary module without position ids"),
     pytest.param(lambda: llama_as("llama4_text"), ValueError,
                  "modeling_llama has no function apply_rotary_emb, which the llama4 convention of model_type "
                  "'llama4_text'", id="modeling module without the function"),

@@ -584,7 +584,10 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
-         "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None)}
+         "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None),
+         "moonshine": _set(encoder_num_attention_heads=4, encoder_num_key_value_heads=4, encoder_num_hidden_layers=2),
+         "longcat_flash": lambda config: _set(num_layers=1, zero_expert_num=4,
+                                              qk_head_dim=config.qk_nope_head_dim + config.qk_rope_head_dim)(config)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
 DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
 checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
@@ -606,7 +609,11 @@ derives its backbone's blocks from the stages (one block each); dots.llm3's slid
 rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``;
 Qwen3-Omni's code-to-wave transformer has no M-RoPE, but the sections its modeling module
 defaults to (for the thinker) are fitted into every sub-config without them, so they are removed
-from that one again."""
+from that one again; Moonshine's encoder heads (8 of the tiny width: 8 coordinates, of which its
+partial rotary factor 0.9 would rotate 7) are 4 here, 16 coordinates of which it rotates 14;
+LongCat-Flash counts its layers in ``num_layers`` (28, each two attentions) and its zero experts
+in ``zero_expert_num`` (256), which the tiny one has 1 and 4 of, and keeps ``qk_head_dim`` (192)
+apart from the nope and rope parts it sums."""
 
 
 def model_class(model_type: str, config=None):
@@ -719,14 +726,17 @@ FEED_EXTRAS = {
     "muse_glimmer_assistant": lambda config: (
         ("context_hidden_states", (2, 20, len(config.target_layer_ids) * config.hidden_size)),
         ("attention_mask", (2, 40))),
-    "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),)}
+    "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
+    "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),)}
 """Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
 ``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
 transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
 every token attending to it), Muse Glimmer's assistant's context (the target model's hidden
 states of its ``target_layer_ids``, concatenated, and a mask over context and block), Voxtral
 Realtime's text model's time conditioning (``t_cond``, which its decoder layers read through
-``**kwargs``), NeuCodec's and XCodec2's semantic features (a frame per acoustic frame)."""
+``**kwargs``), NeuCodec's and XCodec2's semantic features (a frame per acoustic frame),
+DiffusionGemma's canvas (``decoder_input_ids``: without them its forward draws the canvas with an
+unseeded ``torch.randint``, so no two runs agree)."""
 
 
 PROBE_SHIFT = 24
@@ -829,6 +839,13 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if len(owners) > 1:  # patch replaces the functions of one modeling module
         return (f"its rotary_emb modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
                 "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()
+    if owners[0] != module.__name__:  # a composite whose text model is another type's class (AutoModel)
+        module = importlib.import_module(owners[0])  # the module patch swaps the functions of
+        held = convention_of(module)
+        if held is not convention:
+            return (f"its rotary modules are held by classes of {module.__name__}, whose functions follow "
+                    f"{held if isinstance(held, str) else 'the ' + held.name + ' convention'}, not "
+                    f"{convention.name} as its own modeling module's"), Feed()
     try:
         rotary_replacements(model)
     except ValueError as err:

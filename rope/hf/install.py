@@ -5,6 +5,7 @@ the model's own tables; and, for the models that keep their tables in a buffer o
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -268,10 +269,26 @@ def _cast_error(name: str, old: nn.Module, buffer: str, dtype: torch.dtype, devi
     )
 
 
+def _refuse_without_positions(name: str, old: nn.Module) -> None:
+    """Raise where ``old.forward`` takes fewer than two positional arguments: no position ids
+    (EfficientLoFTR's module reads the height and width of a feature map ``x`` instead)."""
+    try:
+        parameters = list(inspect.signature(old.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the probe's call decides
+        return
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        names = ", ".join(p.name for p in parameters)
+        raise ValueError(f"install: {name} ({type(old).__name__}) is called as forward({names}): it takes no "
+                         "position ids, so it does not follow the contract rotary_emb(x, position_ids) of "
+                         "rope.hf.RotaryEmbedding; nothing was replaced")
+
+
 def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
     """The rope rotary module of ``config`` (:func:`rotary_embedding`, or with M-RoPE sections
     :func:`_candidates` tries) whose tables reproduce ``old``, or an error
     (naming the cast that rounded ``old``'s frequencies, where that is the cause)."""
+    _refuse_without_positions(name, old)
     found = []
     for form in TABLE_FORMS:
         for new in _candidates(config, old, form):
