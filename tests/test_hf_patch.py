@@ -197,6 +197,32 @@ def test_rotary_modules_under_other_names_and_in_lists_are_swapped_and_restored(
     assert [(o, a) for o, a, _ in slots_of(gemma)] == [("model", "rotary_emb")]
 
 
+def test_a_model_holding_parts_of_two_modeling_modules_patches_both():
+    """CSM holds Mimi's codec, whose rotary modules are Mimi's classes: patch replaces the
+    function in both modeling modules (its own first), and unpatch restores both; a function
+    replaced since in either makes unpatch refuse, changing nothing."""
+    from transformers.models.csm import modeling_csm
+    from transformers.models.mimi import modeling_mimi
+
+    from rope.hf.coverage import tiny_model as build
+
+    model = build("csm")
+    originals = {module: module.apply_rotary_pos_emb for module in (modeling_csm, modeling_mimi)}
+    record = rope.hf.patch(model)
+    try:
+        assert [module for module, _ in record.modules] == [modeling_csm, modeling_mimi]
+        assert all(module.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb for module in originals)
+        assert all(dict(functions)["apply_rotary_pos_emb"] is originals[module] for module, functions in record.modules)
+        modeling_mimi.apply_rotary_pos_emb = originals[modeling_mimi]
+        with pytest.raises(ValueError, match="modeling_mimi.apply_rotary_pos_emb is no longer rope's function"):
+            rope.hf.unpatch(model)
+        assert modeling_csm.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb
+        modeling_mimi.apply_rotary_pos_emb = rope.hf.apply_rotary_pos_emb
+    finally:
+        rope.hf.unpatch(model)
+    assert all(module.apply_rotary_pos_emb is original for module, original in originals.items())
+
+
 @pytest.mark.parametrize("model_type, style", [("qwen3_omni_moe_text", "interleaved"),
                                                ("ernie4_5_vl_moe_text", "alternating"),
                                                ("cohere_compass_text", "interleaved")])

@@ -14,9 +14,9 @@ embeddings, :func:`survey` decides:
    filled in (layer types, per-layer-type RoPE, keys of :data:`MISSING`), :data:`FIXES`, no
    download; a part of a composite model is built as its own class) must hold a ``rotary_emb``
    module or a position table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the
-   rotary modules or functions it has instead are named), all held by classes of one modeling
-   module (the one whose functions patch swaps), which :func:`rope.hf.install`
-   must accept, and, run by the first feed of :func:`rope.hf.feeds.candidates` that shows the
+   rotary modules or functions it has instead are named), held by classes of modeling modules
+   that all follow the convention (patch swaps the functions of each), which
+   :func:`rope.hf.install` must accept, and, run by the first feed of :func:`rope.hf.feeds.candidates` that shows the
    rotation (token ids to the model or its text model, else embeddings, audio features or a
    waveform to the model or to a part holding a ``rotary_emb``; :func:`_chosen_feed`), give the
    same output after :func:`rope.hf.install` (rope's tables) and with the convention's functions
@@ -755,20 +755,20 @@ UNFED = {"blt_local_encoder": "BLT's local encoder pools its bytes into patches 
 """Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
 
 
-def _chosen_feed(model: nn.Module, module, convention: families.Convention):
+def _chosen_feed(model: nn.Module, modules: list, convention: families.Convention):
     """The first feed of :func:`rope.hf.feeds.candidates` on which ``model`` runs, calls one of
-    the convention's functions of its modeling ``module``, gives an output above
+    the convention's functions of its modeling ``modules``, gives an output above
     :data:`LIVE_OUTPUT`, and another output at positions moved by :data:`PROBE_SHIFT` (the
     rotation shows in it: a codec's quantized codes may hide it); else the first that does all
     but the last; else the first on which it runs. Returns the feed and its output, or why none
     runs (and ``None``)."""
     tokens, failures, ranked = sample_tokens(), [], {}
-    originals = {name: getattr(module, name) for name, _ in convention.functions}
+    originals = {(module, name): getattr(module, name) for module in modules for name, _ in convention.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
     for candidate in feeds.candidates(model, text_part(model), extra):
         calls = []
         try:
-            for name, function in originals.items():
+            for (module, name), function in originals.items():
                 setattr(module, name, _counting(function, calls))
             out = output(model, tokens, feed=candidate)
             live = bool(calls) and float(out.abs().max()) > LIVE_OUTPUT
@@ -777,7 +777,7 @@ def _chosen_feed(model: nn.Module, module, convention: families.Convention):
             failures.append(f"{candidate.describe()}: {type(err).__name__}: {_checks.first_line(err, 90)}")
             continue
         finally:
-            for name, function in originals.items():
+            for (module, name), function in originals.items():
                 setattr(module, name, function)
         if moved:
             return candidate, out
@@ -836,37 +836,35 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
         return (f"transformers maps the model_type {model_type!r} to {type(model.config).__name__}, whose model_type "
                 f"is {model.config.model_type!r}: patch sees every model of it as {model.config.model_type!r}"), Feed()
     owners = sorted({type(slot_holder(model, owner)).__module__ for owner, _, _ in rotary_slots(model)})
-    if len(owners) > 1:  # patch replaces the functions of one modeling module
-        return (f"its rotary_emb modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
-                "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()
-    if owners[0] != module.__name__:  # a composite whose text model is another type's class (AutoModel)
-        module = importlib.import_module(owners[0])  # the module patch swaps the functions of
-        held = convention_of(module)
+    modules = [importlib.import_module(name) for name in owners]  # patch swaps the functions of each
+    for holder in modules:  # another type's classes (AutoModel's text model, an audio codec's) must rotate alike
+        held = convention if holder is module else convention_of(holder)
         if held is not convention:
-            return (f"its rotary modules are held by classes of {module.__name__}, whose functions follow "
+            return (f"its rotary modules are held by classes of {holder.__name__}, whose functions follow "
                     f"{held if isinstance(held, str) else 'the ' + held.name + ' convention'}, not "
                     f"{convention.name} as its own modeling module's"), Feed()
     try:
         rotary_replacements(model)
     except ValueError as err:
         return _checks.first_line(err, 200).removeprefix("install: "), Feed()
-    feed, expected = _chosen_feed(model, module, convention)
+    feed, expected = _chosen_feed(model, modules, convention)
     if isinstance(feed, str):
         return feed, Feed()
     install(model)
-    originals = {name: getattr(module, name) for name, _ in convention.functions}
-    calls = {name: [] for name in originals}
+    originals = {(holder, name): getattr(holder, name) for holder in modules for name, _ in convention.functions}
+    calls = {name: [] for name, _ in convention.functions}
     left = stock_rotary_calls(model)
     try:
-        for name, ours in convention.functions:
-            setattr(module, name, _counting(ours, calls[name]))
+        for holder in modules:
+            for name, ours in convention.functions:
+                setattr(holder, name, _counting(ours, calls[name]))
         got = output(model, sample_tokens(), feed=feed)
     except Exception as err:  # rope's function refused the model's inputs
         quoted = _checks.first_line(err, 200)
         return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
     finally:
-        for name, function in originals.items():
-            setattr(module, name, function)
+        for (holder, name), function in originals.items():
+            setattr(holder, name, function)
         called = left.close()
     if called:
         name, kind = called[0]

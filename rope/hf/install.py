@@ -270,14 +270,16 @@ def _cast_error(name: str, old: nn.Module, buffer: str, dtype: torch.dtype, devi
 
 
 def _refuse_without_positions(name: str, old: nn.Module) -> None:
-    """Raise where ``old.forward`` takes fewer than two positional arguments: no position ids
-    (EfficientLoFTR's module reads the height and width of a feature map ``x`` instead)."""
+    """Raise where ``old.forward`` takes no position ids as its second argument (a name with
+    ``pos``): EfficientLoFTR's module reads the height and width of a feature map ``x`` instead,
+    EsmFold2's the atoms' coordinates in space (``ref_pos``, then ``ref_space_uid``)."""
     try:
         parameters = list(inspect.signature(old.forward).parameters.values())
     except (TypeError, ValueError):  # no signature to read: the probe's call decides
         return
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in parameters):
+    if (len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in parameters)) or (
+            len(positional) >= 2 and "pos" not in positional[1].name):
         names = ", ".join(p.name for p in parameters)
         raise ValueError(f"install: {name} ({type(old).__name__}) is called as forward({names}): it takes no "
                          "position ids, so it does not follow the contract rotary_emb(x, position_ids) of "
