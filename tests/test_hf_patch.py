@@ -327,6 +327,19 @@ def positionless_llama():
     return model
 
 
+def two_axis_llama():
+    """A tiny Llama whose rotary module reads two rows of position ids (their sum: NeoMME's row and
+    column in a toy form)."""
+    model = tiny_model("llama")
+
+    class TwoAxisRotaryEmbedding(type(model.model.rotary_emb)):
+        def forward(self, x, position_ids):
+            return super().forward(x, position_ids.sum(0) if position_ids.dim() == 3 else position_ids)
+
+    model.model.rotary_emb = TwoAxisRotaryEmbedding(model.config)
+    return model
+
+
 def no_config_module():
     return torch.nn.Linear(2, 2)
 
@@ -346,6 +359,8 @@ REFUSALS = [
     pytest.param(positionless_llama, ValueError,
                  r"model.grid_rotary \(PositionlessRotaryEmbedding\) is called as forward\(x\): it takes no position",
                  id="rotary module without position ids"),
+    pytest.param(two_axis_llama, ValueError, r"model.rotary_emb \(TwoAxisRotaryEmbedding\) reads positions on 2 axes",
+                 id="positions on two axes"),
     pytest.param(lambda: llama_as("llama4_text"), ValueError,
                  "modeling_llama has no function apply_rotary_emb, which the llama4 convention of model_type "
                  "'llama4_text'", id="modeling module without the function"),

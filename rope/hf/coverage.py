@@ -586,6 +586,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
          "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None),
          "moonshine": _set(encoder_num_attention_heads=4, encoder_num_key_value_heads=4, encoder_num_hidden_layers=2),
+         "hunyuan_vl": lambda config: config.text_config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
+         "hunyuan_vl_text": lambda config: config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
          "longcat_flash": lambda config: _set(num_layers=1, zero_expert_num=4,
                                               qk_head_dim=config.qk_nope_head_dim + config.qk_rope_head_dim)(config)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
@@ -613,7 +615,9 @@ from that one again; Moonshine's encoder heads (8 of the tiny width: 8 coordinat
 partial rotary factor 0.9 would rotate 7) are 4 here, 16 coordinates of which it rotates 14;
 LongCat-Flash counts its layers in ``num_layers`` (28, each two attentions) and its zero experts
 in ``zero_expert_num`` (256), which the tiny one has 1 and 4 of, and keeps ``qk_head_dim`` (192)
-apart from the nope and rope parts it sums."""
+apart from the nope and rope parts it sums; HunYuan-VL's rotary module needs the sections of
+its four axes (``mrope_section``, a quarter of the tiny half head each), which its released
+configs name (``xdrope_section``) and its default config does not."""
 
 
 def model_class(model_type: str, config=None):

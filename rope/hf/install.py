@@ -286,11 +286,38 @@ def _refuse_without_positions(name: str, old: nn.Module) -> None:
                          "rope.hf.RotaryEmbedding; nothing was replaced")
 
 
+OTHER_ROWS = (2, 4)
+"""Rows of position ids other than M-RoPE's three that a module may read (NeoMME's row and column,
+HunYuan-VL's four XD-RoPE axes): install refuses a module whose tables change with them."""
+
+
+def _refuse_other_rows(name: str, old: nn.Module, config: Any, device) -> None:
+    """Raise where ``old`` takes position ids of a row count of :data:`OTHER_ROWS` and returns
+    tables of the shape it returns for one row, but other values than for the first row alone:
+    it reads positions on that many axes, which no rope module does. A deep copy is called."""
+    per_type = layer_type_parameters(rope_parameters_from_config(config))
+    extra = () if per_type is None else (next(iter(per_type)),)
+    old = _probe_copy(name, old)
+    x = torch.zeros(1, dtype=torch.float32, device=device)
+    gen = torch.Generator().manual_seed(1)
+    for rows in OTHER_ROWS:
+        positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])[:, None].to(device)
+        try:
+            gap = _gap(old(x, positions, *extra), old(x, positions[0], *extra))
+        except Exception:  # it does not take them: nothing to refuse
+            continue
+        if gap is not None and gap > 0:
+            raise ValueError(f"install: {name} ({type(old).__name__}) reads positions on {rows} axes (position ids "
+                             f"[{rows}, batch, seq], its tables change with each row), which rope.hf.RotaryEmbedding "
+                             "does not (its M-RoPE reads three: t, h and w); nothing was replaced")
+
+
 def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
     """The rope rotary module of ``config`` (:func:`rotary_embedding`, or with M-RoPE sections
     :func:`_candidates` tries) whose tables reproduce ``old``, or an error
     (naming the cast that rounded ``old``'s frequencies, where that is the cause)."""
     _refuse_without_positions(name, old)
+    _refuse_other_rows(name, old, config, device)
     found = []
     for form in TABLE_FORMS:
         for new in _candidates(config, old, form):
