@@ -973,6 +973,28 @@ def _text_verdict(config) -> str:
     return f"; its text model ({text.model_type}) {verdict}"
 
 
+_CONFORMER = ("its conformer's rotary module returns one cached (cos, sin) stack of positions 0 .. n - 1 per "
+              "sequence length, without position ids, which its attention's own _apply_rotary_embedding method "
+              "reads: nothing at module level to replace, and no positions to move")
+_CLVP = ("CLVP's apply_rotary_pos_emb(q, k, v, cos, sin, position_ids) also rotates the values and indexes the "
+         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states))")
+CONVENTION_DIFFERENCES = {
+    "clvp": _CLVP, "clvp_decoder": _CLVP, "clvp_encoder": _CLVP,
+    "roformer": ("RoFormer rotates inside its attention (the static method apply_rotary_position_embeddings: pairs "
+                 "(2i, 2i + 1), the values too where rotary_value) from a sinusoidal table of absolute positions "
+                 "(RoFormerSinusoidalPositionalEmbedding), no function at module level"),
+    "seamless_m4t": _CONFORMER, "wav2vec2-bert": _CONFORMER, "wav2vec2-conformer": _CONFORMER,
+    "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "
+                      "themselves, not q and k, by the timestamps of their windows (2-D axial over window index and "
+                      "time, its pos_emb), with tables it broadcasts as given"),
+    "vjepa2": ("V-JEPA 2 rotates q and k by 3-D patch positions (depth, height and width, a third of each head each: "
+               "rotate_queries_or_keys, pairs (2i, 2i + 1), frequencies computed at each call in q's dtype), with no "
+               "rotary module"),
+}
+"""What the rotary functions of the types no convention fits compute instead (:func:`classify`
+adds it to the reason)."""
+
+
 def classify(model_type: str) -> Row:
     """The :class:`Row` of one model type: convention from its code, then the probe."""
     file = source_file(model_type)
@@ -985,7 +1007,8 @@ def classify(model_type: str) -> Row:
         return Row(model_type, source, None, f"its modeling module does not import here ({quoted})")
     convention = convention_of(module)
     if isinstance(convention, str):
-        return Row(model_type, source, None, convention, matches)
+        why = convention + (f": {CONVENTION_DIFFERENCES[model_type]}" if model_type in CONVENTION_DIFFERENCES else "")
+        return Row(model_type, source, None, why, matches)
     reason, feed = probe(model_type, convention)
     return Row(model_type, source, None if reason else convention.name, reason, matches, Feed() if reason else feed)
 
