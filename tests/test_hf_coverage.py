@@ -71,7 +71,8 @@ shift does not move: moved by 2^16 they still run at positions near 0."""
 
 STILL_CLOSE = {"bailing_hybrid", "granite_docling", "granite_docling_text", "qwen3_next", "zaya", "dots3_note",
                "moonshine_streaming", "nemotron3_5_transcribe_word_timestamp", "neucodec", "xcodec2",
-               "step3p5_vision", "kimi_k25_vision", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision"}
+               "step3p5_vision", "kimi_k25_vision", "muse_glimmer_vision", "muse_spark_vision", "paddleocr_vl_vision",
+               "muse_glimmer_assistant"}
 """Types whose tiny model's transformers output stays within SHIFT_TOLERANCE at 2^16 (few or slow
 rotary pairs; a codec's waveform, synthesised from the transformer's output; Step 3.5's vision
 tower, whose output is its attention's through two stride-2 convolutions; the vision towers of

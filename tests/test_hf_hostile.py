@@ -25,8 +25,10 @@ from transformers.models.glm4v import modeling_glm4v  # noqa: E402
 from transformers.models.gpt_oss import modeling_gpt_oss  # noqa: E402
 from transformers.models.gptj import modeling_gptj  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
+from transformers.models.muse_glimmer_assistant import modeling_muse_glimmer_assistant  # noqa: E402
 from transformers.models.nanochat import modeling_nanochat  # noqa: E402
 from transformers.models.openai_privacy_filter import modeling_openai_privacy_filter  # noqa: E402
+from transformers.models.qwen4_exp import modeling_qwen4_exp  # noqa: E402
 
 HEAD_DIM = 16
 YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}
@@ -73,6 +75,10 @@ CONVENTIONS = {
     "deepseek_v4": (rope.hf.apply_rotary_pos_emb_trailing, "pairs", 0.5, deepseek_v4_reference, 1),
     "gptj": (rope.hf.apply_rotary_pos_emb_every_two, "pairs", 1.0, modeling_gptj.apply_rotary_pos_emb, 2),
     "deepseek_v2": (rope.hf.apply_rotary_emb_complex_heads_first, "complex", 1.0, deepseek_v2_reference, 1),
+    "qwen4_exp": (rope.hf.apply_rotary_pos_emb_keys_optional, "rotate_half", 0.5,
+                  modeling_qwen4_exp.apply_rotary_pos_emb, 1),
+    "muse_glimmer_assistant": (rope.hf.apply_rotary_pos_emb_last_queries, "rotate_half", 1.0,
+                               modeling_muse_glimmer_assistant.apply_rotary_pos_emb, 1),
 }
 ONE_TENSOR = (rope.hf.apply_rotary_pos_emb_single, modeling_gemma4.apply_rotary_pos_emb,
               rope.hf.apply_rotary_pos_emb_trailing, deepseek_v4_reference)
@@ -361,6 +367,48 @@ def test_the_interleave_function_rotates_queries_alone_where_k_is_none():
     q_out, none = rope.hf.apply_rotary_pos_emb_interleave(q, None, *module(torch.zeros(1), positions))
     assert none is None
     assert_all_close((q_out,), reference("deepseek", q, k, exact_tables(module, positions))[:1])
+
+
+def test_keys_optional_rotates_queries_alone_where_k_is_none():
+    """Qwen4-Exp's indexer passes k=None and gets q alone back: from exact angles where the
+    tables are untouched, and with the model's formula on sliced tables ([seq, width], its pooled
+    keys' call), against transformers' function in float64."""
+    gen = torch.Generator().manual_seed(15)
+    q, k = inputs("qwen4_exp", gen)
+    module = embedding("qwen4_exp")
+    positions = far_positions(gen)
+    tables = module(torch.zeros(1), positions)
+    q_out = rope.hf.apply_rotary_pos_emb_keys_optional(q, cos=tables[0], sin=tables[1])
+    assert isinstance(q_out, torch.Tensor)
+    assert_all_close((q_out,), reference("qwen4_exp", q, k, exact_tables(module, positions))[:1])
+    keys = torch.randn(3, 1, HEAD_DIM, generator=gen, dtype=torch.float64)  # pooled keys: [blocks, 1, head_dim]
+    cos, sin = (t[0, :3] for t in tables)  # rows of the tables: [blocks, width]
+    got = rope.hf.apply_rotary_pos_emb_keys_optional(keys, cos=cos, sin=sin)
+    expected = modeling_qwen4_exp.apply_rotary_pos_emb(keys, cos=cos.double(), sin=sin.double())
+    assert_all_close((got,), (expected,))
+    with pytest.raises(TypeError, match="cos and sin are required"):
+        rope.hf.apply_rotary_pos_emb_keys_optional(q, k)
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_last_queries_take_the_last_rows_of_the_tables(unsqueeze_dim):
+    """Muse Glimmer's assistant rotates keys over the whole tables and its shorter queries by the
+    last rows (unsqueezed at 1; at 2 the model slices the size-1 heads dimension, every row):
+    transformers' function in float64 is the reference."""
+    gen = torch.Generator().manual_seed(16 + unsqueeze_dim)
+    seq, short = 6, 2 if unsqueeze_dim == 1 else 6
+    shape = (lambda heads, n: (2, heads, n, HEAD_DIM)) if unsqueeze_dim == 1 else (
+        lambda heads, n: (2, n, heads, HEAD_DIM))
+    q, k = (torch.randn(*shape(heads, n), generator=gen, dtype=torch.float64) for heads, n in ((3, short), (1, seq)))
+    tables = embedding("muse_glimmer_assistant")(torch.zeros(1), far_positions(gen, seq=seq))
+    cos, sin = (t * 1 for t in tables)  # changed tables: the formula, as the model's (untouched: tested above)
+    got = rope.hf.apply_rotary_pos_emb_last_queries(q, k, cos, sin, unsqueeze_dim)
+    expected = modeling_muse_glimmer_assistant.apply_rotary_pos_emb(q, k, cos.double(), sin.double(), unsqueeze_dim)
+    assert_all_close(got, expected)
+    if unsqueeze_dim == 1:  # the first rows would not do
+        first = (t[:, :short].double() for t in (cos, sin))
+        wrong = modeling_llama.apply_rotary_pos_emb(q, k[:, :, :short], *first)
+        assert largest_gap(got[:1], wrong[:1]) > 1e-3
 
 
 def test_every_two_keeps_torchs_promotion_of_a_wider_table():

@@ -167,6 +167,77 @@ def test_the_layer_type_module_is_chosen_and_keeps_transformers_contracts():
             rope.hf.unpatch(model)
 
 
+def test_rotary_modules_under_other_names_and_in_lists_are_swapped_and_restored():
+    """A rotary module under another attribute (LFM2-MoE's pos_emb), in a ModuleList (Granite
+    SWA's rotary_embs) or beside rotary_emb (Molmo 2's rotary_emb_unscaled) is a slot: patch
+    swaps each for rope's, which keeps its config; unpatch puts each original back; rope's own
+    per-layer-type parts are never slots."""
+    import copy
+
+    slots_of, slot_holder = sys.modules["rope.hf.install"].rotary_slots, sys.modules["rope.hf.install"].slot_holder
+    model = tiny_model("llama")
+    inner = model.model
+    inner.pos_emb = copy.deepcopy(inner.rotary_emb)
+    inner.rotary_embs = torch.nn.ModuleList([copy.deepcopy(inner.rotary_emb), copy.deepcopy(inner.rotary_emb)])
+    originals = {name: module for name, module in model.named_modules() if "rotary" in name or "pos_emb" in name}
+    slots = [f"{owner}.{attribute}" for owner, attribute, _ in slots_of(model)]
+    assert slots == ["model.rotary_emb", "model.pos_emb", "model.rotary_embs.0", "model.rotary_embs.1"]
+    assert slot_holder(model, "model.rotary_embs") is inner
+    record = rope.hf.patch(model)
+    try:
+        assert sorted(r.name for r in record.rotary_modules) == sorted(slots)
+        for name in slots:
+            new = model.get_submodule(name)
+            assert isinstance(new, rope.hf.RotaryEmbedding) and new.config is originals[name].config
+    finally:
+        rope.hf.unpatch(model)
+    assert all(model.get_submodule(name) is module for name, module in originals.items())
+    gemma = tiny_model("gemma3_text")
+    rope.hf.install(gemma)
+    assert [(o, a) for o, a, _ in slots_of(gemma)] == [("model", "rotary_emb")]
+
+
+def test_a_model_holding_parts_of_two_modeling_modules_patches_both():
+    """CSM holds Mimi's codec, whose rotary modules are Mimi's classes: patch replaces the
+    function in both modeling modules (its own first), and unpatch restores both; a function
+    replaced since in either makes unpatch refuse, changing nothing."""
+    from transformers.models.csm import modeling_csm
+    from transformers.models.mimi import modeling_mimi
+
+    from rope.hf.coverage import tiny_model as build
+
+    model = build("csm")
+    originals = {module: module.apply_rotary_pos_emb for module in (modeling_csm, modeling_mimi)}
+    record = rope.hf.patch(model)
+    try:
+        assert [module for module, _ in record.modules] == [modeling_csm, modeling_mimi]
+        assert all(module.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb for module in originals)
+        assert all(dict(functions)["apply_rotary_pos_emb"] is originals[module] for module, functions in record.modules)
+        modeling_mimi.apply_rotary_pos_emb = originals[modeling_mimi]
+        with pytest.raises(ValueError, match="modeling_mimi.apply_rotary_pos_emb is no longer rope's function"):
+            rope.hf.unpatch(model)
+        assert modeling_csm.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb
+        modeling_mimi.apply_rotary_pos_emb = rope.hf.apply_rotary_pos_emb
+    finally:
+        rope.hf.unpatch(model)
+    assert all(module.apply_rotary_pos_emb is original for module, original in originals.items())
+
+
+@pytest.mark.parametrize("model_type, style", [("qwen3_omni_moe_text", "interleaved"),
+                                               ("ernie4_5_vl_moe_text", "alternating"),
+                                               ("cohere_compass_text", "interleaved")])
+def test_the_mrope_style_of_the_modeling_code_is_found(model_type, style):
+    """The config names M-RoPE sections but no style (the modeling code fixes it): install tries
+    the module's sections in each style and keeps the one that reproduces its tables."""
+    from rope.hf.coverage import tiny_model as build
+
+    model = build(model_type)
+    rope.hf.install(model)
+    styles = {m.rope_config.mrope_style for m in model.modules()
+              if isinstance(m, rope.hf.RotaryEmbedding) and m.mrope_axes is not None}
+    assert styles == {style}
+
+
 # ----- probing leaves a stateful rotary module as it was -----------------------------------------
 
 
@@ -243,6 +314,32 @@ def doubled_llama():
     return model
 
 
+def positionless_llama():
+    """A tiny Llama with a second rotary module that takes no position ids (forward(x), as
+    EfficientLoFTR's, which reads a feature map's height and width)."""
+    model = tiny_model("llama")
+
+    class PositionlessRotaryEmbedding(type(model.model.rotary_emb)):
+        def forward(self, x):
+            return super().forward(x, torch.arange(x.shape[-2])[None])
+
+    model.model.grid_rotary = PositionlessRotaryEmbedding(model.config)
+    return model
+
+
+def two_axis_llama():
+    """A tiny Llama whose rotary module reads two rows of position ids (their sum: NeoMME's row and
+    column in a toy form)."""
+    model = tiny_model("llama")
+
+    class TwoAxisRotaryEmbedding(type(model.model.rotary_emb)):
+        def forward(self, x, position_ids):
+            return super().forward(x, position_ids.sum(0) if position_ids.dim() == 3 else position_ids)
+
+    model.model.rotary_emb = TwoAxisRotaryEmbedding(model.config)
+    return model
+
+
 def no_config_module():
     return torch.nn.Linear(2, 2)
 
@@ -259,6 +356,11 @@ REFUSALS = [
                  id="refused model_type"),
     pytest.param(doubled_llama, ValueError, r"patch: install: model.rotary_emb \(Doubled\) is not reproduced",
                  id="tables install refuses"),
+    pytest.param(positionless_llama, ValueError,
+                 r"model.grid_rotary \(PositionlessRotaryEmbedding\) is called as forward\(x\): it takes no position",
+                 id="rotary module without position ids"),
+    pytest.param(two_axis_llama, ValueError, r"model.rotary_emb \(TwoAxisRotaryEmbedding\) reads positions on 2 axes",
+                 id="positions on two axes"),
     pytest.param(lambda: llama_as("llama4_text"), ValueError,
                  "modeling_llama has no function apply_rotary_emb, which the llama4 convention of model_type "
                  "'llama4_text'", id="modeling module without the function"),

@@ -28,6 +28,8 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`apply_rotary_pos_emb_pair_tables_interleaved` (the OpenAI privacy filter),
   :func:`apply_rotary_pos_emb_conjugate` (NanoChat), :func:`apply_rotary_pos_emb_interleave`
   (DeepSeek-V3, GLM-5, Mistral Large 4), :func:`apply_rotary_pos_emb_single` (Gemma 4),
+  :func:`apply_rotary_pos_emb_keys_optional` (Qwen4-Exp), :func:`apply_rotary_pos_emb_last_queries`
+  (Muse Glimmer's assistant),
   :func:`apply_rotary_pos_emb_trailing` (DeepSeek-V4), :func:`apply_rotary_pos_emb_every_two`
   (GPT-J, CodeGen), :func:`apply_rotary_emb_complex` (Llama 4) and
   :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2); for vision towers
@@ -87,6 +89,8 @@ from .functions import (
     apply_rotary_pos_emb_interleave,
     apply_rotary_pos_emb_interleaved,
     apply_rotary_pos_emb_interleaved_tables,
+    apply_rotary_pos_emb_keys_optional,
+    apply_rotary_pos_emb_last_queries,
     apply_rotary_pos_emb_pair_tables,
     apply_rotary_pos_emb_pair_tables_interleaved,
     apply_rotary_pos_emb_single,
@@ -120,6 +124,8 @@ __all__ = [
     "apply_rotary_pos_emb_interleave",
     "apply_rotary_pos_emb_interleaved",
     "apply_rotary_pos_emb_interleaved_tables",
+    "apply_rotary_pos_emb_keys_optional",
+    "apply_rotary_pos_emb_last_queries",
     "apply_rotary_pos_emb_pair_tables",
     "apply_rotary_pos_emb_pair_tables_interleaved",
     "apply_rotary_pos_emb_single",

@@ -14,9 +14,9 @@ embeddings, :func:`survey` decides:
    filled in (layer types, per-layer-type RoPE, keys of :data:`MISSING`), :data:`FIXES`, no
    download; a part of a composite model is built as its own class) must hold a ``rotary_emb``
    module or a position table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the
-   rotary modules or functions it has instead are named), all held by classes of one modeling
-   module (the one whose functions patch swaps), which :func:`rope.hf.install`
-   must accept, and, run by the first feed of :func:`rope.hf.feeds.candidates` that shows the
+   rotary modules or functions it has instead are named), held by classes of modeling modules
+   that all follow the convention (patch swaps the functions of each), which
+   :func:`rope.hf.install` must accept, and, run by the first feed of :func:`rope.hf.feeds.candidates` that shows the
    rotation (token ids to the model or its text model, else embeddings, audio features or a
    waveform to the model or to a part holding a ``rotary_emb``; :func:`_chosen_feed`), give the
    same output after :func:`rope.hf.install` (rope's tables) and with the convention's functions
@@ -55,7 +55,7 @@ from .. import _checks
 from . import families, feeds, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
-from .install import install, rotary_replacements, rotary_slots
+from .install import install, rotary_replacements, rotary_slots, slot_holder
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -97,6 +97,10 @@ the config holds per modality or per stage (a list) is set in each entry."""
 
 MAX_PARAMETERS = 5_000_000
 """A tiny model larger than this (a size :data:`TINY` does not reach) is not built."""
+
+LARGEST_WEIGHT = 1e3
+"""A tiny model's weight larger than this, or not finite, was left uninitialised by transformers'
+init (memory as ``torch.empty`` found it): :func:`_materialized` draws it again, seeded."""
 
 LOGITS_TOLERANCE = dict(rtol=1e-4, atol=2e-5)
 """rope's exact angles against transformers' float32 ones, on a tiny model at positions below 20."""
@@ -197,7 +201,8 @@ def _inputs(ours: Callable, form: str, generator: torch.Generator):
         values["cos"], values["sin"] = (table * 1 for table in tables)
     if ours.__name__.startswith("apply_rotary_pos_emb_vision"):  # a tower's: q [seq, heads, dim], tables [seq, dim]
         values = {name: value[0] for name, value in values.items()}
-    parameters = [p.name for p in inspect.signature(ours).parameters.values() if p.default is inspect.Parameter.empty]
+    parameters = [p.name for p in inspect.signature(ours).parameters.values()
+                  if p.default is inspect.Parameter.empty or p.name in ("k", "cos", "sin")]
     return tuple(values[_ARGUMENTS[name]] for name in parameters)
 
 
@@ -213,13 +218,36 @@ def _same_function(theirs: Callable, ours: Callable, args) -> bool:
         for a, b in zip(got, expected))
 
 
+def _without_keys(args: tuple) -> tuple:
+    return (args[0], None, *args[2:])
+
+
+def _shorter_queries(args: tuple) -> tuple:
+    return (args[0][..., : args[0].shape[-2] // 2, :], *args[1:])
+
+
+EXTRA_CALLS = {"apply_rotary_pos_emb_keys_optional": _without_keys,
+               "apply_rotary_pos_emb_last_queries": _shorter_queries}
+"""rope's functions that Llama's also matches on q and k alike, and the further call that tells
+them apart (made from the first call's arguments): keys ``None``, queries shorter than the keys."""
+
+
+def _computes(theirs: Callable, ours: Callable, form: str, generator: torch.Generator) -> bool:
+    """Whether ``theirs`` returns what rope's ``ours`` does on random inputs (:func:`_inputs`),
+    and on the further call of :data:`EXTRA_CALLS` where ``ours`` has one."""
+    args = _inputs(ours, form, generator)
+    extra = EXTRA_CALLS.get(ours.__name__)
+    return _same_function(theirs, ours, args) and (extra is None or _same_function(theirs, ours, extra(args)))
+
+
 def conventions_of(module) -> list[families.Convention]:
     """The conventions (:data:`CONVENTIONS`, in order) whose functions ``module`` defines and
-    computes (Qwen2-VL's module: Llama's for its text model, the vision one for its tower)."""
+    computes (:func:`_computes`; Qwen2-VL's module: Llama's for its text model, the vision one for
+    its tower)."""
     generator = torch.Generator().manual_seed(0)
     return [convention for convention in CONVENTIONS
-            if all(_same_function(getattr(module, name, None) or (lambda *a: None), ours,
-                                  _inputs(ours, convention.tables, generator)) for name, ours in convention.functions)]
+            if all(_computes(getattr(module, name, None) or (lambda *a: None), ours, convention.tables, generator)
+                   for name, ours in convention.functions)]
 
 
 def convention_of(module) -> families.Convention | str:
@@ -566,7 +594,13 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
-         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8)}
+         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
+         "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None),
+         "moonshine": _set(encoder_num_attention_heads=4, encoder_num_key_value_heads=4, encoder_num_hidden_layers=2),
+         "hunyuan_vl": lambda config: config.text_config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
+         "hunyuan_vl_text": lambda config: config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
+         "longcat_flash": lambda config: _set(num_layers=1, zero_expert_num=4,
+                                              qk_head_dim=config.qk_nope_head_dim + config.qk_rope_head_dim)(config)}
 """Model types whose default config does not build a rotating transformers model, and the fix:
 DBRX's attention reads ``attn_config.rope_theta`` and clamps to ``clip_qkv``, which its
 checkpoints' configs carry and the default config lacks; Granite 4.0-H and Zamba 2 rotate only
@@ -585,7 +619,16 @@ layer count from its stack and cycles (one layer, one low cycle here); ESM C, Mo
 Streaming, NeuCodec and XCodec2 project queries with as many heads as keys (one key per head);
 the codecs' quantizer width is the acoustic plus the semantic hidden size; EfficientLoFTR
 derives its backbone's blocks from the stages (one block each); dots.llm3's sliding layers
-rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``."""
+rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``;
+Qwen3-Omni's code-to-wave transformer has no M-RoPE, but the sections its modeling module
+defaults to (for the thinker) are fitted into every sub-config without them, so they are removed
+from that one again; Moonshine's encoder heads (8 of the tiny width: 8 coordinates, of which its
+partial rotary factor 0.9 would rotate 7) are 4 here, 16 coordinates of which it rotates 14;
+LongCat-Flash counts its layers in ``num_layers`` (28, each two attentions) and its zero experts
+in ``zero_expert_num`` (256), which the tiny one has 1 and 4 of, and keeps ``qk_head_dim`` (192)
+apart from the nope and rope parts it sums; HunYuan-VL's rotary module needs the sections of
+its four axes (``mrope_section``, a quarter of the tiny half head each), which its released
+configs name (``xdrope_section``) and its default config does not."""
 
 
 def model_class(model_type: str, config=None):
@@ -646,7 +689,13 @@ def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
                          f"{MAX_PARAMETERS / 1e6:.0f}M for a probe, {parts.get(name, 0) / 1e6:.1f}M of them in {name} "
                          "(sizes rope's TINY does not set)")
     torch.manual_seed(seed)
-    return type(built)._from_config(config).eval()
+    model = type(built)._from_config(config).eval()
+    with torch.no_grad():  # weights transformers' init leaves as torch.empty made them (Qwen3-Omni's talker experts)
+        for weight in model.parameters():
+            if weight.is_floating_point() and weight.numel() and not (
+                    torch.isfinite(weight).all() and float(weight.abs().max()) <= LARGEST_WEIGHT):
+                weight.normal_(0.0, TINY["initializer_range"])
+    return model
 
 
 def sample_tokens(seed: int = 1, shape=(2, 20)) -> torch.Tensor:
@@ -692,14 +741,17 @@ FEED_EXTRAS = {
     "muse_glimmer_assistant": lambda config: (
         ("context_hidden_states", (2, 20, len(config.target_layer_ids) * config.hidden_size)),
         ("attention_mask", (2, 40))),
-    "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),)}
+    "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
+    "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),)}
 """Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
 ``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
 transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
 every token attending to it), Muse Glimmer's assistant's context (the target model's hidden
 states of its ``target_layer_ids``, concatenated, and a mask over context and block), Voxtral
 Realtime's text model's time conditioning (``t_cond``, which its decoder layers read through
-``**kwargs``), NeuCodec's and XCodec2's semantic features (a frame per acoustic frame)."""
+``**kwargs``), NeuCodec's and XCodec2's semantic features (a frame per acoustic frame),
+DiffusionGemma's canvas (``decoder_input_ids``: without them its forward draws the canvas with an
+unseeded ``torch.randint``, so no two runs agree)."""
 
 
 PROBE_SHIFT = 24
@@ -718,20 +770,20 @@ UNFED = {"blt_local_encoder": "BLT's local encoder pools its bytes into patches 
 """Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
 
 
-def _chosen_feed(model: nn.Module, module, convention: families.Convention):
+def _chosen_feed(model: nn.Module, modules: list, convention: families.Convention):
     """The first feed of :func:`rope.hf.feeds.candidates` on which ``model`` runs, calls one of
-    the convention's functions of its modeling ``module``, gives an output above
+    the convention's functions of its modeling ``modules``, gives an output above
     :data:`LIVE_OUTPUT`, and another output at positions moved by :data:`PROBE_SHIFT` (the
     rotation shows in it: a codec's quantized codes may hide it); else the first that does all
     but the last; else the first on which it runs. Returns the feed and its output, or why none
     runs (and ``None``)."""
     tokens, failures, ranked = sample_tokens(), [], {}
-    originals = {name: getattr(module, name) for name, _ in convention.functions}
+    originals = {(module, name): getattr(module, name) for module in modules for name, _ in convention.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
     for candidate in feeds.candidates(model, text_part(model), extra):
         calls = []
         try:
-            for name, function in originals.items():
+            for (module, name), function in originals.items():
                 setattr(module, name, _counting(function, calls))
             out = output(model, tokens, feed=candidate)
             live = bool(calls) and float(out.abs().max()) > LIVE_OUTPUT
@@ -740,7 +792,7 @@ def _chosen_feed(model: nn.Module, module, convention: families.Convention):
             failures.append(f"{candidate.describe()}: {type(err).__name__}: {_checks.first_line(err, 90)}")
             continue
         finally:
-            for name, function in originals.items():
+            for (module, name), function in originals.items():
                 setattr(module, name, function)
         if moved:
             return candidate, out
@@ -799,43 +851,47 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if model.config.model_type != model_type:
         return (f"transformers maps the model_type {model_type!r} to {type(model.config).__name__}, whose model_type "
                 f"is {model.config.model_type!r}: patch sees every model of it as {model.config.model_type!r}"), Feed()
-    owners = sorted({type(holder).__module__ for _, holder in (vision.owners(model) if vision_only else
-                                                                ((o, model.get_submodule(o)) for o, _, _ in
-                                                                 rotary_slots(model)))})
-    if len(owners) > 1:  # patch replaces the functions of one modeling module
-        return (f"its rotary modules are held by classes of {len(owners)} modeling modules ({', '.join(owners)}): "
-                "patch swaps one module's functions, so the other's attention would keep transformers'"), Feed()
-    missing = [name for name, _ in convention.functions if not callable(getattr(sys.modules[owners[0]], name, None))]
-    if missing:  # patch replaces the functions of the rotary modules' module, not of the model type's
-        return (f"its rotary modules are held by classes of {owners[0]}, which defines no {missing[0]} (the "
-                f"{convention.name} convention's function, of {module.__name__}): patch would find none to "
-                "replace"), Feed()
+    holders = vision.owners(model) if vision_only else [(o, slot_holder(model, o)) for o, _, _ in rotary_slots(model)]
+    modules = [importlib.import_module(name) for name in sorted({type(holder).__module__ for _, holder in holders})]
+    for holder in modules:  # patch swaps the functions of each: another type's classes must rotate alike
+        if holder is module or convention in conventions_of(holder):
+            continue
+        missing = [name for name, _ in convention.functions if not callable(getattr(holder, name, None))]
+        if missing:  # patch replaces the functions of the rotary modules' module, not of the model type's
+            return (f"its rotary modules are held by classes of {holder.__name__}, which defines no {missing[0]} (the "
+                    f"{convention.name} convention's function, of {module.__name__}): patch would find none to "
+                    "replace"), Feed()
+        held = convention_of(holder)
+        return (f"its rotary modules are held by classes of {holder.__name__}, whose functions follow "
+                f"{held if isinstance(held, str) else 'the ' + held.name + ' convention'}, not "
+                f"{convention.name} as its own modeling module's"), Feed()
     try:
         swaps, left = vision.vision_replacements(model) if vision_only else (rotary_replacements(model), ())
     except ValueError as err:
         return _checks.first_line(err, 200).removeprefix("install: "), Feed()
     if left:  # a vision tower whose tables rope does not reproduce keeps transformers' float32 angles
         return _checks.first_line(left[0][1], 300), Feed()
-    feed, expected = _chosen_feed(model, module, convention)
+    feed, expected = _chosen_feed(model, modules, convention)
     if isinstance(feed, str):
         return feed, Feed()
     if not vision_only:
         install(model)
         swaps = vision.vision_replacements(model)[0]  # as patch does: its vision towers' too
     vision.swap(model, swaps)
-    originals = {name: getattr(module, name) for name, _ in convention.functions}
-    calls = {name: [] for name in originals}
+    originals = {(holder, name): getattr(holder, name) for holder in modules for name, _ in convention.functions}
+    calls = {name: [] for name, _ in convention.functions}
     left = stock_rotary_calls(model)
     try:
-        for name, ours in convention.functions:
-            setattr(module, name, _counting(ours, calls[name]))
+        for holder in modules:
+            for name, ours in convention.functions:
+                setattr(holder, name, _counting(ours, calls[name]))
         got = output(model, sample_tokens(), feed=feed)
     except Exception as err:  # rope's function refused the model's inputs
         quoted = _checks.first_line(err, 200)
         return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
     finally:
-        for name, function in originals.items():
-            setattr(module, name, function)
+        for (holder, name), function in originals.items():
+            setattr(holder, name, function)
         called = left.close()
     if called:
         name, kind = called[0]
@@ -940,6 +996,28 @@ def _text_verdict(config) -> str:
     return f"; its text model ({text.model_type}) {verdict}"
 
 
+_CONFORMER = ("its conformer's rotary module returns one cached (cos, sin) stack of positions 0 .. n - 1 per "
+              "sequence length, without position ids, which its attention's own _apply_rotary_embedding method "
+              "reads: nothing at module level to replace, and no positions to move")
+_CLVP = ("CLVP's apply_rotary_pos_emb(q, k, v, cos, sin, position_ids) also rotates the values and indexes the "
+         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states))")
+CONVENTION_DIFFERENCES = {
+    "clvp": _CLVP, "clvp_decoder": _CLVP, "clvp_encoder": _CLVP,
+    "roformer": ("RoFormer rotates inside its attention (the static method apply_rotary_position_embeddings: pairs "
+                 "(2i, 2i + 1), the values too where rotary_value) from a sinusoidal table of absolute positions "
+                 "(RoFormerSinusoidalPositionalEmbedding), no function at module level"),
+    "seamless_m4t": _CONFORMER, "wav2vec2-bert": _CONFORMER, "wav2vec2-conformer": _CONFORMER,
+    "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "
+                      "themselves, not q and k, by the timestamps of their windows (2-D axial over window index and "
+                      "time, its pos_emb), with tables it broadcasts as given"),
+    "vjepa2": ("V-JEPA 2 rotates q and k by 3-D patch positions (depth, height and width, a third of each head each: "
+               "rotate_queries_or_keys, pairs (2i, 2i + 1), frequencies computed at each call in q's dtype), with no "
+               "rotary module"),
+}
+"""What the rotary functions of the types no convention fits compute instead (:func:`classify`
+adds it to the reason)."""
+
+
 def classify(model_type: str) -> Row:
     """The :class:`Row` of one model type: convention from its code, then the probe; where the
     module computes several conventions and the probed forward calls none of the first's
@@ -955,7 +1033,8 @@ def classify(model_type: str) -> Row:
         return Row(model_type, source, None, f"its modeling module does not import here ({quoted})")
     convention = convention_of(module)
     if isinstance(convention, str):
-        return Row(model_type, source, None, convention, matches)
+        why = convention + (f": {CONVENTION_DIFFERENCES[model_type]}" if model_type in CONVENTION_DIFFERENCES else "")
+        return Row(model_type, source, None, why, matches)
     tried = []
     for convention in conventions_of(module):
         reason, feed = probe(model_type, convention)

@@ -18,6 +18,11 @@ modeling module's functions and a probe of a tiny model, and writes
   the same function in the modeling file of every family listed with it; where the rotary part is
   narrower than the head, in Phi, GPT-NeoX, StableLM and Persimmon, the attention or the function
   passes the rest of the head through).
+* :data:`KEYS_OPTIONAL`: Llama's ``apply_rotary_pos_emb`` with ``k=None`` allowed, which rotates
+  and returns q alone (``modeling_qwen4_exp.py``: its indexer rotates queries and pooled keys).
+* :data:`LAST_QUERIES`: Llama's ``apply_rotary_pos_emb`` on keys longer than the queries, which
+  take the last rows of the tables (``modeling_muse_glimmer_assistant.py``: a drafter attending
+  to the main model's context).
 * :data:`GLM`: ``apply_rotary_pos_emb`` reading the first half of ``rotate_half`` tables, each
   entry twice (``cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)``), with a
   ``rotate_half`` that pairs (2i, 2i + 1) (``modeling_glm.py``, ``modeling_glm4.py``,
@@ -99,6 +104,10 @@ class Convention:
 
 
 LLAMA = Convention("llama", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb),), "rotate_half")
+KEYS_OPTIONAL = Convention("qwen4_exp", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_keys_optional),),
+                           "rotate_half")
+LAST_QUERIES = Convention("muse_glimmer_assistant",
+                          (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_last_queries),), "rotate_half")
 GLM = Convention("glm", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_interleaved),), "rotate_half")
 COHERE = Convention("cohere", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_interleaved_tables),), "interleaved")
 GPT_OSS = Convention("gpt_oss", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_pair_tables),), "pairs")
@@ -122,9 +131,10 @@ VISION_PAIRWISE = Convention("inkling2_vision",
                              (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
                              "interleaved")
 
-CONVENTIONS = MappingProxyType({c.name: c for c in (LLAMA, GLM, COHERE, GPT_OSS, DEEPSEEK_V3, INTERLEAVE, NANOCHAT,
-                                                    PRIVACY_FILTER, GEMMA4, DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2,
-                                                    VISION, VISION_PAIRWISE, SAM)})
+CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, LLAMA, GLM, COHERE, GPT_OSS,
+                                                    DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
+                                                    DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
+                                                    SAM)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -30,6 +30,10 @@ interleaved`
 :func:`apply_rotary_pos_emb_interleave`     DeepSeek-V3, GLM-5,     rotate_half   (2i, 2i + 1), out
                                             Mistral Large 4         (first half)  half-split
 :func:`apply_rotary_pos_emb_single`         Gemma 4 (one tensor)    rotate_half   (i, i + d/2)
+:func:`apply_rotary_pos_emb_keys_optional`  Qwen4-Exp (k may be     rotate_half   (i, i + d/2)
+                                            None)
+:func:`apply_rotary_pos_emb_last_queries`   Muse Glimmer's          rotate_half   (i, i + d/2), q by
+                                            assistant                             the last rows
 :func:`apply_rotary_pos_emb_trailing`       DeepSeek-V4 (one        pairs         (2i, 2i + 1) of
                                             tensor)                               the last d
 :func:`apply_rotary_pos_emb_every_two`      GPT-J, CodeGen          pairs (sin,   (2i, 2i + 1)
@@ -173,6 +177,8 @@ class _Convention:
 _LLAMA = _Convention("apply_rotary_pos_emb", "rotate_half", "half", _llama_formula)
 _NANOCHAT = _Convention("apply_rotary_pos_emb_conjugate", "rotate_half", "half", _nanochat_formula, conjugate=True)
 _GEMMA4 = _Convention("apply_rotary_pos_emb_single", "rotate_half", "half", _llama_formula)
+_KEYS_OPTIONAL = _Convention("apply_rotary_pos_emb_keys_optional", "rotate_half", "half", _llama_formula)
+_LAST_QUERIES = _Convention("apply_rotary_pos_emb_last_queries", "rotate_half", "half", _llama_formula)
 _GLM = _Convention("apply_rotary_pos_emb_interleaved", "rotate_half", "interleaved", _glm_formula)
 _COHERE = _Convention("apply_rotary_pos_emb_interleaved_tables", "interleaved", "interleaved", _cohere_formula)
 _GPT_OSS = _Convention("apply_rotary_pos_emb_pair_tables", "pairs", "half", _gpt_oss_formula, whole_head=True)
@@ -330,6 +336,55 @@ def apply_rotary_pos_emb_single(x, cos, sin, unsqueeze_dim: int = 1):
         x rotated, in its dtype.
     """
     return _rotate({"x": x}, cos, sin, unsqueeze_dim, _GEMMA4)[0]
+
+
+def apply_rotary_pos_emb_keys_optional(q, k=None, cos=None, sin=None, unsqueeze_dim: int = 1):
+    """transformers-compatible with Qwen4-Exp's ``apply_rotary_pos_emb(q, k=None, cos=None,
+    sin=None)``: :func:`apply_rotary_pos_emb` on q and k, or, with ``k`` ``None`` (its indexer
+    rotates queries and pooled keys one at a time), on q alone, returned alone.
+
+    Args:
+        q: queries (or keys), ``[batch, heads, seq, head_dim]`` or ``[batch, seq, heads, head_dim]``.
+        k: keys, laid out as q (heads may differ), or ``None``.
+        cos: the cos table, ``[batch, seq, width]`` (or ``[seq, width]`` for q ``[seq, 1, head_dim]``).
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype; ``q_out`` alone for ``k`` ``None``.
+    """
+    if cos is None or sin is None:
+        raise TypeError("cos and sin are required (they default to None only to follow Qwen4-Exp's signature)")
+    if k is None:
+        return _rotate({"q": q}, cos, sin, unsqueeze_dim, _KEYS_OPTIONAL)[0]
+    return _rotate({"q": q, "k": k}, cos, sin, unsqueeze_dim, _KEYS_OPTIONAL)
+
+
+def apply_rotary_pos_emb_last_queries(q, k, cos, sin, unsqueeze_dim: int = 1):
+    """transformers-compatible with the ``apply_rotary_pos_emb`` of Muse Glimmer's assistant (a
+    drafter whose keys span the main model's context before its queries): Llama's formula on k
+    with the whole tables and on q with their last ``q.size(-2)`` rows, ``cos.unsqueeze(
+    unsqueeze_dim)[..., -q_len:, :]`` as the model slices them (the sequence rows for tables
+    ``[batch, seq, width]`` unsqueezed at 1; for ``unsqueeze_dim`` 2 the dimension sliced is the
+    heads' one of size 1, which keeps every row, as in the model).
+
+    Args:
+        q: queries, ``[batch, heads, q_len, head_dim]`` (or ``[batch, seq, heads, head_dim]``).
+        k: keys, laid out as q, their sequence as long as the tables'.
+        cos: the cos table, ``[batch, seq, width]``.
+        sin: the sin table, of cos's shape.
+        unsqueeze_dim: where the tables get the heads dimension (1 or 2).
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    k_out = _rotate({"k": k}, cos, sin, unsqueeze_dim, _LAST_QUERIES)[0]
+    _checks.float_tensor("q", q)
+    dim = _checks.integer("unsqueeze_dim", unsqueeze_dim, minimum=-cos.dim() - 1, maximum=cos.dim()) % (cos.dim() + 1)
+    rows = q.size(-2) if q.dim() >= 2 else 0
+    if dim < cos.dim() - 1 and rows < cos.shape[-2]:  # the unsqueezed -2 is the tables' -2: keep the last rows
+        cos, sin = cos[..., -rows:, :], sin[..., -rows:, :]
+    return _rotate({"q": q}, cos, sin, unsqueeze_dim, _LAST_QUERIES)[0], k_out
 
 
 def apply_rotary_pos_emb_trailing(x, cos, sin, unsqueeze_dim: int = 1):

@@ -5,6 +5,7 @@ the model's own tables; and, for the models that keep their tables in a buffer o
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from .embedding import (
     RotaryEmbedding,
     head_dim_of,
     laid_out_tables,
+    layer_type_head_dim,
     layer_type_parameters,
     position_table,
     rope_parameters_from_config,
@@ -170,20 +172,54 @@ def _table_gap(name: str, old: nn.Module, new: nn.Module, config: Any, device) -
     return worst
 
 
+_STYLE_KEYS = ("mrope_style", "mrope_interleaved", "interleaved")
+
+
 def _candidates(config: Any, old: nn.Module, form: str):
-    """Modules to try for one table form: from the config as it is; and where the old module has
-    M-RoPE sections the config does not name (transformers' per-model default), with those
-    sections, in each of :data:`rope.mrope.MROPE_STYLES`."""
+    """Modules to try for one table form: from the config as it is; where the old module names
+    another ``rope_type`` than the config (Molmo 2's ``rotary_emb_unscaled``: ``default``), the
+    config's parameters with that type; and where the old module has
+    M-RoPE sections (``mrope_section``, or one per layer type) and the config names no style
+    (:data:`_STYLE_KEYS`: the modeling code fixes it, Qwen3-Omni, Cosmos 3 and Cohere Compass
+    interleave, ERNIE 4.5 VL alternates), with the module's sections in each of
+    :data:`rope.mrope.MROPE_STYLES` (the config's own reading, chunked, aside)."""
     yield rotary_embedding(config, tables=form)
-    sections = getattr(old, "mrope_section", None)
     params = rope_parameters_from_config(config)
-    if sections is not None and layer_type_parameters(params) is None and params.get("mrope_section") is None:
-        for style in MROPE_STYLES:
-            try:
-                yield RotaryEmbedding(rope_parameters={**params, "mrope_section": list(sections), "mrope_style": style},
-                                      head_dim=head_dim_of(config), tables=form)
-            except ValueError:  # the sections do not fit this assignment (or at all): not a candidate
-                continue
+    rope_type = getattr(old, "rope_type", None)
+    if isinstance(rope_type, str) and layer_type_parameters(params) is None and rope_type != params.get("rope_type"):
+        try:
+            retyped = RotaryEmbedding(rope_parameters={**params, "rope_type": rope_type}, head_dim=head_dim_of(config),
+                                      tables=form)
+        except ValueError:  # the config lacks keys of that type: not a candidate
+            retyped = None
+        if retyped is not None:
+            yield retyped
+    sections = getattr(old, "mrope_section", None)
+    per_type = layer_type_parameters(params)
+    cases = {None: params} if per_type is None else per_type
+    if sections is None or any(key in p for p in cases.values() for key in _STYLE_KEYS):
+        return
+    if per_type is None and isinstance(sections, Mapping) or per_type is not None and not (
+            isinstance(sections, Mapping) and set(sections) >= set(per_type)):
+        return  # sections not laid out as the config's parameters: nothing to try
+    own = {layer_type: list(sections if layer_type is None else sections[layer_type]) for layer_type in cases}
+    for style in MROPE_STYLES:
+        if style == "chunked" and all(p.get("mrope_section") is not None and list(p["mrope_section"]) == own[t]
+                                      for t, p in cases.items()):
+            continue  # the config's own reading, yielded first
+        try:
+            styled = {t: RotaryEmbedding(rope_parameters={**p, "mrope_section": own[t], "mrope_style": style},
+                                         head_dim=head_dim_of(config) if t is None else layer_type_head_dim(config, t),
+                                         tables=form) for t, p in cases.items()}
+        except ValueError:  # the sections do not fit this assignment (or at all): not a candidate
+            continue
+        if per_type is None:
+            yield styled[None]
+            continue
+        new = LayerTypeRotaryEmbedding(config, tables=form)
+        for layer_type in new.layer_types:
+            new.layer_types[layer_type] = styled[layer_type]
+        yield new
 
 
 def _frequency_buffers(old: nn.Module) -> dict[str, torch.Tensor]:
@@ -233,10 +269,55 @@ def _cast_error(name: str, old: nn.Module, buffer: str, dtype: torch.dtype, devi
     )
 
 
+def _refuse_without_positions(name: str, old: nn.Module) -> None:
+    """Raise where ``old.forward`` takes no position ids as its second argument (a name with
+    ``pos``): EfficientLoFTR's module reads the height and width of a feature map ``x`` instead,
+    EsmFold2's the atoms' coordinates in space (``ref_pos``, then ``ref_space_uid``)."""
+    try:
+        parameters = list(inspect.signature(old.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the probe's call decides
+        return
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if (len(positional) < 2 and not any(p.kind == p.VAR_POSITIONAL for p in parameters)) or (
+            len(positional) >= 2 and "pos" not in positional[1].name):
+        names = ", ".join(p.name for p in parameters)
+        raise ValueError(f"install: {name} ({type(old).__name__}) is called as forward({names}): it takes no "
+                         "position ids, so it does not follow the contract rotary_emb(x, position_ids) of "
+                         "rope.hf.RotaryEmbedding; nothing was replaced")
+
+
+OTHER_ROWS = (2, 4)
+"""Rows of position ids other than M-RoPE's three that a module may read (NeoMME's row and column,
+HunYuan-VL's four XD-RoPE axes): install refuses a module whose tables change with them."""
+
+
+def _refuse_other_rows(name: str, old: nn.Module, config: Any, device) -> None:
+    """Raise where ``old`` takes position ids of a row count of :data:`OTHER_ROWS` and returns
+    tables of the shape it returns for one row, but other values than for the first row alone:
+    it reads positions on that many axes, which no rope module does. A deep copy is called."""
+    per_type = layer_type_parameters(rope_parameters_from_config(config))
+    extra = () if per_type is None else (next(iter(per_type)),)
+    old = _probe_copy(name, old)
+    x = torch.zeros(1, dtype=torch.float32, device=device)
+    gen = torch.Generator().manual_seed(1)
+    for rows in OTHER_ROWS:
+        positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])[:, None].to(device)
+        try:
+            gap = _gap(old(x, positions, *extra), old(x, positions[0], *extra))
+        except Exception:  # it does not take them: nothing to refuse
+            continue
+        if gap is not None and gap > 0:
+            raise ValueError(f"install: {name} ({type(old).__name__}) reads positions on {rows} axes (position ids "
+                             f"[{rows}, batch, seq], its tables change with each row), which rope.hf.RotaryEmbedding "
+                             "does not (its M-RoPE reads three: t, h and w); nothing was replaced")
+
+
 def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
     """The rope rotary module of ``config`` (:func:`rotary_embedding`, or with M-RoPE sections
     :func:`_candidates` tries) whose tables reproduce ``old``, or an error
     (naming the cast that rounded ``old``'s frequencies, where that is the cause)."""
+    _refuse_without_positions(name, old)
+    _refuse_other_rows(name, old, config, device)
     found = []
     for form in TABLE_FORMS:
         for new in _candidates(config, old, form):
@@ -244,8 +325,10 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
             gap = _table_gap(name, old, new, config, device)
             if gap is not None and gap <= PROBE_TOLERANCE:
                 return new
-            label = form if isinstance(new, LayerTypeRotaryEmbedding) or new.mrope_axes is None else (
-                f"{form} with {new.rope_config.mrope_style} mrope_section {list(new.rope_config.mrope_section)}")
+            mrope = next((m for m in new.modules() if isinstance(m, RotaryEmbedding) and m.mrope_axes is not None),
+                         None)
+            label = form if mrope is None else (
+                f"{form} with {mrope.rope_config.mrope_style} mrope_section {list(mrope.rope_config.mrope_section)}")
             found.append(f"{label}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
     rounded = _rounded_frequencies(old, config)
     if rounded is not None:
@@ -261,7 +344,7 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
 class Replacement:
     """One rotary module or table :func:`install` swaps: the attribute ``attribute`` of
     ``model.get_submodule(owner)``, from ``old`` (the model's) to ``new`` (rope's, checked to
-    reproduce ``old``): a ``rotary_emb`` module, or a position table buffer
+    reproduce ``old``): a rotary module (:func:`rotary_slots`), or a position table buffer
     (:data:`POSITION_TABLES`). ``owner`` is the owner's qualified name, ``""`` for the model
     itself: a record does not keep the model alive.
 
@@ -269,7 +352,8 @@ class Replacement:
         owner: the qualified name of the module that holds the attribute (``""``: the model).
         old: the model's rotary module or table.
         new: rope's rotary module or table that reproduces it.
-        attribute: ``"rotary_emb"``, or the name of a position table buffer.
+        attribute: ``"rotary_emb"`` (or another rotary slot's attribute, :func:`rotary_slots`), or
+            the name of a position table buffer.
     """
 
     owner: str
@@ -299,25 +383,56 @@ def table_form(rotary: nn.Module | torch.Tensor) -> str:
     return "pairs" if isinstance(rotary, torch.Tensor) else getattr(rotary, "tables", None)
 
 
+ROTARY_CLASS_SUFFIX = "RotaryEmbedding"
+"""The ending of the class names of transformers' rotary modules: a child module of that class
+is a rotary slot whatever its attribute (Molmo 2's ``rotary_emb_unscaled``, LFM2-MoE's
+``pos_emb``, the entries of Granite SWA's ``rotary_embs`` list), as is any child named ``rotary_emb``."""
+
+
 def rotary_slots(model: nn.Module) -> list[tuple[str, str, nn.Module | torch.Tensor]]:
-    """Where ``model`` keeps its rotary tables: ``(owner, attribute, value)`` for every submodule
-    named ``rotary_emb`` (vision rotary modules aside: :mod:`rope.hf.vision`) and every floating
-    2-D buffer named in :data:`POSITION_TABLES`, ``owner`` the qualified name of the module
-    holding it.
+    """Where ``model`` keeps its rotary tables: ``(owner, attribute, value)`` for every child
+    module named ``rotary_emb`` or of a class named ``...RotaryEmbedding``
+    (:data:`ROTARY_CLASS_SUFFIX`; vision rotary modules aside: :mod:`rope.hf.vision`), and every
+    floating 2-D buffer named in :data:`POSITION_TABLES`, ``owner`` the qualified name of the
+    module holding it (an ``nn.ModuleList`` for an entry of a list: ``attribute`` is then its
+    index). A rotary module's own parts are not searched.
 
     Args:
         model: a ``torch.nn.Module``.
     """
-    slots = []
+    slots, inside = [], []
     for owner, module in model.named_modules():
-        rotary = getattr(module, "rotary_emb", None)
-        if isinstance(rotary, nn.Module) and not is_vision_rotary(rotary):
-            slots.append((owner, "rotary_emb", rotary))
+        if any(f"{owner}.".startswith(prefix) for prefix in inside):
+            continue  # a part of a rotary module (rope's per-layer-type modules) or of a vision one
+        if owner and is_vision_rotary(module):
+            inside.append(f"{owner}.")
+            continue
+        for attribute, child in module.named_children():
+            if (attribute == "rotary_emb" or type(child).__name__.endswith(ROTARY_CLASS_SUFFIX)) and not (
+                    is_vision_rotary(child)):
+                slots.append((owner, attribute, child))
+                inside.append(f"{owner}.{attribute}." if owner else f"{attribute}.")
         for attribute in POSITION_TABLES:
             table = module._buffers.get(attribute)
             if isinstance(table, torch.Tensor) and table.dim() == 2 and table.is_floating_point():
                 slots.append((owner, attribute, table))
     return slots
+
+
+def slot_holder(model: nn.Module, owner: str) -> nn.Module:
+    """The module whose class holds the slots of ``owner``: ``model.get_submodule(owner)``, or
+    for an ``nn.ModuleList`` or ``nn.ModuleDict`` the nearest module above it that is neither
+    (its class, in a modeling module, made the list).
+
+    Args:
+        model: a ``torch.nn.Module``.
+        owner: the qualified name of a submodule (``""``: the model).
+    """
+    while True:
+        module = model.get_submodule(owner)
+        if not owner or not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return module
+        owner = owner.rpartition(".")[0]
 
 
 def table_embedding(config: Any, width: int) -> RotaryEmbedding:
@@ -368,9 +483,10 @@ def _reproduce_table(name: str, old: torch.Tensor, config: Any) -> torch.Tensor 
 
 def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     """What :func:`install` would swap in ``model``, each replacement checked, the model untouched:
-    one :class:`Replacement` per ``rotary_emb`` submodule that is not rope's already (vision rotary
-    modules aside: :mod:`rope.hf.vision`), and per position table (:data:`POSITION_TABLES`) that is
-    not rope's table already. Raises as :func:`install` does.
+    one :class:`Replacement` per rotary module (:func:`rotary_slots`: ``rotary_emb`` and the like)
+    that is not rope's already (vision rotary modules aside: :mod:`rope.hf.vision`), and per
+    position table (:data:`POSITION_TABLES`) that is not rope's table already. Raises as
+    :func:`install` does.
 
     Args:
         model: a transformers model (a ``torch.nn.Module`` with ``rotary_emb`` submodules or
@@ -399,12 +515,16 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
                 replacements.append(Replacement(owner, old, new, attribute))
             continue
         device = next((buffer.device for buffer in old.buffers()), None)
-        replacements.append(Replacement(owner, old, _reproduce(name, old, config, device)))
+        new = _reproduce(name, old, config, device)
+        if getattr(old, "config", None) is not None:  # as transformers' modules: Granite SWA's model reads its theta
+            new.config = old.config
+        replacements.append(Replacement(owner, old, new, attribute))
     return tuple(replacements)
 
 
 def install(model: nn.Module) -> int:
-    """Replace every ``rotary_emb`` submodule of a transformers model by rope's rotary module
+    """Replace every rotary module of a transformers model (``rotary_emb``, or another child of a
+    ``...RotaryEmbedding`` class: :func:`rotary_slots`) by rope's rotary module
     built from the model's config (:func:`rotary_embedding`: :class:`RotaryEmbedding`, or
     :class:`LayerTypeRotaryEmbedding` for ``rope_parameters`` nested by layer type); returns how
     many were replaced.
@@ -414,11 +534,12 @@ def install(model: nn.Module) -> int:
     config has several; for the rope types of :data:`LENGTH_DEPENDENT`, also sequences ending
     on both sides of each length of the config), to within :data:`PROBE_TOLERANCE` beyond
     transformers' float32 error, in one of the :data:`TABLE_FORMS`, which the new module then
-    keeps. The probe calls a deep copy of the old module, never the module itself, so that a
-    stateful one (transformers' ``dynamic``) is left exactly as it was. A module that reads
-    M-RoPE's three rows of position ids is only matched by an M-RoPE module; where the config
-    names no ``mrope_section`` (the model class has a default), the old module's sections are
-    tried in each assignment style.
+    keeps, with the old module's ``config`` (which a model may read). The probe calls a deep copy
+    of the old module, never the module itself, so that a stateful one (transformers'
+    ``dynamic``) is left exactly as it was. A module that reads M-RoPE's three rows of position
+    ids is only matched by an M-RoPE module; where the config names no ``mrope_section`` (the
+    model class has a default) or no M-RoPE style (the modeling code fixes it), the old module's
+    sections are tried in each assignment style.
 
     A model whose attention keeps its table in a buffer (GPT-J, CodeGen: :data:`POSITION_TABLES`)
     gets rope's table of the same rows in that buffer instead (:func:`rope.hf.position_table`:

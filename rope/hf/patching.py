@@ -31,7 +31,7 @@ from .. import _checks
 from . import vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
-from .install import Replacement, rotary_replacements, rotary_slots, table_form
+from .install import Replacement, rotary_replacements, rotary_slots, slot_holder, table_form
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +50,9 @@ class Patch:
             module swapped (:mod:`rope.hf.vision`).
         vision_left: ``(name, reason)`` of each vision rotary module rope does not reproduce,
             left as it was.
+        other_modules: ``(module, originals)`` of each further modeling module whose functions
+            were replaced: one whose classes hold rotary modules of the model too (CSM's Mimi
+            codec, a composite's text model of another type).
     """
 
     model_type: str
@@ -59,6 +62,13 @@ class Patch:
     rotary_modules: tuple[Replacement, ...]
     vision_modules: tuple[vision.VisionReplacement, ...] = ()
     vision_left: tuple[tuple[str, str], ...] = ()
+    other_modules: tuple[tuple[ModuleType, tuple[tuple[str, Callable], ...]], ...] = ()
+
+    @property
+    def modules(self) -> tuple[tuple[ModuleType, tuple[tuple[str, Callable], ...]], ...]:
+        """``(module, originals)`` of every modeling module whose functions were replaced,
+        :attr:`module` first."""
+        return ((self.module, self.originals), *self.other_modules)
 
 
 @dataclass(eq=False)
@@ -79,15 +89,16 @@ _PATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (P
 def patch(model: nn.Module) -> Patch:
     """Make a transformers model compute RoPE with rope: install rope's rotary modules (checked
     against the model's own, :func:`rope.hf.install`) and replace the function(s) its family
-    rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module. The module is
-    the one that defines the classes holding ``rotary_emb`` (or, in GPT-J and CodeGen, the
-    position table :func:`rope.hf.install` replaces). Vision towers get rope's exact module in
-    place of each vision rotary module it reproduces (:mod:`rope.hf.vision`); the others stay the
-    model's, named with the reason in a ``UserWarning`` and the record. A vision tower alone (a
-    model whose only rotary modules are vision ones, as ``Qwen2VisionTransformerPretrainedModel``)
-    is patched likewise, its modeling module being the one that defines the classes holding its
-    vision rotary modules; it is refused where rope does not reproduce one of them. Returns the
-    :class:`Patch` record.
+    rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module: the one
+    that defines the classes holding its rotary modules (or, in GPT-J and CodeGen, the position
+    table :func:`rope.hf.install` replaces), or each of them where the model holds parts of other
+    types (CSM's Mimi codec; :mod:`rope.hf.coverage` checks that they rotate alike). Vision
+    towers get rope's exact module in place of each vision rotary module it reproduces
+    (:mod:`rope.hf.vision`); the others stay the model's, named with the reason in a
+    ``UserWarning`` and the record. A vision tower alone (a model whose only rotary modules are
+    vision ones, as ``Qwen2VisionTransformerPretrainedModel``) is patched likewise, its modeling
+    module being the one that defines the classes holding its vision rotary modules; it is refused
+    where rope does not reproduce one of them. Returns the :class:`Patch` record.
 
     Raises ``TypeError`` for a model that is not an ``nn.Module`` or whose ``config.model_type``
     is not a str. Raises ``ValueError`` when patching would not reproduce the model: no
@@ -108,22 +119,24 @@ def patch(model: nn.Module) -> Patch:
         replacements = () if vision_only else rotary_replacements(model)
     except ValueError as err:
         raise ValueError(f"patch: {err}") from err
-    module = _modeling_module(model, model_type, convention)
-    state = _MODULES.get(module.__name__)
-    if state is not None:
-        _refuse_foreign_state(module, convention, state)
+    modules = _modeling_modules(model, model_type, convention)
+    states = {module.__name__: _MODULES.get(module.__name__) for module in modules}
+    for module in modules:
+        if states[module.__name__] is not None:
+            _refuse_foreign_state(module, convention, states[module.__name__])
     _check_tables(model, replacements, model_type, convention)
     swapped, left = vision.vision_replacements(model)
     if vision_only and left:
         raise ValueError(f"patch: the rotary modules of this {type(model).__name__} are vision ones, and "
                          f"{_checks.first_line(left[0][1], 300)}: its tables would stay transformers'; nothing changed")
-    originals = state.originals if state is not None else tuple(
-        (name, getattr(module, name)) for name, _ in convention.functions)
-    record = Patch(model_type, convention, module, originals, replacements, swapped, left)
-    _apply(model, record, first=state is None)
-    state = _MODULES.setdefault(module.__name__, _ModuleState(module, originals, convention))
-    state.models += 1
-    finalizer = weakref.finalize(model, _release, module.__name__)
+    originals = tuple((module, states[module.__name__].originals if states[module.__name__] is not None else tuple(
+        (name, getattr(module, name)) for name, _ in convention.functions)) for module in modules)
+    record = Patch(model_type, convention, *originals[0], replacements, swapped, left, other_modules=originals[1:])
+    _apply(model, record, first={name for name, state in states.items() if state is None})
+    for module, functions in originals:
+        state = _MODULES.setdefault(module.__name__, _ModuleState(module, functions, convention))
+        state.models += 1
+    finalizer = weakref.finalize(model, _release, tuple(states))
     finalizer.atexit = False
     _PATCHES[model] = (record, finalizer)
     return record
@@ -157,10 +170,10 @@ def unpatch(model: nn.Module) -> None:
     if moved:
         raise ValueError(f"unpatch: {moved} are no longer the rotary modules rope.hf.patch put in (replaced since); "
                          "nothing changed")
-    if _MODULES[record.module.__name__].models == 1:
-        foreign = _foreign_functions(record.module, record.convention)
+    for module, _ in record.modules:
+        foreign = _foreign_functions(module, record.convention) if _MODULES[module.__name__].models == 1 else []
         if foreign:
-            raise ValueError(f"unpatch: {record.module.__name__}.{foreign[0]} is no longer rope's function (replaced "
+            raise ValueError(f"unpatch: {module.__name__}.{foreign[0]} is no longer rope's function (replaced "
                              "since rope.hf.patch set it); restoring the original would undo that; nothing changed")
     for r in record.rotary_modules:
         setattr(model.get_submodule(r.owner), r.attribute, _original(r, _current(model, r)))
@@ -206,12 +219,13 @@ def _vision_only(model: nn.Module) -> bool:
 
 
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(qualified name, module)`` of every submodule that holds a ``rotary_emb`` module (vision
-    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`), each once;
-    in a vision tower alone (:func:`_vision_only`), of every holder of a vision rotary module."""
+    """``(qualified name, module)`` of every submodule whose class holds a rotary module (vision
+    rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`; a list's
+    holder: :func:`rope.hf.install.slot_holder`), each once; in a vision tower alone
+    (:func:`_vision_only`), of every holder of a vision rotary module."""
     if _vision_only(model):
         return vision.owners(model)
-    owners = {owner: model.get_submodule(owner) for owner, _, _ in rotary_slots(model)}
+    owners = {owner: slot_holder(model, owner) for owner, _, _ in rotary_slots(model)}
     return list(owners.items())
 
 
@@ -242,22 +256,20 @@ def _original(r: Replacement, current):
     return r.old if device is None else r.old.to(device)
 
 
-def _modeling_module(model: nn.Module, model_type: str, convention: Convention) -> ModuleType:
-    """The module that defines the classes holding the model's rotary modules (a vision tower's
-    alone: its vision rotary modules). It must be one module, and it must define the convention's
-    functions."""
-    names = sorted({type(owner).__module__ for _, owner in _rotary_owners(model)})
-    if len(names) != 1:
-        raise ValueError(f"patch: the modules holding rotary_emb (or position tables, or in a vision tower vision "
-                         f"rotary modules) in this {type(model).__name__} are defined in {names}, expected one "
-                         "modeling module; nothing changed")
-    module = sys.modules[names[0]]
-    missing = [name for name, _ in convention.functions if not callable(getattr(module, name, None))]
-    if missing:
-        raise ValueError(f"patch: {module.__name__} has no function {missing[0]}, which the {convention.name} "
-                         f"convention of model_type {model_type!r} replaces (rope.hf.FAMILIES): another transformers "
-                         "version or a custom model; nothing changed")
-    return module
+def _modeling_modules(model: nn.Module, model_type: str, convention: Convention) -> list[ModuleType]:
+    """The modules that define the classes holding the model's rotary modules (several where a
+    model holds another type's parts: CSM's Mimi codec; a vision tower's alone: its vision rotary
+    modules), the model's own class's module first. Each must define the convention's functions."""
+    names = sorted({type(owner).__module__ for _, owner in _rotary_owners(model)},
+                   key=lambda name: (name != type(model).__module__, name))
+    modules = [sys.modules[name] for name in names]
+    for module in modules:
+        missing = [name for name, _ in convention.functions if not callable(getattr(module, name, None))]
+        if missing:
+            raise ValueError(f"patch: {module.__name__} has no function {missing[0]}, which the {convention.name} "
+                             f"convention of model_type {model_type!r} replaces (rope.hf.FAMILIES): another "
+                             "transformers version or a custom model; nothing changed")
+    return modules
 
 
 def _foreign_functions(module: ModuleType, convention: Convention) -> list[str]:
@@ -290,12 +302,13 @@ def _check_tables(model: nn.Module, replacements: tuple[Replacement, ...], model
                              "describe this model; nothing changed")
 
 
-def _apply(model: nn.Module, record: Patch, *, first: bool) -> None:
-    """Set the convention's functions in the module, then swap the rotary modules. If a step
-    fails, undo the steps before it: the swaps made so far, and the functions where this is the
-    module's first patch."""
-    for name, function in record.convention.functions:
-        setattr(record.module, name, function)
+def _apply(model: nn.Module, record: Patch, *, first: set[str]) -> None:
+    """Set the convention's functions in the modules, then swap the rotary modules. If a step
+    fails, undo the steps before it: the swaps made so far, and the functions of the modules
+    named in ``first`` (those patched for no other model)."""
+    for module, _ in record.modules:
+        for name, function in record.convention.functions:
+            setattr(module, name, function)
     done = []
     try:
         for r in record.rotary_modules:
@@ -305,20 +318,22 @@ def _apply(model: nn.Module, record: Patch, *, first: bool) -> None:
     except BaseException:
         for r in done:
             setattr(model.get_submodule(r.owner), r.attribute, r.old)
-        if first:
-            for name, function in record.originals:
-                setattr(record.module, name, function)
+        for module, originals in record.modules:
+            if module.__name__ in first:
+                for name, function in originals:
+                    setattr(module, name, function)
         raise
 
 
-def _release(module_name: str) -> None:
-    """One patched model of the module fewer (unpatched or collected). The last one restores the
-    original functions wherever rope's are still in place."""
-    state = _MODULES[module_name]
-    state.models -= 1
-    if state.models:
-        return
-    del _MODULES[module_name]
-    for (name, original), (_, ours) in zip(state.originals, state.convention.functions):
-        if getattr(state.module, name, None) is ours:
-            setattr(state.module, name, original)
+def _release(module_names: tuple[str, ...]) -> None:
+    """One patched model of each module fewer (unpatched or collected). The last one of a module
+    restores its original functions wherever rope's are still in place."""
+    for module_name in module_names:
+        state = _MODULES[module_name]
+        state.models -= 1
+        if state.models:
+            continue
+        del _MODULES[module_name]
+        for (name, original), (_, ours) in zip(state.originals, state.convention.functions):
+            if getattr(state.module, name, None) is ours:
+                setattr(state.module, name, original)

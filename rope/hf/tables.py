@@ -75,6 +75,7 @@ from torch import nn
 
 from .. import _checks
 from ..angles import cos_sin
+from . import vision
 from .embedding import ROTARY_MODULES, LayerTypeRotaryEmbedding, RotaryEmbedding
 
 LAYOUT_TOLERANCE = 0.05
@@ -351,6 +352,8 @@ class _Frequencies:
             raise ValueError(f"it has no {self._name} buffer, nor a Linear of coordinates: no frequencies to read")
         else:
             self.module, self.source = self._rebuilt(module, config)
+            if isinstance(module, vision.VisionRotaryEmbedding):  # rope's vision module: float32 frequencies
+                self.source = "rope's float32 frequencies"
 
     @property
     def _name(self) -> str:
