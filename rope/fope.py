@@ -11,13 +11,15 @@ pairs that turn at least once over the context L = ``max_position_embeddings``).
 has learned coefficients ``cos_coef[h, D, j]`` and ``sin_coef[h, D, j]`` (``[heads_k, R, R]``; one
 head shared by all when ``fope_sep_head`` is False). At position t, for j = 0 .. head_dim/2 - 1::
 
-    C[t, h, j] = sum_D cos(t theta_D) cos_coef[h, D, j],   S[t, h, j] = sum_D sin(t theta_D) sin_coef[h, D, j]
+    C[t, h, j] = sum_D cos(t theta_D) cos_coef[h, D, j],
+    S[t, h, j] = sum_D sin(t theta_D) sin_coef[h, D, j]
 
 for j < R, and C = 1, S = 0 for R <= j < head_dim/2 (those coordinates pass through), and the head
 x of key head h (query head q reads the tables of key head q // (heads_q / heads_k)) becomes, in the
 half layout over the whole head (pair j is coordinates j and j + head_dim/2)::
 
-    y_j = x_j C_j - x_{j + head_dim/2} S_j,        y_{j + head_dim/2} = x_{j + head_dim/2} C_j + x_j S_j,
+    y_j = x_j C_j - x_{j + head_dim/2} S_j,
+    y_{j + head_dim/2} = x_{j + head_dim/2} C_j + x_j S_j,
 
 vLLM's ``x * cat(C, C) + rotate_neox(x) * cat(S, S)``. With identity coefficients this is RoPE over
 the R retained pairs. ``fope_init_factor`` only initialises the coefficients for training; the

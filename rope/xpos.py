@@ -3,12 +3,14 @@ rotation of q grows, and of k shrinks, by a per-pair exponential in the position
 
 Definition. For pair i of the d = rotary_dim rotated coordinates (i = 0 .. d/2 - 1)::
 
-    zeta_i = (2i/d + gamma) / (1 + gamma),   gamma = 2/5,   so   zeta_i = (10 i + 2 d) / (7 d),
+    zeta_i = (2i/d + gamma) / (1 + gamma),   gamma = 2/5,
+    so zeta_i = (10 i + 2 d) / (7 d),
 
 which lies in [2/7, 1). With B the ``scale_base`` (512 in every source) and c the ``center``, the
 query at position m and the key at position n become::
 
-    q'_i = zeta_i^((m - c)/B)  R(m theta_i) q_i,        k'_i = zeta_i^(-(n - c)/B)  R(n theta_i) k_i,
+    q'_i = zeta_i^((m - c)/B)  R(m theta_i) q_i,
+    k'_i = zeta_i^(-(n - c)/B)  R(n theta_i) k_i,
 
 so that q'_m . k'_n = sum_i zeta_i^((m - n)/B) q_i . R((n - m) theta_i) k_i: the scores depend on
 m - n only, decay with the distance for m > n (zeta_i < 1), and do not depend on c.
