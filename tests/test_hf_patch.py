@@ -197,6 +197,69 @@ def test_rotary_modules_under_other_names_and_in_lists_are_swapped_and_restored(
     assert [(o, a) for o, a, _ in slots_of(gemma)] == [("model", "rotary_emb")]
 
 
+def test_a_composite_patches_each_modeling_module_with_its_own_convention(monkeypatch):
+    """PE Audio's own module (its audio encoder) follows GLM's convention, its ModernBERT text
+    model's module Llama's: patch sets each module's own functions, a second model that needs
+    another convention in a module patched for the first is refused, changing nothing, and the
+    last unpatch restores every original function."""
+    from transformers.models.modernbert import modeling_modernbert
+    from transformers.models.pe_audio import modeling_pe_audio
+
+    from rope.hf import patching
+    from rope.hf.coverage import tiny_model as build
+
+    model, text = build("pe_audio"), build("modernbert")
+    modules = (modeling_pe_audio, modeling_modernbert)
+    originals = {module: module.apply_rotary_pos_emb for module in modules}
+    record = rope.hf.patch(model)
+    try:
+        assert record.convention is rope.hf.FAMILIES["pe_audio"]
+        assert [(module, held) for module, held, _ in record.modules] == [
+            (modeling_pe_audio, rope.hf.FAMILIES["pe_audio"]), (modeling_modernbert, rope.hf.FAMILIES["modernbert"])]
+        assert rope.hf.FAMILIES["pe_audio"] is not rope.hf.FAMILIES["modernbert"]
+        assert all(module.apply_rotary_pos_emb is dict(held.functions)["apply_rotary_pos_emb"]
+                   for module, held, _ in record.modules)
+        assert all(dict(functions) == {"apply_rotary_pos_emb": originals[module]}
+                   for module, _, functions in record.modules)
+        other = dict(patching.FAMILIES, modernbert=rope.hf.FAMILIES["pe_audio"])
+        monkeypatch.setattr(patching, "FAMILIES", other)  # as if ModernBERT followed GLM's convention
+        before = dict(text.named_modules())
+        with pytest.raises(ValueError, match="modeling_modernbert is patched with the llama convention for another "
+                                             "model, not glm"):
+            rope.hf.patch(text)
+        assert all(module is before[name] for name, module in text.named_modules())
+        monkeypatch.undo()
+        second = rope.hf.patch(text)  # the same convention: shares the module
+        assert second.modules[0][2] == record.modules[1][2]
+        rope.hf.unpatch(text)
+        assert modeling_modernbert.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb  # pe_audio still patched
+    finally:
+        rope.hf.unpatch(model)
+    assert all(module.apply_rotary_pos_emb is original for module, original in originals.items())
+
+
+def test_a_module_that_would_need_two_conventions_is_refused():
+    """Two parts of one model held in one modeling module under model types of different
+    conventions: patch cannot set both, and refuses, changing nothing."""
+    import copy
+
+    from transformers.models.csm import modeling_csm
+    from transformers.models.mimi import modeling_mimi
+
+    from rope.hf.coverage import tiny_model as build
+
+    model = build("csm")
+    decoder = model.codec_model.decoder.decoder_transformer
+    decoder.config = copy.copy(decoder.config)
+    decoder.config.model_type = "glm"
+    before = dict(model.named_modules()), modeling_csm.apply_rotary_pos_emb, modeling_mimi.apply_rotary_pos_emb
+    with pytest.raises(ValueError, match="modeling_mimi holds rotary modules of this CsmForConditionalGeneration under "
+                                         "two conventions, glm and llama"):
+        rope.hf.patch(model)
+    assert (modeling_csm.apply_rotary_pos_emb, modeling_mimi.apply_rotary_pos_emb) == before[1:]
+    assert all(module is before[0][name] for name, module in model.named_modules())
+
+
 def test_a_model_holding_parts_of_two_modeling_modules_patches_both():
     """CSM holds Mimi's codec, whose rotary modules are Mimi's classes: patch replaces the
     function in both modeling modules (its own first), and unpatch restores both; a function
@@ -210,9 +273,11 @@ def test_a_model_holding_parts_of_two_modeling_modules_patches_both():
     originals = {module: module.apply_rotary_pos_emb for module in (modeling_csm, modeling_mimi)}
     record = rope.hf.patch(model)
     try:
-        assert [module for module, _ in record.modules] == [modeling_csm, modeling_mimi]
+        assert [(module, held) for module, held, _ in record.modules] == [(modeling_csm, rope.hf.FAMILIES["csm"]),
+                                                                           (modeling_mimi, rope.hf.FAMILIES["mimi"])]
         assert all(module.apply_rotary_pos_emb is rope.hf.apply_rotary_pos_emb for module in originals)
-        assert all(dict(functions)["apply_rotary_pos_emb"] is originals[module] for module, functions in record.modules)
+        assert all(dict(functions)["apply_rotary_pos_emb"] is originals[module]
+                   for module, _, functions in record.modules)
         modeling_mimi.apply_rotary_pos_emb = originals[modeling_mimi]
         with pytest.raises(ValueError, match="modeling_mimi.apply_rotary_pos_emb is no longer rope's function"):
             rope.hf.unpatch(model)

@@ -15,7 +15,10 @@ embeddings, :func:`survey` decides:
    download; a part of a composite model is built as its own class) must hold a ``rotary_emb``
    module or a position table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the
    rotary modules or functions it has instead are named), held by classes of modeling modules
-   that all follow the convention (patch swaps the functions of each), which
+   each of which computes its own convention (patch swaps the functions of each,
+   :func:`rope.hf.patching.modeling_modules`: the type's own module the convention tried; another
+   type's, as a composite's text model, the row of its classes' ``config.model_type`` in the
+   current table, so a composite is covered once its text model's type is), which
    :func:`rope.hf.install` must accept, and, run by the first feed of :func:`rope.hf.feeds.candidates` that shows the
    rotation (token ids to the model or its text model, else embeddings, audio features or a
    waveform to the model or to a part holding a ``rotary_emb``; :func:`_chosen_feed`), give the
@@ -55,7 +58,8 @@ from .. import _checks
 from . import families, feeds, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
-from .install import install, rotary_replacements, rotary_slots, slot_holder
+from .install import install, rotary_replacements, rotary_slots
+from .patching import modeling_modules
 
 TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -770,15 +774,15 @@ UNFED = {"blt_local_encoder": "BLT's local encoder pools its bytes into patches 
 """Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
 
 
-def _chosen_feed(model: nn.Module, modules: list, convention: families.Convention):
+def _chosen_feed(model: nn.Module, modules: list):
     """The first feed of :func:`rope.hf.feeds.candidates` on which ``model`` runs, calls one of
-    the convention's functions of its modeling ``modules``, gives an output above
+    the functions of its modeling ``modules`` (``(module, convention)`` pairs), gives an output above
     :data:`LIVE_OUTPUT`, and another output at positions moved by :data:`PROBE_SHIFT` (the
     rotation shows in it: a codec's quantized codes may hide it); else the first that does all
     but the last; else the first on which it runs. Returns the feed and its output, or why none
     runs (and ``None``)."""
     tokens, failures, ranked = sample_tokens(), [], {}
-    originals = {(module, name): getattr(module, name) for module in modules for name, _ in convention.functions}
+    originals = {(module, name): getattr(module, name) for module, held in modules for name, _ in held.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
     for candidate in feeds.candidates(model, text_part(model), extra):
         calls = []
@@ -851,44 +855,41 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     if model.config.model_type != model_type:
         return (f"transformers maps the model_type {model_type!r} to {type(model.config).__name__}, whose model_type "
                 f"is {model.config.model_type!r}: patch sees every model of it as {model.config.model_type!r}"), Feed()
-    holders = vision.owners(model) if vision_only else [(o, slot_holder(model, o)) for o, _, _ in rotary_slots(model)]
-    modules = [importlib.import_module(name) for name in sorted({type(holder).__module__ for _, holder in holders})]
-    for holder in modules:  # patch swaps the functions of each: another type's classes must rotate alike
-        if holder is module or convention in conventions_of(holder):
-            continue
-        missing = [name for name, _ in convention.functions if not callable(getattr(holder, name, None))]
-        if missing:  # patch replaces the functions of the rotary modules' module, not of the model type's
-            return (f"its rotary modules are held by classes of {holder.__name__}, which defines no {missing[0]} (the "
-                    f"{convention.name} convention's function, of {module.__name__}): patch would find none to "
-                    "replace"), Feed()
-        held = convention_of(holder)
-        return (f"its rotary modules are held by classes of {holder.__name__}, whose functions follow "
-                f"{held if isinstance(held, str) else 'the ' + held.name + ' convention'}, not "
-                f"{convention.name} as its own modeling module's"), Feed()
+    try:  # the modules whose functions patch swaps, each with its convention (its part's row, if not own)
+        modules = [(holder, held) for holder, held, _ in modeling_modules(model, model_type, convention)]
+    except ValueError as err:
+        return _checks.first_line(err, 300).removeprefix("patch: ").removesuffix("; nothing changed"), Feed()
+    for holder, held in modules:  # another type's classes must compute their row's convention
+        if holder is not module and held not in conventions_of(holder):
+            found = convention_of(holder)
+            return (f"its rotary modules are held by classes of {holder.__name__}, whose functions follow "
+                    f"{found if isinstance(found, str) else 'the ' + found.name + ' convention'}, not "
+                    f"{held.name} as their model type's row"), Feed()
     try:
         swaps, left = vision.vision_replacements(model) if vision_only else (rotary_replacements(model), ())
     except ValueError as err:
         return _checks.first_line(err, 200).removeprefix("install: "), Feed()
     if left:  # a vision tower whose tables rope does not reproduce keeps transformers' float32 angles
         return _checks.first_line(left[0][1], 300), Feed()
-    feed, expected = _chosen_feed(model, modules, convention)
+    feed, expected = _chosen_feed(model, modules)
     if isinstance(feed, str):
         return feed, Feed()
     if not vision_only:
         install(model)
         swaps = vision.vision_replacements(model)[0]  # as patch does: its vision towers' too
     vision.swap(model, swaps)
-    originals = {(holder, name): getattr(holder, name) for holder in modules for name, _ in convention.functions}
-    calls = {name: [] for name, _ in convention.functions}
+    originals = {(holder, name): getattr(holder, name) for holder, held in modules for name, _ in held.functions}
+    calls = {name: [] for _, held in modules for name, _ in held.functions}
     left = stock_rotary_calls(model)
     try:
-        for holder in modules:
-            for name, ours in convention.functions:
+        for holder, held in modules:
+            for name, ours in held.functions:
                 setattr(holder, name, _counting(ours, calls[name]))
         got = output(model, sample_tokens(), feed=feed)
     except Exception as err:  # rope's function refused the model's inputs
         quoted = _checks.first_line(err, 200)
-        return f"rope's {convention.name} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
+        names = " and ".join(dict.fromkeys(held.name for _, held in modules))
+        return f"rope's {names} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
     finally:
         for (holder, name), function in originals.items():
             setattr(holder, name, function)

@@ -11,7 +11,9 @@ Each convention was read from the transformers 5.23 source of the families named
 model types follow it is not listed by hand: :mod:`rope.hf.coverage` decides it from each
 modeling module's functions and a probe of a tiny model, and writes
 :mod:`rope.hf.coverage_table`; every covered type is checked logit for logit on a tiny model
-(``tests/test_hf_coverage.py``, ``tests/test_hf_families.py``, ``tests/test_hf_patch.py``):
+(``tests/test_hf_coverage.py``, ``tests/test_hf_families.py``, ``tests/test_hf_patch.py``). A
+composite's row is the convention of its own modeling module; the modules of its parts of other
+types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rope.hf.patching`):
 
 * :data:`LLAMA`: ``apply_rotary_pos_emb``, ``q * cos + rotate_half(q) * sin`` with
   ``rotate_half`` splitting the head in halves, pairs (i, i + d/2) (``modeling_llama.py``, and

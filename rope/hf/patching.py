@@ -14,6 +14,19 @@ own tables, and gets transformers' formula on them, computed in float32 and roun
 original functions come back when the last patched model of the module is unpatched, or is
 garbage-collected while patched. In that second case, a function someone else has replaced since
 is left as it is, because there is no caller to tell.
+
+A model may hold rotary modules in classes of several modeling modules (CSM's Mimi codec, a
+composite's text model of another type: Kimi-K2.5's DeepSeek-V3, PE Audio's ModernBERT). Each such
+module gets one convention: the model's own (the module of its class) the model type's row of
+:data:`rope.hf.FAMILIES`; every other the row of the ``config.model_type`` of the classes it holds
+the rotary modules in (a text model of a covered type, as ``deepseek_v3``: its own row, which
+:mod:`rope.hf.coverage` checked its functions compute, and checks again for the composite). So
+the coverage table needs no more than one convention per type. Where the model's own module holds
+none of its text rotary modules (Kimi-K2.5, LFM3-VL, VideoLLaMA 3: only their vision towers' classes
+are their own), its row, the vision convention, replaces nothing: as in Qwen2-VL, the tower's
+function stays transformers' on rope's exact tables (:mod:`rope.hf.vision`). A module patched for
+one model holds one convention: a model that needs another there, or a module that would need two
+at once, is refused.
 """
 
 from __future__ import annotations
@@ -40,35 +53,37 @@ class Patch:
 
     Args:
         model_type: the model's ``config.model_type``, its key in :data:`rope.hf.FAMILIES`.
-        convention: the model's row of :data:`rope.hf.FAMILIES`.
-        module: the modeling module whose functions were replaced.
-        originals: ``(name, function)`` pairs as they were before that module's first patch,
-            which the last :func:`unpatch` restores.
+        convention: the model's row of :data:`rope.hf.FAMILIES`, the convention of its own
+            modeling module.
+        modules: ``(module, convention, originals)`` of each modeling module whose functions
+            were replaced, the model's own first where it holds rotary modules: the convention
+            set in (module docstring), and the ``(name, function)`` pairs as they were before
+            that module's first patch, which the last :func:`unpatch` restores. Several where the
+            model holds parts of other types (CSM's Mimi codec, a composite's text model).
         rotary_modules: the :class:`rope.hf.Replacement` of each rotary module or position
             table swapped. A module or table that was already rope's has none.
         vision_modules: the :class:`rope.hf.vision.VisionReplacement` of each vision rotary
             module swapped (:mod:`rope.hf.vision`).
         vision_left: ``(name, reason)`` of each vision rotary module rope does not reproduce,
             left as it was.
-        other_modules: ``(module, originals)`` of each further modeling module whose functions
-            were replaced: one whose classes hold rotary modules of the model too (CSM's Mimi
-            codec, a composite's text model of another type).
     """
 
     model_type: str
     convention: Convention
-    module: ModuleType
-    originals: tuple[tuple[str, Callable], ...]
+    modules: tuple[tuple[ModuleType, Convention, tuple[tuple[str, Callable], ...]], ...]
     rotary_modules: tuple[Replacement, ...]
     vision_modules: tuple[vision.VisionReplacement, ...] = ()
     vision_left: tuple[tuple[str, str], ...] = ()
-    other_modules: tuple[tuple[ModuleType, tuple[tuple[str, Callable], ...]], ...] = ()
 
     @property
-    def modules(self) -> tuple[tuple[ModuleType, tuple[tuple[str, Callable], ...]], ...]:
-        """``(module, originals)`` of every modeling module whose functions were replaced,
-        :attr:`module` first."""
-        return ((self.module, self.originals), *self.other_modules)
+    def module(self) -> ModuleType:
+        """The first modeling module of :attr:`modules`."""
+        return self.modules[0][0]
+
+    @property
+    def originals(self) -> tuple[tuple[str, Callable], ...]:
+        """The original functions of :attr:`module`."""
+        return self.modules[0][2]
 
 
 @dataclass(eq=False)
@@ -92,7 +107,8 @@ def patch(model: nn.Module) -> Patch:
     rotates q and k with (:data:`rope.hf.FAMILIES`) in the model's modeling module: the one
     that defines the classes holding its rotary modules (or, in GPT-J and CodeGen, the position
     table :func:`rope.hf.install` replaces), or each of them where the model holds parts of other
-    types (CSM's Mimi codec; :mod:`rope.hf.coverage` checks that they rotate alike). Vision
+    types (CSM's Mimi codec, a composite's text model), each with its own convention (module
+    docstring; :mod:`rope.hf.coverage` checks that they compute it). Vision
     towers get rope's exact module in place of each vision rotary module it reproduces
     (:mod:`rope.hf.vision`); the others stay the model's, named with the reason in a
     ``UserWarning`` and the record. A vision tower alone (a model whose only rotary modules are
@@ -104,8 +120,9 @@ def patch(model: nn.Module) -> Patch:
     is not a str. Raises ``ValueError`` when patching would not reproduce the model: no
     ``config.model_type``, or one that is not in :data:`rope.hf.FAMILIES`; rotary modules that
     :func:`rope.hf.install` refuses; tables of another form than the family's; a modeling module
-    without the family's function, or that another convention patched, or whose function was
-    replaced since rope patched it. It also raises ``ValueError`` for a model that is patched
+    without its convention's functions, or that another convention patched, or whose function was
+    replaced since rope patched it; a modeling module of another type's parts whose convention
+    is not known, or that would need two. It also raises ``ValueError`` for a model that is patched
     already, or that contains or is contained in a patched model. Every refusal happens before
     anything changes. If a change fails halfway, the changes made before it are undone.
 
@@ -119,22 +136,23 @@ def patch(model: nn.Module) -> Patch:
         replacements = () if vision_only else rotary_replacements(model)
     except ValueError as err:
         raise ValueError(f"patch: {err}") from err
-    modules = _modeling_modules(model, model_type, convention)
-    states = {module.__name__: _MODULES.get(module.__name__) for module in modules}
-    for module in modules:
+    modules = modeling_modules(model, model_type, convention)
+    states = {module.__name__: _MODULES.get(module.__name__) for module, _, _ in modules}
+    for module, held, _ in modules:
         if states[module.__name__] is not None:
-            _refuse_foreign_state(module, convention, states[module.__name__])
-    _check_tables(model, replacements, model_type, convention)
+            _refuse_foreign_state(module, held, states[module.__name__])
+    _check_tables(model, replacements, {module: (held, part) for module, held, part in modules})
     swapped, left = vision.vision_replacements(model)
     if vision_only and left:
         raise ValueError(f"patch: the rotary modules of this {type(model).__name__} are vision ones, and "
                          f"{_checks.first_line(left[0][1], 300)}: its tables would stay transformers'; nothing changed")
-    originals = tuple((module, states[module.__name__].originals if states[module.__name__] is not None else tuple(
-        (name, getattr(module, name)) for name, _ in convention.functions)) for module in modules)
-    record = Patch(model_type, convention, *originals[0], replacements, swapped, left, other_modules=originals[1:])
+    record = Patch(model_type, convention, tuple(
+        (module, held, states[module.__name__].originals if states[module.__name__] is not None else tuple(
+            (name, getattr(module, name)) for name, _ in held.functions)) for module, held, _ in modules),
+        replacements, swapped, left)
     _apply(model, record, first={name for name, state in states.items() if state is None})
-    for module, functions in originals:
-        state = _MODULES.setdefault(module.__name__, _ModuleState(module, functions, convention))
+    for module, held, functions in record.modules:
+        state = _MODULES.setdefault(module.__name__, _ModuleState(module, functions, held))
         state.models += 1
     finalizer = weakref.finalize(model, _release, tuple(states))
     finalizer.atexit = False
@@ -170,8 +188,8 @@ def unpatch(model: nn.Module) -> None:
     if moved:
         raise ValueError(f"unpatch: {moved} are no longer the rotary modules rope.hf.patch put in (replaced since); "
                          "nothing changed")
-    for module, _ in record.modules:
-        foreign = _foreign_functions(module, record.convention) if _MODULES[module.__name__].models == 1 else []
+    for module, held, _ in record.modules:
+        foreign = _foreign_functions(module, held) if _MODULES[module.__name__].models == 1 else []
         if foreign:
             raise ValueError(f"unpatch: {module.__name__}.{foreign[0]} is no longer rope's function (replaced "
                              "since rope.hf.patch set it); restoring the original would undo that; nothing changed")
@@ -256,18 +274,39 @@ def _original(r: Replacement, current):
     return r.old if device is None else r.old.to(device)
 
 
-def _modeling_modules(model: nn.Module, model_type: str, convention: Convention) -> list[ModuleType]:
+def modeling_modules(model: nn.Module, model_type: str,
+                      convention: Convention) -> list[tuple[ModuleType, Convention, str]]:
     """The modules that define the classes holding the model's rotary modules (several where a
-    model holds another type's parts: CSM's Mimi codec; a vision tower's alone: its vision rotary
-    modules), the model's own class's module first. Each must define the convention's functions."""
-    names = sorted({type(owner).__module__ for _, owner in _rotary_owners(model)},
-                   key=lambda name: (name != type(model).__module__, name))
-    modules = [sys.modules[name] for name in names]
-    for module in modules:
-        missing = [name for name, _ in convention.functions if not callable(getattr(module, name, None))]
+    model holds another type's parts: CSM's Mimi codec, a composite's text model; a vision tower's
+    alone: its vision rotary modules), the model's own class's module first, each with its
+    convention: the model's own ``convention``; another module the :data:`rope.hf.FAMILIES` row of
+    the ``config.model_type`` of the classes holding the rotary modules there (module docstring).
+    Each module must define its convention's functions. Returns ``(module, convention, the
+    model_type whose row it is)`` triples."""
+    own, found = type(model).__module__, {}
+    for _, owner in _rotary_owners(model):
+        if type(owner).__module__ == own:
+            part, held = model_type, convention
+        else:
+            part = getattr(getattr(owner, "config", None), "model_type", None)
+            held = FAMILIES.get(part) if isinstance(part, str) else None
+        if held is None:
+            raise ValueError(f"patch: this {type(model).__name__} holds rotary modules in a {type(owner).__name__} of "
+                             f"{type(owner).__module__}, whose convention is not known: its config.model_type "
+                             f"{part!r} is not in rope.hf.FAMILIES; nothing changed")
+        found.setdefault(type(owner).__module__, {})[held.name] = (held, part)
+    for name, held in found.items():
+        if len(held) > 1:
+            raise ValueError(f"patch: {name} holds rotary modules of this {type(model).__name__} under two "
+                             f"conventions, {' and '.join(sorted(held))}; one modeling module has one set of "
+                             "functions; nothing changed")
+    modules = [(sys.modules[name], *next(iter(found[name].values())))
+               for name in sorted(found, key=lambda name: (name != own, name))]
+    for module, held, part in modules:
+        missing = [name for name, _ in held.functions if not callable(getattr(module, name, None))]
         if missing:
-            raise ValueError(f"patch: {module.__name__} has no function {missing[0]}, which the {convention.name} "
-                             f"convention of model_type {model_type!r} replaces (rope.hf.FAMILIES): another "
+            raise ValueError(f"patch: {module.__name__} has no function {missing[0]}, which the {held.name} "
+                             f"convention of model_type {part!r} replaces (rope.hf.FAMILIES): another "
                              "transformers version or a custom model; nothing changed")
     return modules
 
@@ -288,26 +327,28 @@ def _refuse_foreign_state(module: ModuleType, convention: Convention, state: _Mo
                          "rope.hf.patch set it for another model); nothing changed")
 
 
-def _check_tables(model: nn.Module, replacements: tuple[Replacement, ...], model_type: str,
-                  convention: Convention) -> None:
+def _check_tables(model: nn.Module, replacements: tuple[Replacement, ...],
+                  conventions: dict[ModuleType, tuple[Convention, str]]) -> None:
     """Raise unless every rotary module (or position table) the model would hold lays its tables
-    out as the family's function reads them."""
+    out as the function of its holder's modeling module reads them (``conventions``: each
+    module's convention and the model_type whose row it is)."""
     new = {(r.owner, r.attribute): r.new for r in replacements}
     for owner, attribute, current in rotary_slots(model):
         form = table_form(new.get((owner, attribute), current))
-        if form != convention.tables:
+        held, part = conventions[sys.modules[type(slot_holder(model, owner)).__module__]]
+        if form != held.tables:
             name = f"{owner}.{attribute}" if owner else attribute
-            raise ValueError(f"patch: {name} returns {form} tables, but model_type {model_type!r} reads "
-                             f"{convention.tables} tables (rope.hf.FAMILIES): the config's model_type does not "
-                             "describe this model; nothing changed")
+            raise ValueError(f"patch: {name} returns {form} tables, but model_type {part!r} reads {held.tables} "
+                             "tables (rope.hf.FAMILIES): the config's model_type does not describe this model; "
+                             "nothing changed")
 
 
 def _apply(model: nn.Module, record: Patch, *, first: set[str]) -> None:
     """Set the convention's functions in the modules, then swap the rotary modules. If a step
     fails, undo the steps before it: the swaps made so far, and the functions of the modules
     named in ``first`` (those patched for no other model)."""
-    for module, _ in record.modules:
-        for name, function in record.convention.functions:
+    for module, held, _ in record.modules:
+        for name, function in held.functions:
             setattr(module, name, function)
     done = []
     try:
@@ -318,7 +359,7 @@ def _apply(model: nn.Module, record: Patch, *, first: set[str]) -> None:
     except BaseException:
         for r in done:
             setattr(model.get_submodule(r.owner), r.attribute, r.old)
-        for module, originals in record.modules:
+        for module, _, originals in record.modules:
             if module.__name__ in first:
                 for name, function in originals:
                     setattr(module, name, function)
