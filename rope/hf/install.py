@@ -46,6 +46,12 @@ up the rows of its position ids (GPT-J, CodeGen: ``embed_positions``, made by
 ``create_sinusoidal_positions``): row m is (sin m theta_0, .., sin m theta_{p-1}, cos m theta_0,
 .., cos m theta_{p-1}), so each half is a table of the ``pairs`` form."""
 
+ROTARY_OPTIONS = ("position_embedding_type", "position_embeddings_type", "use_mem_rope")
+"""The config options with which a type rotates only in some configurations (ESM and Granite
+4.0-H: ``position_embedding_type``, the wav2vec2 conformers: ``position_embeddings_type``,
+Zamba 2: ``use_mem_rope``): a model without rotary modules whose config has one is refused with
+its value named."""
+
 _PROBE_FLOAT32 = 2**-20
 _LONGEST_PROBE = 2**24  # float32 holds every position up to here, so transformers' tables are exact enough
 
@@ -498,9 +504,13 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     if not found:
         aside = " but vision rotary modules (rope.hf.vision's, which rope.hf.patch swaps)" if any(
             is_vision_rotary(m) for m in model.modules()) else ""
+        config = getattr(model, "config", None)
+        options = [f"{key}={getattr(config, key)!r}" for key in ROTARY_OPTIONS if hasattr(config, key)]
+        why = (f"; its config sets {', '.join(options)}: the model does not rotate in this configuration (its type "
+               "is covered where the config makes it rotate, rope.hf.coverage)") if options else ""
         raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb nor a position table "
                          f"buffer ({', '.join(POSITION_TABLES)}){aside}: nothing to replace (install swaps the "
-                         "rotary_emb modules of transformers models)")
+                         f"rotary_emb modules of transformers models){why}")
     replacements = []
     for owner, attribute, old in found:
         if isinstance(old, ROTARY_MODULES):
