@@ -121,14 +121,15 @@ _MODELS: dict = {}
 
 def tiny(model_type: str, rotary: bool = True) -> nn.Module:
     """One tiny model per type for the whole module (built once, shared by the tests); with its
-    rotary option on (:data:`OPTIONS`) unless ``rotary`` is False. Skips a type whose tiny model
+    rotary option on (:data:`OPTIONS`) unless ``rotary`` is False, which sets the option to its
+    config class's default (coverage's FIXES turn ESM's on). Skips a type whose tiny model
     does not build."""
     key = (model_type, rotary)
     if key not in _MODELS:
         try:
             config = coverage.tiny_config(model_type)
-            for name, value in OPTIONS.get(model_type, {}).items() if rotary else ():
-                setattr(config, name, value)
+            for name, value in OPTIONS.get(model_type, {}).items():
+                setattr(config, name, value if rotary else getattr(type(config)(), name))
             text = config.get_text_config()
             if model_type in ("hunyuan_vl", "hunyuan_vl_text"):  # its default config has no mrope_section
                 text.rope_parameters["mrope_section"] = [2, 2, 2, 2]

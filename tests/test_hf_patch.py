@@ -405,6 +405,13 @@ def two_axis_llama():
     return model
 
 
+def absolute_esm():
+    """A tiny ESM with its default absolute positions: no rotary module (ESM-2's checkpoints rotate)."""
+    config = transformers.EsmConfig(vocab_size=33, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=32, pad_token_id=1)
+    return transformers.EsmModel(config)
+
+
 def no_config_module():
     return torch.nn.Linear(2, 2)
 
@@ -432,6 +439,9 @@ REFUSALS = [
     pytest.param(lambda: llama_as("cohere"), ValueError,
                  "model.rotary_emb returns rotate_half tables, but model_type 'cohere' reads interleaved tables",
                  id="tables of another form"),
+    pytest.param(absolute_esm, ValueError,
+                 r"EsmModel has no submodule named rotary_emb .* its config sets position_embedding_type='absolute': "
+                 "the model does not rotate in this configuration", id="configuration that does not rotate"),
     pytest.param(no_config_module, ValueError, "patch: Linear has no config.model_type", id="no config"),
     pytest.param(numbered_model_type, TypeError, "model.config.model_type must be a str, got int",
                  id="model_type not a str"),

@@ -46,6 +46,11 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
 * :mod:`rope.hf.vision` does the same for vision towers: an exact module in place of each
   transformers vision rotary module of the 2D ``axial`` form (Qwen2-VL's and 32 others, in the
   tower's own layout) or Llama 4's complex table, which :func:`patch` swaps too.
+* :mod:`rope.hf.self_rotating` does the same for the conformers' rotary modules (wav2vec2-conformer,
+  wav2vec2-bert, SeamlessM4T with ``position_embeddings_type="rotary"``), which hand their
+  attention one stack of the cos and sin of their sequence's own positions, no position ids:
+  :func:`install` puts a :class:`StackedRotaryTable` in their place (exact angles, rounded once).
+  :func:`patch` does not cover these types: their rotation is a method of their attention.
 * :func:`diagnose` measures the rotary tables of any model, patched or not, against exact angles:
   per rotary module and layer type, the worst error in units of the model's dtype, below and
   beyond its configured length, and the first position past half a unit (:mod:`rope.hf.precision`).
@@ -103,6 +108,7 @@ from .functions import (
 from .install import POSITION_TABLES, PROBE_TOLERANCE, Replacement, install, rotary_replacements
 from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
+from .self_rotating import StackedRotaryTable
 
 __all__ = [
     "FAMILIES",
@@ -116,6 +122,7 @@ __all__ = [
     "Replacement",
     "RotaryEmbedding",
     "RotaryPrecision",
+    "StackedRotaryTable",
     "apply_rotary_emb_complex",
     "apply_rotary_emb_complex_heads_first",
     "apply_rotary_pos_emb",

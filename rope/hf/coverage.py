@@ -593,6 +593,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "granite4_vision": _set(deepstack_layer_map=[], downsample_rate="1/4"),
          "kyutai_speech_to_text": _kyutai, "hrm_text": _hrm, "efficientloftr": _efficientloftr,
          "dots3_note": _dots3, "dots3_note_text": _dots3, "neucodec": _codec_quantizer, "xcodec2": _codec_quantizer,
+         "esm": _set(position_embedding_type="rotary"),
          "esmc": _one_key_per_head, "moonshine_streaming": _one_key_per_head,
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
@@ -632,7 +633,10 @@ LongCat-Flash counts its layers in ``num_layers`` (28, each two attentions) and 
 in ``zero_expert_num`` (256), which the tiny one has 1 and 4 of, and keeps ``qk_head_dim`` (192)
 apart from the nope and rope parts it sums; HunYuan-VL's rotary module needs the sections of
 its four axes (``mrope_section``, a quarter of the tiny half head each), which its released
-configs name (``xdrope_section``) and its default config does not."""
+configs name (``xdrope_section``) and its default config does not. ESM's default config uses
+absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
+the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
+whose config does not rotate (it has no rotary module), naming that option."""
 
 
 def model_class(model_type: str, config=None):

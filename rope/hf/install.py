@@ -27,6 +27,7 @@ from .embedding import (
     rope_parameters_from_config,
     rotary_embedding,
 )
+from .self_rotating import StackedRotaryTable, is_stacked_rotary, reproduce_stacked
 from .vision import is_vision_rotary
 
 PROBE_TOLERANCE = 1e-5
@@ -45,6 +46,15 @@ POSITION_TABLES = ("embed_positions",)
 up the rows of its position ids (GPT-J, CodeGen: ``embed_positions``, made by
 ``create_sinusoidal_positions``): row m is (sin m theta_0, .., sin m theta_{p-1}, cos m theta_0,
 .., cos m theta_{p-1}), so each half is a table of the ``pairs`` form."""
+
+ROTARY_OPTIONS = ("position_embedding_type", "position_embeddings_type", "use_mem_rope")
+"""The config options with which a type rotates only in some configurations (ESM and Granite
+4.0-H: ``position_embedding_type``, the wav2vec2 conformers: ``position_embeddings_type``,
+Zamba 2: ``use_mem_rope``): a model without rotary modules whose config has one is refused with
+its value named, unless that value is one of :data:`ROTATING`."""
+
+ROTATING = ("rotary", "rope", True)
+"""The values of :data:`ROTARY_OPTIONS` with which a type rotates."""
 
 _PROBE_FLOAT32 = 2**-20
 _LONGEST_PROBE = 2**24  # float32 holds every position up to here, so transformers' tables are exact enough
@@ -392,7 +402,8 @@ is a rotary slot whatever its attribute (Molmo 2's ``rotary_emb_unscaled``, LFM2
 def rotary_slots(model: nn.Module) -> list[tuple[str, str, nn.Module | torch.Tensor]]:
     """Where ``model`` keeps its rotary tables: ``(owner, attribute, value)`` for every child
     module named ``rotary_emb`` or of a class named ``...RotaryEmbedding``
-    (:data:`ROTARY_CLASS_SUFFIX`; vision rotary modules aside: :mod:`rope.hf.vision`), and every
+    (:data:`ROTARY_CLASS_SUFFIX`; vision rotary modules aside: :mod:`rope.hf.vision`) or a
+    conformer's ``...RotaryPositionalEmbedding`` (:mod:`rope.hf.self_rotating`), and every
     floating 2-D buffer named in :data:`POSITION_TABLES`, ``owner`` the qualified name of the
     module holding it (an ``nn.ModuleList`` for an entry of a list: ``attribute`` is then its
     index). A rotary module's own parts are not searched.
@@ -408,8 +419,8 @@ def rotary_slots(model: nn.Module) -> list[tuple[str, str, nn.Module | torch.Ten
             inside.append(f"{owner}.")
             continue
         for attribute, child in module.named_children():
-            if (attribute == "rotary_emb" or type(child).__name__.endswith(ROTARY_CLASS_SUFFIX)) and not (
-                    is_vision_rotary(child)):
+            if (attribute == "rotary_emb" or type(child).__name__.endswith(ROTARY_CLASS_SUFFIX)
+                    or is_stacked_rotary(child)) and not is_vision_rotary(child):
                 slots.append((owner, attribute, child))
                 inside.append(f"{owner}.{attribute}." if owner else f"{attribute}.")
         for attribute in POSITION_TABLES:
@@ -498,12 +509,17 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
     if not found:
         aside = " but vision rotary modules (rope.hf.vision's, which rope.hf.patch swaps)" if any(
             is_vision_rotary(m) for m in model.modules()) else ""
+        config = getattr(model, "config", None)
+        options = [f"{key}={getattr(config, key)!r}" for key in ROTARY_OPTIONS
+                   if getattr(config, key, ROTATING[0]) not in ROTATING]
+        why = (f"; its config sets {', '.join(options)}: the model does not rotate in this configuration (its type "
+               "is covered where the config makes it rotate, rope.hf.coverage)") if options else ""
         raise ValueError(f"install: {type(model).__name__} has no submodule named rotary_emb nor a position table "
                          f"buffer ({', '.join(POSITION_TABLES)}){aside}: nothing to replace (install swaps the "
-                         "rotary_emb modules of transformers models)")
+                         f"rotary_emb modules of transformers models){why}")
     replacements = []
     for owner, attribute, old in found:
-        if isinstance(old, ROTARY_MODULES):
+        if isinstance(old, (*ROTARY_MODULES, StackedRotaryTable)):
             continue
         name = f"{owner}.{attribute}" if owner else attribute
         config = getattr(old, "config", None) or getattr(model, "config", None)
@@ -513,6 +529,9 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
             new = _reproduce_table(name, old, config)
             if new is not None:
                 replacements.append(Replacement(owner, old, new, attribute))
+            continue
+        if is_stacked_rotary(old):  # a conformer's table of its own positions 0 .. n - 1
+            replacements.append(Replacement(owner, old, reproduce_stacked(name, old, config), attribute))
             continue
         device = next((buffer.device for buffer in old.buffers()), None)
         new = _reproduce(name, old, config, device)
@@ -540,6 +559,11 @@ def install(model: nn.Module) -> int:
     ids is only matched by an M-RoPE module; where the config names no ``mrope_section`` (the
     model class has a default) or no M-RoPE style (the modeling code fixes it), the old module's
     sections are tried in each assignment style.
+
+    A conformer's rotary module (``...RotaryPositionalEmbedding``, wav2vec2-conformer,
+    wav2vec2-bert, SeamlessM4T: a stack of the cos and sin of its sequence's positions, no
+    position ids) gets rope's :class:`rope.hf.self_rotating.StackedRotaryTable`, checked on a few
+    sequence lengths (:func:`rope.hf.self_rotating.reproduce_stacked`).
 
     A model whose attention keeps its table in a buffer (GPT-J, CodeGen: :data:`POSITION_TABLES`)
     gets rope's table of the same rows in that buffer instead (:func:`rope.hf.position_table`:
