@@ -65,6 +65,10 @@ OWN_POSITIONS = {
                       "test_hf_vision.py (test_fractional_positions_are_exact)",
     "sam3_vision_model": "its ViT backbone's layers turn by grid positions of their own float buffers (as "
                          "sam3_vit_model's)",
+    "qwen2_5_omni_dit": "its forward takes no position_ids and numbers its mel frames 0, 1, ... itself, for a "
+                        "rotary module held as rotary_embed, which the shift (on rotary_emb modules) does not reach",
+    "dots3_note_audio_encoder": "its forward takes no position_ids and numbers its audio tokens 0, 1, ... itself, "
+                                "for a rotary module held as rotary_embedding, which the shift does not reach",
 }
 """Covered types that ignore the position_ids given, or whose rotary modules take positions the
 shift does not move: moved by 2^16 they still run at positions near 0."""

@@ -65,6 +65,15 @@ NO_ROTARY = {
                     "not rotary",
     "parakeet_encoder": "a Transformer-XL relative positional encoding (relative_k_proj) with an inv_freq buffer, "
                         "not rotary",
+    "parakeet_rnnt": "its encoder's Transformer-XL relative positional encoding (relative_k_proj) with an inv_freq "
+                     "buffer, not rotary",
+    "parakeet_tdt": "its encoder's Transformer-XL relative positional encoding (relative_k_proj) with an inv_freq "
+                    "buffer, not rotary",
+    "nemotron_asr_streaming": "its encoder's Transformer-XL relative positional encoding (relative_k_proj) with an "
+                              "inv_freq buffer, not rotary",
+    "vjepa2": "its attention computes its angles inline (rotate_queries_or_keys: omega = 10000^(-2i/D) at each "
+              "call, times 3-D patch positions), with no rotary module or table, a form diagnose does not read: "
+              "refused by name",
     "phi4_multimodal_vision": "SigLIP's learned position embeddings (rotary only in the text model)",
     "qwen2_5_omni_audio_encoder": "Whisper's sinusoid added to the input (SinusoidsPositionEmbedding), not rotary",
     "qwen3_omni_moe_audio_encoder": "Whisper's sinusoid added to the input (SinusoidsPositionEmbedding), not rotary",
@@ -94,6 +103,9 @@ NOT_ROTARY_PLACES = {
     "VoxtralRealtimeTimeEmbedding": "a sinusoid of the time conditioning, not rotary",
     "MusicFlamingoRotaryEmbedding": "rotary time embedding: angles of each window's timestamps times its own "
                                     "position angles, called with (timestamps, seq_len): no form diagnose reads",
+    "SeamlessM4TSinusoidalPositionalEmbedding": "fairseq's absolute sinusoid added to the text and unit "
+                                                "embeddings: its [sin | cos] rows (theta_i = 10000^(-i/(d/2 - 1))) "
+                                                "are not the RoPE formula's",
     "EsmFold2RotaryEmbedding": "rotary over 3-D atom coordinates and a space id, called as (ref_pos, "
                                "ref_space_uid, dtype), with no inv_freq buffer: no form diagnose reads",
 }
@@ -103,6 +115,7 @@ OPTIONS = {
     "esm": {"position_embedding_type": "rotary"},
     "wav2vec2-bert": {"position_embeddings_type": "rotary"},
     "wav2vec2-conformer": {"position_embeddings_type": "rotary"},
+    "seamless_m4t": {"position_embeddings_type": "rotary"},
 }
 """Config settings that turn a type's rotary on (its default is absolute or relative positions)."""
 

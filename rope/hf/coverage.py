@@ -85,7 +85,12 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             depthwise_separable_out_channel=32, nemo_conv_channels=32, output_channels=32, mlp_dim=96,
             downsample_channels=32, ffn_dim=96, hidden_sizes=64, emb_dim=32, num_embeds=97,
             cross_head_dim=16, cross_num_attention_heads=4, cross_num_key_value_heads=2, hidden_size_global=64,
-            cross_attn_k=1, layer_scale_initial_scale=1.0)
+            cross_attn_k=1, layer_scale_initial_scale=1.0, linear_num_heads=4, linear_head_dim=16,
+            projection_intermediate_size=96, projection_hidden_dim=64, text_hidden_size=64,
+            memory_attention_num_layers=2, memory_attention_feed_forward_hidden_size=96,
+            memory_fuser_intermediate_dim=96, memory_attention_mlp_hidden_size=96, decoder_hidden_size=64,
+            pred_hidden_size=64,
+            pred_num_attention_heads=4, pred_num_hidden_layers=2)
 """The sizes of a tiny model: each key the config has (and does not derive) is set to this (the
 vision keys ``embed_dim``, ``num_heads``, ``depth``, ``out_hidden_size`` shrink vision towers; the
 ``mamba_*`` keys the state-space layers of hybrid models; ``index_*`` DeepSeek-V3.2's indexer; the
@@ -95,8 +100,13 @@ index heads as wide as the attention's rotary heads); the codec keys Mimi's and 
 upsampling convolution has one group per hidden channel, and their layer scale, at 1 so that the
 attention shows in the output; ``base_channels`` the VQ image tokenizers of Chameleon and Emu3
 (a multiple of their 32 norm groups); ``cross_*`` Dia's cross-attention; ``hidden_size_global``
-and ``cross_attn_k`` BLT's global model, as wide as its local ones; the rest the towers, codecs,
-vocoders and heads that keep a composite model over :data:`MAX_PARAMETERS` otherwise). A size
+and ``cross_attn_k`` BLT's global model, as wide as its local ones; ``linear_*`` the linear-attention
+layers of GLM-5-Next, Kimi Linear and Bailing's hybrid; ``projection_*`` and ``text_hidden_size``
+the mergers of vision towers into text models (GLM-5-Next's, Inkling 2's); ``memory_*`` the memory
+attention and fuser of SAM 2's, SAM 3's and EdgeTAM's video trackers; ``decoder_hidden_size`` the
+LSTM prediction networks of Parakeet's and Nemotron's transducers; ``pred_*`` V-JEPA 2's predictor;
+the rest the towers, codecs, vocoders and heads that keep a composite model over
+:data:`MAX_PARAMETERS` otherwise). A size
 the config holds per modality or per stage (a list) is set in each entry."""
 
 MAX_PARAMETERS = 5_000_000
@@ -578,6 +588,24 @@ def _dots3(config) -> None:
     text.per_layer_config, text.allow_global_per_layer_attribute_access = layers, False
 
 
+def _llama4_vision(config) -> None:
+    config.intermediate_size = int(config.hidden_size / config.pixel_shuffle_ratio**2)
+
+
+def _hiera(config) -> None:
+    """A Hiera backbone of four one-block stages, 16 to 128 wide, and the FPN channels that read them."""
+    backbone = config.vision_config.backbone_config
+    backbone.hidden_size, backbone.embed_dim_per_stage = 16, [16, 32, 64, 128]
+    backbone.blocks_per_stage, backbone.num_attention_heads_per_stage = [1, 1, 1, 1], [1, 1, 2, 4]
+    backbone.global_attention_blocks = [1, 2, 3]
+    config.vision_config.backbone_channel_list = backbone.embed_dim_per_stage[::-1]
+
+
+def _dots3_audio(config) -> None:
+    config.conv_output_size = config.downsample_hidden_size * ((config.feature_size + 7) // 8)
+    config.adapter_input_size = config.hidden_size
+
+
 def _codec_quantizer(config) -> None:
     config.quantization_dim = config.hidden_size + config.semantic_model_config.hidden_size
     _one_key_per_head(config)
@@ -592,7 +620,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "chameleon": _set(vocabulary_map={}), "emu3": _set(vocabulary_map={}),
          "granite4_vision": _set(deepstack_layer_map=[], downsample_rate="1/4"),
          "kyutai_speech_to_text": _kyutai, "hrm_text": _hrm, "efficientloftr": _efficientloftr,
-         "dots3_note": _dots3, "dots3_note_text": _dots3, "neucodec": _codec_quantizer, "xcodec2": _codec_quantizer,
+         "dots3_note": _dots3, "dots3_note_text": _dots3,
+         "dots3_note_audio_encoder": _dots3_audio, "neucodec": _codec_quantizer, "xcodec2": _codec_quantizer,
          "esm": _set(position_embedding_type="rotary"),
          "esmc": _one_key_per_head, "moonshine_streaming": _one_key_per_head,
          "granitemoehybrid": _set(position_embedding_type="rope", layer_types=["linear_attention", "full_attention"]),
@@ -600,6 +629,14 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
+         "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
+         "sam2_video": _hiera, "edgetam_video": _hiera,
+         "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
+                              speech_encoder_layers=2, speech_encoder_attention_heads=4,
+                              speech_encoder_intermediate_size=96, t2u_encoder_layers=2, t2u_decoder_layers=2,
+                              t2u_encoder_ffn_dim=96, t2u_decoder_ffn_dim=96, t2u_encoder_attention_heads=4,
+                              t2u_decoder_attention_heads=4, t2u_vocab_size=97, unit_hifi_gan_vocab_size=97,
+                              unit_embed_dim=32, lang_embed_dim=16, spkr_embed_dim=16),
          "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None),
          "moonshine": _set(encoder_num_attention_heads=4, encoder_num_key_value_heads=4, encoder_num_hidden_layers=2),
          "hunyuan_vl": lambda config: config.text_config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
@@ -633,7 +670,16 @@ LongCat-Flash counts its layers in ``num_layers`` (28, each two attentions) and 
 in ``zero_expert_num`` (256), which the tiny one has 1 and 4 of, and keeps ``qk_head_dim`` (192)
 apart from the nope and rope parts it sums; HunYuan-VL's rotary module needs the sections of
 its four axes (``mrope_section``, a quarter of the tiny half head each), which its released
-configs name (``xdrope_section``) and its default config does not. ESM's default config uses
+configs name (``xdrope_section``) and its default config does not. Llama 4's vision adapter
+takes the pixel-shuffled patches (``hidden_size / pixel_shuffle_ratio**2`` wide: 256 at the tiny
+width) in a layer as wide as ``intermediate_size``, which is set to that; Qwen2.5-Omni's DiT
+concatenates its noisy mel frames (the feed's hidden states, of the tiny hidden size) with its
+conditioning, so ``mel_dim`` is that width;
+dots.llm3's audio encoder derives its convolution's output width (``conv_output_size``) and its
+adapter's input (which must be ``hidden_size``) at init, before the tiny sizes are set; SAM 2's
+and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
+(:func:`_hiera`: one block each, 16 to 128 wide); SeamlessM4T's encoders, text-to-unit model and
+vocoder take their sizes from keys of their own. ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
 the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
 whose config does not rotate (it has no rotary module), naming that option."""
@@ -750,7 +796,10 @@ FEED_EXTRAS = {
         ("context_hidden_states", (2, 20, len(config.target_layer_ids) * config.hidden_size)),
         ("attention_mask", (2, 40))),
     "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
-    "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),)}
+    "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),),
+    "qwen2_5_omni_dit": lambda config: (
+        ("condition_vector", (2, 20, config.mel_dim)), ("speaker_embedding", (2, 20, config.enc_emb_dim)),
+        ("quantized_code", (2, 20 // config.repeats)), ("time_step", (2,)))}
 """Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
 ``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
 transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
@@ -759,7 +808,10 @@ states of its ``target_layer_ids``, concatenated, and a mask over context and bl
 Realtime's text model's time conditioning (``t_cond``, which its decoder layers read through
 ``**kwargs``), NeuCodec's and XCodec2's semantic features (a frame per acoustic frame),
 DiffusionGemma's canvas (``decoder_input_ids``: without them its forward draws the canvas with an
-unseeded ``torch.randint``, so no two runs agree)."""
+unseeded ``torch.randint``, so no two runs agree), Qwen2.5-Omni's DiT's conditioning (a reference
+mel spectrogram for its speaker encoder, a speaker embedding per frame, codec codes, which it
+repeats ``repeats`` times per frame, and a diffusion time per sample). Qwen2.5-Omni's token-to-wave
+model has none: its forward draws its initial noise with an unseeded ``torch.randn``."""
 
 
 PROBE_SHIFT = 24

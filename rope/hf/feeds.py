@@ -12,10 +12,10 @@ sequence of tokens or embeddings, else added to the position ids every ``rotary_
 every vision rotary module receives (:func:`shifted_rotary_positions`, a forward pre-hook), which
 moves the rotary angles and nothing else. A vision tower is fed one image of :data:`GRID`
 patches: as pixels, or as its patches flattened (the patch embedding's input: channels x frames
-x side^2), with its grid (``grid_thw``, ``image_sizes``, the patches' positions) where its
-forward takes one. No cache is built (``use_cache=False`` where the forward takes it).
-:func:`candidates` lists the feeds a probe tries, in order, from the forwards' signatures and
-the parts' configs.
+x side^2), or as squares of merged patches (then its grid counts merged tokens), with its grid
+(``grid_thw``, ``image_sizes``, the patches' positions) where its forward takes one. No cache is
+built (``use_cache=False`` where the forward takes it). :func:`candidates` lists the feeds a
+probe tries, in order, from the forwards' signatures and the parts' configs.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ class Feed:
         argument: the forward's argument that holds the sequence.
         shape: its shape (``()``: the token ids given, as they are).
         extra: other arguments the forward requires, ``(name, shape)`` each: integer ids where
-            the name ends in ``_ids`` (``()``: the token ids given), ones where it ends in
-            ``_mask``, a count (half the sequence: image patches, frames) where it starts with
-            ``num_``, an image's grid where it ends in ``_thw`` or ``image_sizes`` (one row: the
+            the name ends in ``_ids`` (``()``: the token ids given) or ``_code`` (codec codes),
+            ones where it ends in ``_mask``, a count (half the sequence: image patches, frames)
+            where it starts with ``num_``, an image's grid where it ends in ``_thw`` or ``image_sizes`` (one row: the
             shape's numbers, :data:`GRID` patches or their pixels), the merge size per image
-            where it ends in ``merge_sizes`` (the shape's numbers), the patches' (row, column)
-            where it ends in ``position_ids`` with a last dimension of 2, else float.
+            where it ends in ``merge_sizes`` and each audio chunk's waveform samples where it ends
+            in ``sample_lengths`` (the shape's numbers), the patches' (row, column) where it ends
+            in ``position_ids`` with a last dimension of 2, else float.
     """
 
     part: str = ""
@@ -69,13 +70,13 @@ def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) 
         return LENGTH // 2
     if name.endswith(GRID_NAMES):
         return torch.tensor([shape])
-    if name.endswith("merge_sizes"):
+    if name.endswith(("merge_sizes", "sample_lengths")):
         return torch.tensor(shape)
     if name.endswith("position_ids") and shape and shape[-1] == 2:
         rows, columns = torch.meshgrid(torch.arange(GRID[1]), torch.arange(GRID[2]), indexing="ij")
         return torch.stack((rows.flatten(), columns.flatten()), dim=-1).expand(shape)
     generator = torch.Generator().manual_seed(int(tokens.sum()) * 7 + index)
-    if name.endswith("_ids"):
+    if name.endswith(("_ids", "_code")):
         return torch.randint(int(tokens.min()), int(tokens.max()) + 1, shape, generator=generator)
     return torch.randn(shape, generator=generator)
 
@@ -214,15 +215,18 @@ def _shapes(name: str, config) -> list[tuple[int, ...]]:
     if name == "pixel_values" and patch:  # an image; its patches flat, batched, or as squares; a square image
         channels, frames, side = patch
         n, flat = GRID[0] * GRID[1] * GRID[2], channels * frames * side**2
-        size = getattr(config, "image_size", None)
+        size, merge = getattr(config, "image_size", None), getattr(config, "spatial_merge_size", None)
         return [(1, channels, GRID[1] * side, GRID[2] * side), (n, flat), (1, n, flat), (n, channels, side, side),
-                (1, n, channels, side, side), *([(1, channels, size, size)] if isinstance(size, int) else [])]
+                (1, n, channels, side, side), *([(1, channels, size, size)] if isinstance(size, int) else []),
+                *([(n // merge**2, merge * side, merge * side, channels)] if isinstance(merge, int) else [])]
     if name.endswith("_thw"):
         return [GRID]
     if name.endswith("image_sizes") and patch:
         return [(GRID[1] * patch[2], GRID[2] * patch[2])]
     if name.endswith("merge_sizes"):
         return [(1,)]
+    if name.endswith("sample_lengths") and _sizes(config, ("hop_length",)):  # each chunk's waveform: all frames
+        return [(FRAMES * _sizes(config, ("hop_length",))[0],) * BATCH]
     if name.endswith("position_ids") and patch:
         return [(1, GRID[1] * GRID[2], 2)]
     if name.endswith("_mask"):
@@ -239,6 +243,19 @@ def _shapes(name: str, config) -> list[tuple[int, ...]]:
     return []
 
 
+def _merged_squares(shape: tuple[int, ...], config) -> bool:
+    """Whether ``shape`` is an image's pixels as squares of merged patches, one per merged token
+    (Inkling 2's: ``[tokens, merge * side, merge * side, channels]``), whose grid counts merged tokens."""
+    merge = getattr(config, "spatial_merge_size", None)
+    return isinstance(merge, int) and len(shape) == 4 and shape[1] == shape[2] == merge * _patch(config)[2]
+
+
+def _merged_grid(config) -> tuple[int, int, int]:
+    """:data:`GRID` counted in merged tokens (``spatial_merge_size`` patches a side)."""
+    merge = config.spatial_merge_size
+    return GRID[0], GRID[1] // merge, GRID[2] // merge
+
+
 def unmade_arguments(module: nn.Module) -> list[str]:
     """The arguments ``module``'s forward requires (no default) for which :func:`candidates`
     makes no input (pixels, patch counts, ...)."""
@@ -248,18 +265,22 @@ def unmade_arguments(module: nn.Module) -> list[str]:
 
 
 def _parts(model: nn.Module, text: str | None) -> list[str]:
-    """The model, its text model, then each outermost module holding a ``rotary_emb``."""
-    owners = [name for name, m in model.named_modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)]
+    """The model, its text model, then each outermost module holding a ``rotary_emb`` or a vision
+    rotary module (:func:`rope.hf.vision.is_vision_rotary`: a vision tower, which may be the only
+    part that rotates, as GLM-5-Next's is)."""
+    owners = [name for name, m in model.named_modules() if isinstance(getattr(m, "rotary_emb", None), nn.Module)
+              or any(is_vision_rotary(child) for child in m.children())]
     outermost = [n for n in owners if not any(n != o and n.startswith(o + ".") for o in owners if o)]
     return list(dict.fromkeys(["", *([text] if text else []), *outermost]))
 
 
 def candidates(model: nn.Module, text: str | None = None, extra: tuple = ()) -> list[Feed]:
     """The feeds a probe tries, in order: token ids to the model and its text model ``text``;
-    then, for the model, the text model and each outermost holder of a ``rotary_emb``, every
-    input its forward's first argument takes (:func:`_shapes`: ids, embeddings of its hidden
-    size, audio features of its feature width, a waveform, a series) and ``inputs_embeds`` where
-    it takes them, with the other arguments it requires where they are ids, masks or hidden
+    then, for the model, the text model and each outermost holder of a ``rotary_emb`` or a
+    vision rotary module, every input its forward's first argument takes (:func:`_shapes`: ids,
+    embeddings of its hidden size, audio features of its feature width, a waveform, a series)
+    and ``inputs_embeds`` where it takes them (pixels as squares of merged patches with their
+    grid counted in merged tokens), with the other arguments it requires where they are ids, masks or hidden
     states, an encoder's hidden states where it takes them, and a decoder's ids (of the same
     shape) beside an encoder's where it takes them. ``extra`` (``(name, shape)`` pairs: what a
     model type needs beyond its signature) is given to every feed of the model's own forward."""
@@ -278,10 +299,12 @@ def candidates(model: nn.Module, text: str | None = None, extra: tuple = ()) -> 
         given = dict(extra) if not part else {}
         if any(not _shapes(n, config) for n in wanted if n not in given):
             continue  # it requires an argument the probe does not make
-        others = {**{n: _shapes(n, config)[0] for n in wanted if n != first}, **given}
+        others = {**{n: _shapes(n, config)[0] for n in wanted if n != first and n not in given}, **given}
         decoder = "decoder_input_ids" in parameters and "decoder_input_ids" not in others
         for name in dict.fromkeys([first, *(["inputs_embeds"] if "inputs_embeds" in parameters else [])]):
             for shape in _shapes(name, config):
                 more = {"decoder_input_ids": shape if name.endswith("input_ids") else ()} if decoder else {}
+                more.update((n, _merged_grid(config)) for n in others if n.endswith("_thw") and n not in given
+                            and name == "pixel_values" and _merged_squares(shape, config))
                 feeds.append(Feed(part, name, shape, tuple({**others, **more}.items())))
     return list(dict.fromkeys(feeds))
