@@ -54,6 +54,24 @@ def rotary_start(head_dim: int, rotary_dim: int, rotated: str) -> int:
     return head_dim - rotary_dim if rotated == "last" else 0
 
 
+def rotated_block_first(x: torch.Tensor, rotary_dim: int, rotated: str) -> torch.Tensor:
+    """x with its rotated block moved to the front of the last dimension: x itself for
+    ``rotated="first"`` (or a block as wide as the head), else ``[x[..., -rotary_dim:], x[..., :-rotary_dim]]``.
+
+    The same permutation of the coordinates of q and k leaves every dot product q . k (so every
+    attention logit, rotated or not) unchanged; this is how attention takes ``rotated="last"``
+    through the code and kernels that rotate the first block, at the cost of one copy of q and k.
+
+    Args:
+        x: ``[..., head_dim]``.
+        rotary_dim: the rotated width d, at most head_dim, already checked.
+        rotated: ``"first"`` or ``"last"`` (:data:`ROTATED`), already checked.
+    """
+    if rotated == "first" or rotary_dim in (0, x.shape[-1]):
+        return x
+    return torch.cat((x[..., -rotary_dim:], x[..., :-rotary_dim]), dim=-1)
+
+
 def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices (a_i, b_i) of the two coordinates of pair i, i = 0 .. rotary_dim/2 - 1
     (``rotary_dim``: an even int >= 0).
@@ -73,13 +91,15 @@ def pair_indices(rotary_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tens
     return torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)
 
 
-def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
-    """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..), tail fixed.
-    ``rotary_dim`` defaults to ``head_dim``, which must then be even (pairs).
+def interleaved_to_half(head_dim: int, rotary_dim: int | None = None, rotated: str = "first") -> torch.Tensor:
+    """The permutation p with x_half = x_interleaved[..., p]: (0, 2, 4, .., 1, 3, 5, ..) on the rotated
+    block, the other coordinates fixed. ``rotary_dim`` defaults to ``head_dim``, which must then be
+    even (pairs); with ``rotated="last"`` the block is the last rotary_dim coordinates (DeepSeek-V4).
 
     Args:
         head_dim: the head dimension, a positive int.
-        rotary_dim: the rotated width, even and at most head_dim; the coordinates past it stay.
+        rotary_dim: the rotated width, even and at most head_dim; the coordinates outside it stay.
+        rotated: which coordinates are rotated, ``"first"`` or ``"last"`` (:data:`ROTATED`).
 
     Returns:
         p, an int64 tensor ``[head_dim]``.
@@ -94,22 +114,26 @@ def interleaved_to_half(head_dim: int, rotary_dim: int | None = None) -> torch.T
         rotary_dim = integer("rotary_dim", rotary_dim, minimum=2, even=True)
     if rotary_dim > head_dim:
         raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+    choice("rotated", rotated, ROTATED)
     a, b = pair_indices(rotary_dim, "interleaved")
-    return torch.cat([a, b, torch.arange(rotary_dim, head_dim)])
+    start = rotary_start(head_dim, rotary_dim, rotated)
+    return torch.cat([torch.arange(start), start + a, start + b, torch.arange(start + rotary_dim, head_dim)])
 
 
-def half_to_interleaved(head_dim: int, rotary_dim: int | None = None) -> torch.Tensor:
+def half_to_interleaved(head_dim: int, rotary_dim: int | None = None, rotated: str = "first") -> torch.Tensor:
     """The inverse of :func:`interleaved_to_half`.
 
     Args:
         head_dim: as in :func:`interleaved_to_half`.
         rotary_dim: as in :func:`interleaved_to_half`.
+        rotated: as in :func:`interleaved_to_half`.
     """
-    return torch.argsort(interleaved_to_half(head_dim, rotary_dim))
+    return torch.argsort(interleaved_to_half(head_dim, rotary_dim, rotated))
 
 
 def permute_qk_weight(
-    weight: torch.Tensor, num_heads: int, head_dim: int, *, to: str, rotary_dim: int | None = None
+    weight: torch.Tensor, num_heads: int, head_dim: int, *, to: str, rotary_dim: int | None = None,
+    rotated: str = "first",
 ) -> torch.Tensor:
     """Reorder the output rows of a q or k projection (weight ``[num_heads * head_dim, in]`` or a
     bias ``[num_heads * head_dim]``) so that a model written for one layout runs in the other.
@@ -122,7 +146,9 @@ def permute_qk_weight(
         num_heads: the number of heads the rows hold (the key-value heads for k under GQA).
         head_dim: the head dimension.
         to: the layout to convert to, ``"half"`` or ``"interleaved"``.
-        rotary_dim: the rotated width of each head (default head_dim); the rows past it stay.
+        rotary_dim: the rotated width of each head (default head_dim); the other rows stay.
+        rotated: which rotary_dim rows of each head are rotated, ``"first"`` or ``"last"``
+            (DeepSeek-V4's "nope" then "rope" heads, :data:`ROTATED`).
 
     Returns:
         The reordered tensor, of weight's shape, dtype and device.
@@ -136,6 +162,7 @@ def permute_qk_weight(
             f"weight must be [num_heads * head_dim, in] or [num_heads * head_dim] = [{num_heads * head_dim}], "
             f"got {tuple(weight.shape)}"
         )
-    perm = interleaved_to_half(head_dim, rotary_dim) if to == "half" else half_to_interleaved(head_dim, rotary_dim)
+    convert = interleaved_to_half if to == "half" else half_to_interleaved
+    perm = convert(head_dim, rotary_dim, rotated)
     rows = weight.reshape(num_heads, head_dim, *weight.shape[1:])
     return rows[:, perm.to(weight.device)].reshape(weight.shape)

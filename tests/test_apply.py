@@ -79,9 +79,11 @@ def test_relative_property(m, n, pairs, layout):
     torch.testing.assert_close(r_m.T @ r_m, torch.eye(2 * pairs, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
-@given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.integers(1, 4), st.integers(1, 8), st.integers(0, 3))
-def test_layouts_give_the_same_scores_after_weight_permutation(seed, heads, half_rotary, extra, seq):
-    """A model trained with interleaved pairs, its q/k weights permuted, scores identically in half layout."""
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.integers(1, 4), st.integers(0, 8), st.integers(0, 3),
+       st.sampled_from(["first", "last"]))
+def test_layouts_give_the_same_scores_after_weight_permutation(seed, heads, half_rotary, extra, seq, rotated):
+    """A model trained with interleaved pairs, its q/k weights permuted, scores identically in half layout
+    (the rotated block first or last in each head)."""
     gen = torch.Generator().manual_seed(seed)
     rotary_dim = 2 * half_rotary
     head_dim, hidden, seq = rotary_dim + 2 * extra, 12, seq + 2
@@ -94,13 +96,18 @@ def test_layouts_give_the_same_scores_after_weight_permutation(seed, heads, half
     def scores(wq, wk, layout):
         q = (x @ wq.T).reshape(1, seq, heads, head_dim)
         k = (x @ wk.T).reshape(1, seq, heads, head_dim)
-        q, k = rope.apply_rotary(q, k, positions, theta, layout=layout, rotary_dim=rotary_dim)
+        q, k = rope.apply_rotary(q, k, positions, theta, layout=layout, rotary_dim=rotary_dim, rotated=rotated)
         return torch.einsum("bshd,bthd->bhst", q, k)
 
-    converted = [rope.permute_qk_weight(w, heads, head_dim, to="half", rotary_dim=rotary_dim) for w in (w_q, w_k)]
+    converted = [rope.permute_qk_weight(w, heads, head_dim, to="half", rotary_dim=rotary_dim, rotated=rotated)
+                 for w in (w_q, w_k)]
     torch.testing.assert_close(scores(*converted, "half"), scores(w_q, w_k, "interleaved"), rtol=1e-12, atol=1e-10)
-    back = rope.permute_qk_weight(converted[0], heads, head_dim, to="interleaved", rotary_dim=rotary_dim)
+    back = rope.permute_qk_weight(converted[0], heads, head_dim, to="interleaved", rotary_dim=rotary_dim,
+                                  rotated=rotated)
     assert torch.equal(back, w_q)
+    unrotated = torch.arange(head_dim - rotary_dim) + (rotary_dim if rotated == "first" else 0)
+    rows = converted[0].reshape(heads, head_dim, hidden)[:, unrotated]
+    assert torch.equal(rows, w_q.reshape(heads, head_dim, hidden)[:, unrotated])  # the unrotated rows stay
 
 
 def test_gradients_are_the_conjugate_rotation():

@@ -197,6 +197,8 @@ def test_the_cos_sin_of_a_sum_of_products_is_exact_at_any_position():
     (lambda: rope.permute_qk_weight([1.0] * 16, 2, 8, to="half"), TypeError, "weight"),
     (lambda: rope.layouts.interleaved_to_half(8, 3), ValueError, "rotary_dim"),
     (lambda: rope.layouts.interleaved_to_half(8, 10), ValueError, "rotary_dim"),
+    (lambda: rope.layouts.interleaved_to_half(8, 4, "middle"), ValueError, "rotated"),
+    (lambda: rope.permute_qk_weight(torch.randn(16, 4), 2, 8, to="half", rotated=None), ValueError, "rotated"),
     (lambda: rope.angles.cos_sin(POS.float(), THETA), TypeError, "positions"),
     (lambda: rope.angles.cos_sin_of_sum(POS[:, None].float(), THETA[:, None]), TypeError, "positions"),
     (lambda: rope.angles.cos_sin_of_sum(POS[:, None], THETA[:, None].half()), TypeError, "inv_freq"),

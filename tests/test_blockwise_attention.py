@@ -643,3 +643,61 @@ def test_positions_per_batch_row_equal_each_row_alone(shapes, method):
         for field in ("tiles_plain", "tiles_bent", "tiles_both", "tiles_skipped"):
             setattr(total, field, getattr(total, field) + getattr(row_stats, field))
     assert stats == total
+
+
+def last_block_reference(q, k, v, q_positions, k_positions, theta, *, layout, causal=True):
+    """Plain RoPE attention with the last rotary_dim coordinates of each head turned, from the formula:
+    pair i (its coordinates a_i, b_i counted from head_dim - rotary_dim) by the angle m theta_i."""
+    d, start = 2 * theta.numel(), q.shape[-1] - 2 * theta.numel()
+    a, b = rope.layouts.pair_indices(d, layout)
+
+    def turned(x, positions):
+        x = x.double().clone()
+        angle = positions.double()[:, None] * theta.double()  # [len, pairs]
+        cos, sin = torch.cos(angle)[None, :, None], torch.sin(angle)[None, :, None]
+        xa, xb = x[..., start + a], x[..., start + b]
+        x[..., start + a], x[..., start + b] = xa * cos - xb * sin, xb * cos + xa * sin
+        return x
+
+    group = q.shape[2] // k.shape[2]
+    logits = torch.einsum("bihd,bjhd->bhij", turned(q, q_positions),
+                          turned(k, k_positions).repeat_interleave(group, dim=2)) / math.sqrt(q.shape[3])
+    if causal:
+        logits = logits.masked_fill(k_positions[None, :] > q_positions[:, None], -math.inf)
+    values = v.double().repeat_interleave(group, dim=2)
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(logits, dim=-1), values)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_rotated_last_turns_the_last_block_of_each_head(layout, causal):
+    """DeepSeek-V4's heads ("nope" then "rope"): output and gradients are the formula's."""
+    inputs = case(21, head_dim=12, pairs=2, v_dim=5)
+    leaves = [t.detach().requires_grad_() for t in inputs[:3]]
+    out = rotary_attention(*leaves, *inputs[3:], layout=layout, causal=causal, rotated="last", block_size=4)
+    expected_leaves = [t.detach().requires_grad_() for t in inputs[:3]]
+    expected = last_block_reference(*expected_leaves, *inputs[3:], layout=layout, causal=causal)
+    assert_matches(out, expected)
+    grad_out = torch.randn_like(expected)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    wanted = torch.autograd.grad(expected, expected_leaves, grad_out)
+    for g, e in zip(got, wanted):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10 * e.abs().max().item())
+    first = rotary_attention(*inputs, layout=layout, causal=causal, block_size=4)
+    assert (first - out).abs().max() > 1e-3  # the first block turned is another model
+
+
+@pytest.mark.parametrize("method", ["rerope", "leaky16"])
+def test_rotated_last_with_a_window_is_the_first_block_moved(method):
+    """A permutation applied to the coordinates of both q and k leaves every logit, bent or not."""
+    window, leaky_scale = METHODS[method]
+    q, k, v, q_positions, k_positions, theta = case(22, head_dim=12, pairs=2)
+    out = rotary_attention(q, k, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale,
+                           rotated="last", block_size=4)
+    moved = [torch.cat((x[..., -4:], x[..., :-4]), dim=-1) for x in (q, k)]
+    assert_matches(out, reference(*moved, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale))
+
+
+def test_rotated_must_be_first_or_last():
+    with pytest.raises(ValueError, match="rotated"):
+        rotary_attention(*case(23), rotated="middle")

@@ -1014,3 +1014,19 @@ def test_each_backward_kernel_takes_its_own_gpu_sizes_unless_given(monkeypatch):
     default = triton_attention_backward.DKDV_LAUNCH
     assert triton_attention_backward._kernel_launch(run, default, None, None, None, None) == dict(
         BLOCK_M=64, BLOCK_N=32, num_warps=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotated_last_matches_the_reference_and_its_gradients(dtype):
+    """DeepSeek-V4's heads (the last rotary_dim coordinates turned, pairs interleaved): the output
+    within the kernels' tolerance of the float64 blockwise reference, which
+    test_blockwise_attention.py checks against the formula, and the gradients of float64 autograd."""
+    inputs = case(24, q_len=12, k_len=17, head_dim=40, pairs=8, dtype=dtype)
+    options = dict(layout="interleaved", rotated="last")
+    out = fused_rotary_attention(*inputs, **options)
+    expected = rotary_attention(*[t.cpu() for t in inputs], compute_dtype=torch.float64, **options)
+    assert out.dtype == dtype
+    assert (out.cpu().double() - expected).abs().max().item() <= tolerance(*[t.cpu() for t in inputs[:3]])
+    assert_gradients_match(inputs, **options)
+    with pytest.raises(ValueError, match="rotated"):
+        fused_rotary_attention(*inputs, rotated="both")

@@ -113,7 +113,7 @@ import torch
 from torch.types import Number
 
 from .. import _checks
-from ..layouts import check_layout
+from ..layouts import ROTATED, check_layout, rotated_block_first
 from . import blockwise_float32
 from .rerope import below_window, bent_frame, check_qk, check_window, head_logits, rotate_exactly
 
@@ -276,7 +276,7 @@ def rotary_attention(
     q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half", causal: bool = True,
     window: int | None = None, leaky_scale: float | None = None, softmax_scale: float | None = None,
     block_size: int = 128, return_stats: bool = False, logn_length: int | None = None,
-    attention_factor: float = 1.0, compute_dtype: torch.dtype | None = None,
+    attention_factor: float = 1.0, compute_dtype: torch.dtype | None = None, rotated: str = "first",
 ) -> torch.Tensor | tuple[torch.Tensor, TileStats]:
     """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, block by block, in float32
     or, exactly, in float64.
@@ -299,7 +299,10 @@ def rotary_attention(
     ``attention_factor`` a (YaRN's, :func:`rope.inv_freq`'s second value) scales the rotated
     coordinates of q and k, as transformers' cos and sin tables carry it: the rotary part of each
     logit by a^2, the unrotated tail not at all.
-    ``causal`` masks every key whose position exceeds the query's.
+    ``causal`` masks every key whose position exceeds the query's. ``rotated="last"`` rotates the
+    last rotary_dim coordinates of each head instead of the first (DeepSeek-V4, :mod:`rope.layouts`):
+    both q and k have that block moved to the front first (one copy of each), which leaves every
+    logit q . k as it was.
 
     ``compute_dtype`` chooses the arithmetic, and the output's dtype:
 
@@ -343,6 +346,8 @@ def rotary_attention(
     options = check_arguments(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                               softmax_scale, block_size, logn_length, attention_factor, compute_dtype)
     _checks.flag("return_stats", return_stats)
+    _checks.choice("rotated", rotated, ROTATED)
+    q, k = (rotated_block_first(x, 2 * inv_freq.shape[-1], rotated) for x in (q, k))
     out, _ = blockwise_attention(q, k, v, q_positions, k_positions, inv_freq, layout=layout, causal=causal,
                                  window=options.window, leaky_scale=options.leaky_scale,
                                  softmax_scale=options.scale, block_size=options.block_size,

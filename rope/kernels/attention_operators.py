@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 from torch.types import Number
 
+from .. import _checks
 from ..attention.blockwise import backward_formula, setup_context
+from ..layouts import ROTATED, rotated_block_first
 from .triton_attention import check_metadata, launch
 from .triton_attention_backward import check_saved, launch_backward
 from .triton_attention_decode import launch_decode, prefers_decode
@@ -29,7 +31,7 @@ from .triton_attention_decode import launch_decode, prefers_decode
 def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layout: str = "half",
                            causal: bool = True, window: int | None = None, leaky_scale: float | None = None,
                            softmax_scale: float | None = None, logn_length: int | None = None,
-                           attention_factor: float = 1.0) -> torch.Tensor:
+                           attention_factor: float = 1.0, rotated: str = "first") -> torch.Tensor:
     """Attention ``softmax(s L + mask) V`` with RoPE, ReRoPE or Leaky ReRoPE logits L, q and k rotated
     on load by the Triton kernels; differentiable in q, k and v.
 
@@ -59,11 +61,16 @@ def fused_rotary_attention(q, k, v, q_positions, k_positions, inv_freq, *, layou
         softmax_scale: s, by default ``1 / sqrt(d)``.
         logn_length: L of log-n scaling, or ``None`` for none.
         attention_factor: a, YaRN's factor on the rotated coordinates of q and k.
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates of each head are rotated
+            (``"last"``: DeepSeek-V4; q and k get that block moved to the front, one copy of each,
+            which leaves every logit as it was: :func:`rope.layouts.rotated_block_first`).
     """
     # checked before dispatch, which would turn an int beyond int64 (window=2**64) into a bare
     # OverflowError; the operator takes the checked values (floats as float, ints within int64)
     options = check_metadata(q, k, v, q_positions, k_positions, inv_freq, layout, causal, window, leaky_scale,
                              softmax_scale, logn_length, attention_factor)
+    _checks.choice("rotated", rotated, ROTATED)
+    q, k = (rotated_block_first(x, 2 * inv_freq.shape[-1], rotated) for x in (q, k))
     out, _ = fused_attention(q, k, v, q_positions, k_positions, inv_freq, layout, causal, options.window,
                              options.leaky_scale, None if softmax_scale is None else options.scale,
                              options.logn_length, options.attention_factor)
@@ -164,6 +171,9 @@ def fused_attention_backward(
         softmax_scale: s, by default ``1 / sqrt(d)``.
         logn_length: L of log-n scaling, or ``None`` for none.
         attention_factor: a, YaRN's factor on the rotated coordinates of q and k.
+        rotated: ``"first"`` or ``"last"``: which rotary_dim coordinates of each head are rotated
+            (``"last"``: DeepSeek-V4; q and k get that block moved to the front, one copy of each,
+            which leaves every logit as it was: :func:`rope.layouts.rotated_block_first`).
     """
     return launch_backward(q, k, v, q_positions, k_positions, inv_freq, out, lse, grad_out, grad_lse, layout=layout,
                            causal=causal, window=window, leaky_scale=leaky_scale, softmax_scale=softmax_scale,
