@@ -11,8 +11,8 @@ NeoMME's alternating row and column).
   computes it;
 * install swaps these modules for rope's, which the models then read (HunYuan-VL's model reads
   ``rotary_emb.mrope_section``), and refuses a module of another layout naming each layout's gap;
-* hostile inputs (another number of axes, float or bool position ids, non-float x, bad
-  constructor arguments) are refused by name."""
+* hostile inputs (another number of axes, float or bool position ids, non-float x, x and
+  positions on different devices, bad constructor arguments) are refused by name."""
 
 import pytest
 import torch
@@ -240,6 +240,7 @@ def test_rope_parameters_must_be_a_mapping():
     (torch.zeros(1), [[0, 1, 2]], TypeError, "position_ids"),
     (torch.zeros(1, dtype=torch.long), torch.zeros(4, 1, 4, dtype=torch.long), TypeError, "x"),
     (None, torch.zeros(4, 1, 4, dtype=torch.long), TypeError, "x"),
+    (torch.zeros(1, device="meta"), torch.zeros(4, 1, 4, dtype=torch.long), ValueError, "position_ids"),  # devices
 ])
 def test_bad_inputs_are_refused_by_name(x, position_ids, error, name):
     module = axes.AxesRotaryEmbedding(rope_parameters=BASE, head_dim=16, axes=4, layout="blocks",
@@ -255,3 +256,47 @@ def test_casts_keep_the_float32_frequencies():
     module.to(torch.bfloat16)
     assert module.inv_freq.dtype == torch.float32 and torch.equal(module.inv_freq, theta)
     assert module.column_axes.dtype == torch.int64
+
+
+class _GivenTables(torch.nn.Module):
+    """A rotary module that returns the tables it was given (and HunYuan-VL's sections, which its model reads)."""
+
+    def __init__(self, tables, mrope_section):
+        super().__init__()
+        self.tables, self.mrope_section = tables, mrope_section
+
+    def forward(self, x, position_ids):
+        return tuple(t.to(x.dtype) for t in self.tables)
+
+
+@pytest.mark.parametrize("offset", [0, 2**16])
+def test_patched_hunyuan_vl_reads_four_different_rows_exactly(offset):
+    """A tiny HunYuan-VL text model fed four different rows of positions (as an image's P, W, H,
+    T), moved by ``offset``: patched, its output is the model's with the exact tables of its
+    formula (:func:`hunyuan_reference`, rounded once to float32, handed to its own function),
+    where transformers' own float32 angles at 2^16 are off. (Its formula is not relative where a
+    pair's columns read different rows, so there is no shift invariance to check.)"""
+    model = coverage.tiny_model("hunyuan_vl_text")
+    tokens = coverage.sample_tokens(seed=9)
+    gen = torch.Generator().manual_seed(9)
+    rows = torch.stack([torch.randperm(20, generator=gen) for _ in range(4)])[:, None].expand(4, 2, 20) + offset
+
+    def run():
+        with torch.no_grad():
+            return model(tokens, position_ids=rows).last_hidden_state
+
+    stock, sections = model.rotary_emb, model.rotary_emb.mrope_section
+    theta = axes.AxesRotaryEmbedding(rope_parameters=rope_parameters_from_config(model.config), head_dim=16, axes=4,
+                                     layout="blocks", sections=sections).inv_freq
+    reference = tuple(t.float() for t in hunyuan_reference(rows, theta, 1.0, sections))
+    theirs = run()
+    model.rotary_emb = _GivenTables(reference, sections)
+    expected = run()
+    model.rotary_emb = stock
+    assert torch.allclose(theirs, expected, **coverage.LOGITS_TOLERANCE) == (offset == 0)
+    rope.hf.patch(model)
+    try:
+        torch.testing.assert_close(run(), expected, **coverage.LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(run(), theirs)
