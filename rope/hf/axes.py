@@ -99,12 +99,12 @@ def column_axes(layout: str, axes: int, pairs: int, sections=None) -> torch.Tens
 
 
 class AxesRotaryEmbedding(RotaryEmbedding):
-    """``(cos, sin)`` ``rotate_half`` tables ``[batch, seq, 2p]`` whose column c is a cos(m
-    theta_i) and a sin(m theta_i) with i = c mod p and m the position of axis
+    """``(cos, sin)`` ``rotate_half`` tables ``[batch, seq, 2p]`` whose column c holds a cos(m
+    theta_i) and a sin(m theta_i), a the attention factor, i = c mod p and m the position of axis
     ``column_axes[c]`` (:func:`column_axes`; module docstring): the contract of transformers'
     ``HunYuanVLRotaryEmbedding`` (``blocks``) and of each layer type of ``NeoMMERotaryEmbedding``
     (``alternating``). Angles reduced exactly in float64, each entry rounded once to x's dtype.
-    The frequencies theta_i and attention factor a are :class:`RotaryEmbedding`'s of the same
+    The frequencies theta_i and the attention factor are :class:`RotaryEmbedding`'s of the same
     ``rope_parameters`` (without the ``mrope_section`` the layout reads); ``dynamic`` and
     ``longrope`` read the length max(position_ids) + 1 over every axis, as transformers does.
 
