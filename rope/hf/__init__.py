@@ -46,6 +46,11 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
 * :mod:`rope.hf.vision` does the same for vision towers: an exact module in place of each
   transformers vision rotary module of the 2D ``axial`` form (Qwen2-VL's and 32 others, in the
   tower's own layout) or Llama 4's complex table, which :func:`patch` swaps too.
+* :mod:`rope.hf.axes` does the same for text rotary modules that read positions on axes laid out
+  otherwise than M-RoPE: HunYuan-VL's XD-RoPE (``[4, batch, seq]`` or ``[3, batch, seq]``, blocks
+  of the doubled table, so that a pair's two columns may follow different axes) and NeoMME's row
+  and column (``[2, batch, seq]``, alternating pairs): :func:`install` puts an
+  :class:`AxesRotaryEmbedding` in their place (exact angles of each column's axis, rounded once).
 * :mod:`rope.hf.self_rotating` does the same for the conformers' rotary modules (wav2vec2-conformer,
   wav2vec2-bert, SeamlessM4T with ``position_embeddings_type="rotary"``), which hand their
   attention one stack of the cos and sin of their sequence's own positions, no position ids:
@@ -71,6 +76,7 @@ section assigns (:mod:`rope.mrope`), and ``apply_rotary_pos_emb`` rotates from t
 has seen until the length falls back below the original context. Both agree on any single forward.
 """
 
+from .axes import AxesRotaryEmbedding
 from .embedding import (
     TABLE_FORMS,
     LayerTypeRotaryEmbedding,
@@ -111,6 +117,7 @@ from .precision import Diagnosis, RotaryPrecision, diagnose
 from .self_rotating import StackedRotaryTable
 
 __all__ = [
+    "AxesRotaryEmbedding",
     "FAMILIES",
     "POSITION_TABLES",
     "PROBE_TOLERANCE",

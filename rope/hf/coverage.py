@@ -724,6 +724,12 @@ def _part_only(model_type: str, config_class: type) -> str:
             f"and no model class of its own: patch meets it only inside such a model, under that model_type")
 
 
+ZERO_INIT = {"neomme": ("output_projection.o_proj",)}
+"""Weights (by the end of their names) that a type's init sets to zero so that its attention adds
+nothing at first (NeoMME's gated output projection): its tiny model would show nothing of the
+rotation, so :func:`_materialized` draws them (seeded)."""
+
+
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
     """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`,
     the keys the build reads set first: :func:`skeleton`) in eval mode. Raises ``ValueError``
@@ -748,6 +754,10 @@ def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
         for weight in model.parameters():
             if weight.is_floating_point() and weight.numel() and not (
                     torch.isfinite(weight).all() and float(weight.abs().max()) <= LARGEST_WEIGHT):
+                weight.normal_(0.0, TINY["initializer_range"])
+        zeroed = tuple(f"{name}.weight" for name in ZERO_INIT.get(getattr(config, "model_type", None), ()))
+        for name, weight in model.named_parameters():
+            if zeroed and name.endswith(zeroed):
                 weight.normal_(0.0, TINY["initializer_range"])
     return model
 

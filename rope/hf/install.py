@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..mrope import MROPE_STYLES
+from .axes import find_axes, reproduce_axes
 from .embedding import (
     ROTARY_MODULES,
     TABLE_FORMS,
@@ -298,13 +299,15 @@ def _refuse_without_positions(name: str, old: nn.Module) -> None:
 
 OTHER_ROWS = (2, 4)
 """Rows of position ids other than M-RoPE's three that a module may read (NeoMME's row and column,
-HunYuan-VL's four XD-RoPE axes): install refuses a module whose tables change with them."""
+HunYuan-VL's four XD-RoPE axes): install gives a module whose tables change with them
+:mod:`rope.hf.axes`'s module, or refuses it naming what differs."""
 
 
-def _refuse_other_rows(name: str, old: nn.Module, config: Any, device) -> None:
-    """Raise where ``old`` takes position ids of a row count of :data:`OTHER_ROWS` and returns
-    tables of the shape it returns for one row, but other values than for the first row alone:
-    it reads positions on that many axes, which no rope module does. A deep copy is called."""
+def _other_rows(name: str, old: nn.Module, config: Any, device) -> int | None:
+    """The row count of :data:`OTHER_ROWS` of position ids that ``old`` takes and returns tables
+    of the shape it returns for one row, but other values than for the first row alone: it
+    reads positions on that many axes (:mod:`rope.hf.axes`); ``None`` where there is none. A deep
+    copy is called."""
     per_type = layer_type_parameters(rope_parameters_from_config(config))
     extra = () if per_type is None else (next(iter(per_type)),)
     old = _probe_copy(name, old)
@@ -314,20 +317,22 @@ def _refuse_other_rows(name: str, old: nn.Module, config: Any, device) -> None:
         positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])[:, None].to(device)
         try:
             gap = _gap(old(x, positions, *extra), old(x, positions[0], *extra))
-        except Exception:  # it does not take them: nothing to refuse
+        except Exception:  # it does not take them: nothing to match
             continue
         if gap is not None and gap > 0:
-            raise ValueError(f"install: {name} ({type(old).__name__}) reads positions on {rows} axes (position ids "
-                             f"[{rows}, batch, seq], its tables change with each row), which rope.hf.RotaryEmbedding "
-                             "does not (its M-RoPE reads three: t, h and w); nothing was replaced")
+            return rows
+    return None
 
 
 def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
     """The rope rotary module of ``config`` (:func:`rotary_embedding`, or with M-RoPE sections
-    :func:`_candidates` tries) whose tables reproduce ``old``, or an error
-    (naming the cast that rounded ``old``'s frequencies, where that is the cause)."""
+    :func:`_candidates` tries; for positions on other axes :mod:`rope.hf.axes`'s) whose tables
+    reproduce ``old``, or an error (naming the cast that rounded ``old``'s frequencies, where that
+    is the cause)."""
     _refuse_without_positions(name, old)
-    _refuse_other_rows(name, old, config, device)
+    rows = _other_rows(name, old, config, device)
+    if rows is not None:  # positions on 2 or 4 axes: rope.hf.axes's module, or a refusal naming what differs
+        return reproduce_axes(name, old, config, device, rows)
     found = []
     for form in TABLE_FORMS:
         for new in _candidates(config, old, form):
@@ -340,6 +345,12 @@ def _reproduce(name: str, old: nn.Module, config: Any, device) -> nn.Module:
             label = form if mrope is None else (
                 f"{form} with {mrope.rope_config.mrope_style} mrope_section {list(mrope.rope_config.mrope_section)}")
             found.append(f"{label}: " + ("other shapes" if gap is None else f"off by {gap:.3g}"))
+    sections = getattr(old, "mrope_section", None)
+    if isinstance(sections, (list, tuple)) and len(sections) == 3:  # three axes otherwise laid out (HunYuan-VL's)
+        new, tried = find_axes(name, old, config, device, 3)
+        if new is not None:
+            return new
+        found += [f"rope.hf.axes {label}" for label in tried]
     rounded = _rounded_frequencies(old, config)
     if rounded is not None:
         raise _cast_error(name, old, *rounded, device)
@@ -558,7 +569,10 @@ def install(model: nn.Module) -> int:
     ``dynamic``) is left exactly as it was. A module that reads M-RoPE's three rows of position
     ids is only matched by an M-RoPE module; where the config names no ``mrope_section`` (the
     model class has a default) or no M-RoPE style (the modeling code fixes it), the old module's
-    sections are tried in each assignment style.
+    sections are tried in each assignment style. A module that reads positions on 2 or 4 axes
+    (NeoMME, HunYuan-VL), or on M-RoPE's three in blocks no M-RoPE style lays out (HunYuan-VL
+    with three sections), gets :mod:`rope.hf.axes`'s module, probed the same way
+    (:func:`rope.hf.axes.find_axes`), or is refused naming each layout's gap.
 
     A conformer's rotary module (``...RotaryPositionalEmbedding``, wav2vec2-conformer,
     wav2vec2-bert, SeamlessM4T: a stack of the cos and sin of its sequence's positions, no
