@@ -38,7 +38,7 @@ Accuracy: the patch centres' angle 2 pi c theta_j is formed in float64 as turns
 t = ((2r + 1 - h) theta_j) / h (an exact product of an integer and a float32, one rounding),
 reduced exactly to t - round(t) in [-1/2, 1/2], then times 2 pi; its cos and sin are within
 2^-49 (1 + ``|t|``) of those of the exact angle (``|t|`` <= theta_0 = 1 without augmentation),
-where transformers' float32 coordinates and products are off by up to about 2^-21 rad. The
+where transformers' float32 coordinates and products are off by up to about 2^-20 rad. The
 feature grid's angles i theta_m are integer positions times float32 frequencies, reduced
 exactly (:func:`rope.apply.exact_cos_sin`, within 2^-52). Either table is then rounded once
 (:func:`rope.rotation.round_once`) to its dtype: every entry is within half a unit of its dtype
