@@ -69,6 +69,14 @@ OWN_POSITIONS = {
                         "rotary module held as rotary_embed, which the shift (on rotary_emb modules) does not reach",
     "dots3_note_audio_encoder": "its forward takes no position_ids and numbers its audio tokens 0, 1, ... itself, "
                                 "for a rotary module held as rotary_embedding, which the shift does not reach",
+    "dinov3_vit": "its rotary module is called with the pixel values and turns each patch by its centre normalised "
+                  "to [-1, 1], no position ids, which the shift does not reach: rope's tables there are checked "
+                  "against exact angles in test_hf_grid.py",
+    "sapiens2": "its rotary module turns patches by their normalised centres, as dinov3_vit's",
+    "eomt_dinov3": "its rotary module turns patches by their normalised centres, as dinov3_vit's",
+    "efficientloftr": "its rotary module is called with the feature map and numbers its grid 1, 2, ... itself, "
+                      "no position ids, which the shift does not reach: rope's tables at positions past 2^20 are "
+                      "checked in test_hf_grid.py",
 }
 """Covered types that ignore the position_ids given, or whose rotary modules take positions the
 shift does not move: moved by 2^16 they still run at positions near 0."""

@@ -35,7 +35,8 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`apply_rotary_emb_complex_heads_first` (DeepSeek-V2); for vision towers
   :func:`apply_rotary_pos_emb_vision` (Qwen2-VL's, GLM-4V's and most others) and
   :func:`apply_rotary_pos_emb_vision_pairwise` (Inkling 2's), :func:`apply_rotary_pos_emb_2d`
-  (SAM 2's and SAM 3's).
+  (SAM 2's and SAM 3's), :func:`apply_rotary_pos_emb_patches` (DINOv3's, Sapiens2's,
+  EoMT-DINOv3's: the image's patches after its class and register tokens).
 * :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
   exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
   CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
@@ -45,7 +46,9 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   (transformers issue #29496), which install then names, with the fix.
 * :mod:`rope.hf.vision` does the same for vision towers: an exact module in place of each
   transformers vision rotary module of the 2D ``axial`` form (Qwen2-VL's and 32 others, in the
-  tower's own layout) or Llama 4's complex table, which :func:`patch` swaps too.
+  tower's own layout) or Llama 4's complex table, which :func:`patch` swaps too; and, through
+  :mod:`rope.hf.grid`, the image-grid rotary modules called with the pixel values or a feature
+  map (DINOv3, Sapiens2, EoMT-DINOv3, EfficientLoFTR).
 * :mod:`rope.hf.axes` does the same for text rotary modules that read positions on axes laid out
   otherwise than M-RoPE: HunYuan-VL's XD-RoPE (``[4, batch, seq]`` or ``[3, batch, seq]``, blocks
   of the doubled table, so that a pair's two columns may follow different axes) and NeoMME's row
@@ -104,6 +107,7 @@ from .functions import (
     apply_rotary_pos_emb_last_queries,
     apply_rotary_pos_emb_pair_tables,
     apply_rotary_pos_emb_pair_tables_interleaved,
+    apply_rotary_pos_emb_patches,
     apply_rotary_pos_emb_single,
     apply_rotary_pos_emb_trailing,
     apply_rotary_pos_emb_vision,
@@ -142,6 +146,7 @@ __all__ = [
     "apply_rotary_pos_emb_last_queries",
     "apply_rotary_pos_emb_pair_tables",
     "apply_rotary_pos_emb_pair_tables_interleaved",
+    "apply_rotary_pos_emb_patches",
     "apply_rotary_pos_emb_single",
     "apply_rotary_pos_emb_trailing",
     "apply_rotary_pos_emb_2d",

@@ -240,10 +240,16 @@ def _shorter_queries(args: tuple) -> tuple:
     return (args[0][..., : args[0].shape[-2] // 2, :], *args[1:])
 
 
+def _fewer_table_rows(args: tuple) -> tuple:
+    return (*args[:2], *(table[..., table.shape[-2] // 2:, :] for table in args[2:]))
+
+
 EXTRA_CALLS = {"apply_rotary_pos_emb_keys_optional": _without_keys,
-               "apply_rotary_pos_emb_last_queries": _shorter_queries}
+               "apply_rotary_pos_emb_last_queries": _shorter_queries,
+               "apply_rotary_pos_emb_patches": _fewer_table_rows}
 """rope's functions that Llama's also matches on q and k alike, and the further call that tells
-them apart (made from the first call's arguments): keys ``None``, queries shorter than the keys."""
+them apart (made from the first call's arguments): keys ``None``, queries shorter than the keys,
+tables of fewer rows than the tokens (DINOv3's patches after its class and register tokens)."""
 
 
 def _computes(theirs: Callable, ours: Callable, form: str, generator: torch.Generator) -> bool:
@@ -575,6 +581,7 @@ def _kyutai(config) -> None:
 
 def _efficientloftr(config) -> None:
     config.stage_num_blocks, config.out_features = [1, 1, 1, 1], [16, 16, 32, config.hidden_size]
+    config.num_attention_heads = 8  # its tables span hidden_size: 2 head_dim (partial factor 4) = hidden_size / 4
     config.__post_init__()  # the blocks' channels and strides, derived from these
 
 
@@ -630,6 +637,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                                                          if kind == "hybrid"])(config),
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
+         "sapiens2": _set(num_key_value_heads_per_layer=[4, 2]),
+         "eomt_dinov3": _set(num_blocks=1, num_queries=8, image_size=160),
          "sam2_video": _hiera, "edgetam_video": _hiera,
          "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
                               speech_encoder_layers=2, speech_encoder_attention_heads=4,
@@ -660,7 +669,13 @@ and Q-Former rate; Kyutai's audio padding id follows its vocabulary; HRM derives
 layer count from its stack and cycles (one layer, one low cycle here); ESM C, Moonshine
 Streaming, NeuCodec and XCodec2 project queries with as many heads as keys (one key per head);
 the codecs' quantizer width is the acoustic plus the semantic hidden size; EfficientLoFTR
-derives its backbone's blocks from the stages (one block each); dots.llm3's sliding layers
+derives its backbone's blocks from the stages (one block each), and its rotary tables span the
+hidden size, 4 n frequencies of heads of hidden_size / 8 (8 heads; its default config's ratio);
+Sapiens2 lists its key-value heads per layer (24 layers, 16 or 8 heads: here one full-attention
+layer of 4 and one grouped layer of 2); EoMT-DINOv3 adds its queries (200) before its last
+``num_blocks`` (4) layers, more than the tiny 2 (1 here, with 8 queries), and reads its masks on
+the configured grid (640 pixels a side: here 160, 10 patches, the probe's square image, enough
+for diagnose's first 8 positions); dots.llm3's sliding layers
 rotate ``head_dim * partial_rotary_factor`` coordinates, which must be its ``qk_rope_head_dim``;
 Qwen3-Omni's code-to-wave transformer has no M-RoPE, but the sections its modeling module
 defaults to (for the thinker) are fitted into every sub-config without them, so they are removed
@@ -806,6 +821,7 @@ FEED_EXTRAS = {
         ("context_hidden_states", (2, 20, len(config.target_layer_ids) * config.hidden_size)),
         ("attention_mask", (2, 40))),
     "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
+    "efficientloftr": lambda config: (("pixel_values", (1, 2, 1, 128, 192)),),
     "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),),
     "qwen2_5_omni_dit": lambda config: (
         ("condition_vector", (2, 20, config.mel_dim)), ("speaker_embedding", (2, 20, config.enc_emb_dim)),
@@ -820,7 +836,9 @@ Realtime's text model's time conditioning (``t_cond``, which its decoder layers 
 DiffusionGemma's canvas (``decoder_input_ids``: without them its forward draws the canvas with an
 unseeded ``torch.randint``, so no two runs agree), Qwen2.5-Omni's DiT's conditioning (a reference
 mel spectrogram for its speaker encoder, a speaker embedding per frame, codec codes, which it
-repeats ``repeats`` times per frame, and a diffusion time per sample). Qwen2.5-Omni's token-to-wave
+repeats ``repeats`` times per frame, and a diffusion time per sample), EfficientLoFTR's image pair
+(``[batch, 2, channels, height, width]``, its forward's one input, of no patch size: grey images
+of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens). Qwen2.5-Omni's token-to-wave
 model has none: its forward draws its initial noise with an unseeded ``torch.randn``."""
 
 

@@ -66,6 +66,11 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   ``rotate_pairwise`` that pairs (2i, 2i + 1) (``modeling_inkling2.py``).
 * :data:`SAM`: ``apply_rotary_pos_emb_2d(q, k, cos, sin)``, pairs (2i, 2i + 1) in float32 on
   tables ``[seq, head_dim]`` broadcast as they are (``modeling_sam3.py``, ``modeling_sam2_video.py``).
+* :data:`PATCHES`: DINOv3's ``apply_rotary_pos_emb(q, k, cos, sin)``, Llama's formula on the last
+  ``cos.shape[-2]`` tokens of q and k (the image's patches) with tables ``[patches, head_dim]``
+  broadcast as they are, the class and register tokens before them passed through
+  (``modeling_dinov3_vit.py``, ``modeling_sapiens2.py``, ``modeling_eomt_dinov3.py``). Its tables
+  come from an image-grid rotary module, which :mod:`rope.hf.grid` swaps.
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -129,11 +134,12 @@ DEEPSEEK_V2 = Convention("deepseek_v2", (("apply_rotary_emb", ours.apply_rotary_
 VISION = Convention("qwen2_vl_vision", (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision),),
                     "rotate_half")
 SAM = Convention("sam3", (("apply_rotary_pos_emb_2d", ours.apply_rotary_pos_emb_2d),), "interleaved")
+PATCHES = Convention("dinov3_vit", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_patches),), "rotate_half")
 VISION_PAIRWISE = Convention("inkling2_vision",
                              (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
                              "interleaved")
 
-CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, LLAMA, GLM, COHERE, GPT_OSS,
+CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
                                                     SAM)})

@@ -114,13 +114,18 @@ def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> 
 
 def first_output(out) -> torch.Tensor:
     """The logits, else the last hidden state, else the largest floating tensor of a forward's
-    output (a codec's waveform, a patcher's logits beside its entropies)."""
+    output (a codec's waveform, a patcher's logits beside its entropies), else the first floating
+    tensor of its first tuple (a backbone's feature maps: EfficientLoFTR's coarse features, its
+    transformer's output, come first)."""
     for name in ("logits", "last_hidden_state"):
         value = getattr(out, name, None)
         if isinstance(value, torch.Tensor):
             return value
     values = out.to_tuple() if hasattr(out, "to_tuple") else out if isinstance(out, (tuple, list)) else (out,)
     found = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    nested = next((v for v in values if isinstance(v, (tuple, list))), ())
+    if not found and any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in nested):
+        return next(v for v in nested if isinstance(v, torch.Tensor) and v.is_floating_point())
     if not found:
         raise TypeError(f"its output ({type(out).__name__}) holds no floating tensor")
     return max(found, key=torch.Tensor.numel)

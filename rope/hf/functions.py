@@ -46,6 +46,8 @@ first`                                      before seq)
 :func:`apply_rotary_pos_emb_vision_         Inkling 2's vision      interleaved   (2i, 2i + 1)
 pairwise`                                   tower
 :func:`apply_rotary_pos_emb_2d`             SAM 2, SAM 3            interleaved   (2i, 2i + 1)
+:func:`apply_rotary_pos_emb_patches`        DINOv3, Sapiens2,       rotate_half   (i, i + d/2) of
+                                            EoMT-DINOv3                           the last tokens
 ==========================================  ======================  ============  ==================
 
 Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
@@ -191,6 +193,7 @@ _GPTJ = _Convention("apply_rotary_pos_emb_every_two", "pairs", "interleaved", _p
                     whole_head=True, promote=True)
 _VISION = _Convention("apply_rotary_pos_emb_vision", "rotate_half", "half", _llama_formula, float64=True)
 _SAM = _Convention("apply_rotary_pos_emb_2d", "interleaved", "interleaved", _cohere_formula, float64=True)
+_PATCHES = _Convention("apply_rotary_pos_emb_patches", "rotate_half", "half", _llama_formula, float64=True)
 _VISION_PAIRWISE = _Convention("apply_rotary_pos_emb_vision_pairwise", "interleaved", "interleaved", _cohere_formula,
                                float64=True)
 
@@ -546,6 +549,41 @@ def apply_rotary_pos_emb_2d(q, k, cos, sin):
         ``(q_out, k_out)``, each in its input's dtype.
     """
     return _rotate({"q": q, "k": k}, cos, sin, 0, _SAM)  # unsqueezed at 0: broadcast as given
+
+
+def apply_rotary_pos_emb_patches(q, k, cos, sin):
+    """transformers-compatible with DINOv3's ``apply_rotary_pos_emb`` (and Sapiens2's,
+    EoMT-DINOv3's): an image grid's tables ``[patches, head_dim]`` (:mod:`rope.hf.grid`) rotate
+    the last ``patches`` tokens of q and k, ``q cos + rotate_half(q) sin`` with the tables
+    broadcast as they are (q ``[batch, heads, tokens, head_dim]``), and the tokens before them
+    (class and register tokens, EoMT's queries) pass through unchanged. transformers computes it
+    in q's dtype; here the formula runs in float64 on the tables as given, exact for float32
+    inputs and tables, and each output is rounded once to its input's dtype, as
+    :func:`apply_rotary_pos_emb_vision`. q and k each rotate their own last ``patches`` tokens.
+
+    Args:
+        q: queries ``[..., tokens, head_dim]``, floating, with at least ``patches`` tokens.
+        k: keys, laid out as q.
+        cos: the cos table ``[patches, width]`` (or any shape ``[..., patches, width]`` that
+            broadcasts to the patches of q), width even and at most head_dim (the rest of the
+            head passes through).
+        sin: the sin table, of cos's shape.
+
+    Returns:
+        ``(q_out, k_out)``, each in its input's dtype.
+    """
+    for name, value in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _checks.float_tensor(name, value)
+    if cos.dim() < 2:
+        raise ValueError(f"cos must be [..., patches, width], got shape {tuple(cos.shape)}")
+    patches = cos.shape[-2]
+    for name, x in (("q", q), ("k", k)):
+        if x.dim() < 2 or x.shape[-2] < patches:
+            raise ValueError(f"cos has {patches} rows (patches), more than the tokens of {name} {tuple(x.shape)} "
+                             "([..., tokens, head_dim])")
+    rotated = _rotate({"q": q[..., q.shape[-2] - patches:, :], "k": k[..., k.shape[-2] - patches:, :]}, cos, sin, 0,
+                      _PATCHES)  # unsqueezed at 0: broadcast as given
+    return tuple(torch.cat((x[..., : x.shape[-2] - patches, :], y), dim=-2) for x, y in zip((q, k), rotated))
 
 
 def _complex_rotation(xs: dict, freqs_cis, *, heads_dim: int) -> tuple:

@@ -18,7 +18,8 @@ frequencies are its weights: the cast weights are then its frequencies).
    module whose class names rotary or RoPE): ``module(x, position_ids[, layer_type])`` with ``x``
    in the model dtype and the first position-ids shape it takes of ``[1, n]``, M-RoPE's
    ``[3, 1, n]`` and the 2-D vision modules' ``[n, 2]`` and ``[1, n, 2]`` (Qwen2-VL, Pixtral,
-   SAM 3, Gemma 4's vision tower: rows of (h, w)): the same position p on every axis, so each
+   SAM 3, Gemma 4's vision tower, rope's :class:`rope.hf.grid.FeatureGridRotaryEmbedding` in
+   EfficientLoFTR: rows of (h, w)): the same position p on every axis, so each
    column is cos or sin of p theta_i for one pair i of one axis, the per-axis reference. The
    frequencies: its ``inv_freq`` as its class computes it from its config (the class rebuilt
    from the config of the module or of its nearest ancestor that has one, where that gives the
@@ -34,7 +35,8 @@ frequencies are its weights: the cast weights are then its frequencies).
    in the model dtype, whose angles are that Linear of them (LightGlue's keypoint encoder, 2-D
    Fourier features): its weights are the frequencies, learned (no formula): with p on both
    axes, theta_i is the sum of row i of the weight, exact in float64.
-4. **An image grid**: ``module(pixel_values)`` (DINOv3, Sapiens2) rotates patch (i, j) of an
+4. **An image grid**: ``module(pixel_values)`` (DINOv3, Sapiens2, EoMT-DINOv3, and rope's
+   :class:`rope.hf.grid.PatchCentreRotaryEmbedding` in their place) rotates patch (i, j) of an
    N x N grid by 2 pi c theta at the patch centres c = (2i + 1)/N - 1 of each axis: read on one
    image of the configured N = image_size / patch_size patches a side (fewer with a smaller
    ``limit``), position i being patch (i, i); the reference's angle 2 pi c theta is formed in
@@ -352,7 +354,7 @@ class _Frequencies:
             raise ValueError(f"it has no {self._name} buffer, nor a Linear of coordinates: no frequencies to read")
         else:
             self.module, self.source = self._rebuilt(module, config)
-            if isinstance(module, vision.VisionRotaryEmbedding):  # rope's vision module: float32 frequencies
+            if isinstance(module, vision.VISION_MODULES):  # rope's vision or image-grid module: float32 frequencies
                 self.source = "rope's float32 frequencies"
 
     @property

@@ -41,7 +41,9 @@ column and row, the class token at angle 0: :func:`rope.axial.llama4_vision_posi
 :func:`rope.hf.patch` swaps every vision rotary module that :func:`reproduce` accepts
 (:func:`vision_replacements`; those it refuses stay transformers' and are named, with the reason,
 in a warning and in the :class:`rope.hf.Patch` record) and :func:`rope.hf.unpatch` puts the
-originals back (:func:`swap`, :func:`restore`). :func:`rope.hf.install` and the text side of
+originals back (:func:`swap`, :func:`restore`). The image-grid rotary modules, called with the
+pixel values or a feature map (DINOv3, Sapiens2, EoMT-DINOv3, EfficientLoFTR), are vision rotary
+modules here too: :mod:`rope.hf.grid` reproduces them. :func:`rope.hf.install` and the text side of
 patch leave vision rotary modules to this module, even where a family names one ``rotary_emb``
 (:func:`is_vision_rotary`).
 """
@@ -62,6 +64,7 @@ from ..apply import exact_cos_sin
 from ..axial import llama4_vision_positions, pair_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from . import grid
 
 ORDERS = {"ascending": "theta_0, theta_1, ..., theta_(n-1)",
           "even_odd": "theta_0, theta_2, ..., then theta_1, theta_3, ... (Pixtral)"}
@@ -252,7 +255,7 @@ class VisionComplexRotaryEmbedding(nn.Module):
         return self.freqs_ci.to(hidden_states.device)
 
 
-VISION_MODULES = (VisionRotaryEmbedding, VisionComplexRotaryEmbedding)
+VISION_MODULES = (VisionRotaryEmbedding, VisionComplexRotaryEmbedding, *grid.GRID_MODULES)
 """rope's vision rotary module classes."""
 
 
@@ -266,12 +269,13 @@ def _is_llama4(module: nn.Module) -> bool:
 
 def is_vision_rotary(module: nn.Module) -> bool:
     """Whether ``module`` is a vision rotary module, transformers' (a class with
-    ``compute_axial_rope_parameters``, or Llama 4's ``_compute_freqs_ci``) or rope's.
+    ``compute_axial_rope_parameters``, Llama 4's ``_compute_freqs_ci``, or an image-grid module:
+    :func:`rope.hf.grid.is_grid_rotary`) or rope's.
 
     Args:
         module: any module.
     """
-    return isinstance(module, VISION_MODULES) or _is_axial(module) or _is_llama4(module)
+    return isinstance(module, VISION_MODULES) or _is_axial(module) or _is_llama4(module) or grid.is_grid_rotary(module)
 
 
 def _refuse(name: str, module: nn.Module, why: str) -> ValueError:
@@ -434,7 +438,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
     rope's (:func:`axial_frequencies`), whose layout must be a rearrangement, and whose (cos, sin)
     at :func:`probe_positions` (called on a copy with a float64 x) must equal rope's within
     :data:`PROBE_TOLERANCE` beyond float32's error; :class:`VisionComplexRotaryEmbedding` for
-    Llama 4's, whose ``freqs_ci`` must equal rope's likewise. On the module's device.
+    Llama 4's, whose ``freqs_ci`` must equal rope's likewise; :func:`rope.hf.grid.reproduce` for
+    the image-grid modules. On the module's device.
 
     Raises ``ValueError`` naming the module and what differs where rope does not reproduce it.
 
@@ -444,6 +449,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if grid.is_grid_rotary(module):
+        return grid.reproduce(name, module)
     device = next((buffer.device for buffer in module.buffers()), None)
     if _is_llama4(module):
         return _reproduce_llama4(name, module, device)
