@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import families, feeds, vision
+from . import families, feeds, part_feeds, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
@@ -630,7 +630,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                                                          if kind == "hybrid"])(config),
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
-         "sam2_video": _hiera, "edgetam_video": _hiera,
+         "sam2_video": lambda config: (_hiera(config), part_feeds.memory_grid(config)), "edgetam_video": _hiera,
+         "sam3_tracker_video": part_feeds.memory_grid,
          "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
                               speech_encoder_layers=2, speech_encoder_attention_heads=4,
                               speech_encoder_intermediate_size=96, t2u_encoder_layers=2, t2u_decoder_layers=2,
@@ -678,7 +679,9 @@ conditioning, so ``mel_dim`` is that width;
 dots.llm3's audio encoder derives its convolution's output width (``conv_output_size``) and its
 adapter's input (which must be ``hidden_size``) at init, before the tiny sizes are set; SAM 2's
 and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
-(:func:`_hiera`: one block each, 16 to 128 wide); SeamlessM4T's encoders, text-to-unit model and
+(:func:`_hiera`: one block each, 16 to 128 wide), and SAM 2 Video's and SAM 3 Tracker Video's
+memory attention a grid of :data:`rope.hf.feeds.GRID`'s rows and columns
+(:func:`rope.hf.part_feeds.memory_grid`: 64 x 64 by default); SeamlessM4T's encoders, text-to-unit model and
 vocoder take their sizes from keys of their own. ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
 the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
@@ -814,6 +817,11 @@ repeats ``repeats`` times per frame, and a diffusion time per sample). Qwen2.5-O
 model has none: its forward draws its initial noise with an unseeded ``torch.randn``."""
 
 
+PART_FEEDS = {"sam2_video": part_feeds.memory_attention, "sam3_tracker_video": part_feeds.memory_attention}
+"""Model types whose own forward the probe cannot run (an inference session it does not make),
+and the feeds of their rotating part it tries first, from the tiny config (:mod:`rope.hf.part_feeds`)."""
+
+
 PROBE_SHIFT = 24
 """How far a probe moves the positions to see that a feed's output depends on them: the moved
 positions stay below the tiny ``max_position_embeddings`` (64), which GPT-J's and CodeGen's
@@ -840,7 +848,8 @@ def _chosen_feed(model: nn.Module, modules: list):
     tokens, failures, ranked = sample_tokens(), [], {}
     originals = {(module, name): getattr(module, name) for module, held in modules for name, _ in held.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
-    for candidate in feeds.candidates(model, text_part(model), extra):
+    parts = PART_FEEDS[model.config.model_type](model.config) if model.config.model_type in PART_FEEDS else ()
+    for candidate in [*parts, *feeds.candidates(model, text_part(model), extra)]:
         calls = []
         try:
             for (module, name), function in originals.items():
