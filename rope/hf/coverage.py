@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import families, feeds, part_feeds, vision
+from . import families, feeds, part_feeds, standins, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
@@ -337,7 +337,7 @@ def skeleton(model_type: str, config, tries: int = 8) -> nn.Module:
     cls = model_class(model_type, config)
     for _ in range(tries):
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), standins.timm_standins():
                 return cls._from_config(config)
         except AttributeError as err:
             found = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(err))
@@ -346,7 +346,7 @@ def skeleton(model_type: str, config, tries: int = 8) -> nn.Module:
                 raise
             for owner in owners:
                 setattr(owner, found.group(2), {**TINY, **MISSING}[found.group(2)])
-    with torch.device("meta"):
+    with torch.device("meta"), standins.timm_standins():
         return cls._from_config(config)
 
 
@@ -729,7 +729,8 @@ def _part_only(model_type: str, config_class: type) -> str:
 
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
     """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`,
-    the keys the build reads set first: :func:`skeleton`) in eval mode. Raises ``ValueError``
+    the keys the build reads set first: :func:`skeleton`) in eval mode, a timm tower that does not
+    rotate built as rope's stand-in (:func:`rope.hf.standins.timm_standins`). Raises ``ValueError``
     where it would exceed :data:`MAX_PARAMETERS`."""
     config = tiny_config(model_type) if config is None else config
     return _materialized(skeleton(model_type, config), config, seed)
@@ -746,7 +747,8 @@ def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
                          f"{MAX_PARAMETERS / 1e6:.0f}M for a probe, {parts.get(name, 0) / 1e6:.1f}M of them in {name} "
                          "(sizes rope's TINY does not set)")
     torch.manual_seed(seed)
-    model = type(built)._from_config(config).eval()
+    with standins.timm_standins():  # a timm tower that does not rotate: rope's stand-in
+        model = type(built)._from_config(config).eval()
     with torch.no_grad():  # weights transformers' init leaves as torch.empty made them (Qwen3-Omni's talker experts)
         for weight in model.parameters():
             if weight.is_floating_point() and weight.numel() and not (
@@ -899,6 +901,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     config = None  # until the tiny config is built
     try:
         config = tiny_config(model_type)
+        if standins.rotating_tower(config):
+            return _rotating_tower(model_type, config), Feed()
         built = skeleton(model_type, config)
     except NoModelClass:  # a part's config (a vision tower's, an encoder's): only ever inside another model
         return _part_only(model_type, type(config)), Feed()
@@ -1049,6 +1053,19 @@ def _missing_library(library: str, config, module) -> str:
                  and value.__module__ == module.__name__ and re.search(r"Rotary\w*Embedding", name))
     return (f"its tiny model needs the {library} library (not installed here), so it was not run; its modeling "
             f"module defines {', '.join(own) or 'no rotary module class'}") + _text_verdict(config)
+
+
+def _rotating_tower(model_type: str, config) -> str:
+    """Why a type holding a timm tower that rotates with timm's code is refused
+    (:func:`rope.hf.standins.rotating_tower`), and where its text model is, which patch covers
+    alone where its own type is covered."""
+    reason = standins.rotating_tower(config) + _text_verdict(config)
+    with standins.timm_standins(standins.ROTATING_TOWERS):
+        part = text_part(skeleton(model_type, config))
+    text = config.get_text_config().model_type if part else None
+    if text in getattr(importlib.import_module(f"{__package__}.coverage_table"), "COVERED", {}):
+        reason += f": rope.hf.patch(model.{part}) patches that part alone"
+    return reason
 
 
 def _text_verdict(config) -> str:
