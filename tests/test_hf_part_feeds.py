@@ -1,5 +1,5 @@
-"""The video trackers' rotation (SAM 2 Video, SAM 3 Tracker Video), which the probe runs through
-their memory attention alone (rope.hf.part_feeds):
+"""The types the probe runs by their rotating part (rope.hf.part_feeds). The video trackers
+(SAM 2 Video, SAM 3 Tracker Video), run through their memory attention alone:
 
 * rope.hf.apply_rotary_pos_emb_2d with the memory attention's keywords (num_k_exclude_rope: the
   last keys pass unrotated; repeat_freqs_k: keys of several frames, each turned by the queries'
@@ -9,6 +9,9 @@ their memory attention alone (rope.hf.part_feeds):
   equals transformers' near position 0, and unpatch restores it bit for bit;
 * patch swaps SAM 3 Tracker Video's vision tower's rotary modules too, which the probe's feed
   does not run.
+
+Qwen2.5-Omni's token-to-wave model, run through its DiT: its own forward (a seeded diffusion
+start, the sampler's guided calls of the DiT) samples the same mel spectrogram patched.
 """
 
 import importlib
@@ -20,7 +23,7 @@ import rope
 
 transformers = pytest.importorskip("transformers")
 from helpers import assert_correctly_rounded  # noqa: E402
-from rope.hf import coverage, feeds, part_feeds, vision  # noqa: E402
+from rope.hf import coverage, coverage_table, feeds, part_feeds, vision  # noqa: E402
 from rope.hf.feeds import Feed  # noqa: E402
 
 TRACKERS = ["sam2_video", "sam3_tracker_video"]
@@ -147,3 +150,45 @@ def test_patch_swaps_the_tracker_vision_tower_too():
     finally:
         rope.hf.unpatch(model)
     assert all(model.get_submodule(name) is module for name, module in held.items())
+
+
+class _Mel(Exception):
+    """Raised by a hook with the mel spectrogram the vocoder receives (the tiny vocoder is not run)."""
+
+
+def _sampled_mel(model, inputs) -> torch.Tensor:
+    """The mel spectrogram the token-to-wave model's own forward samples (4 Runge-Kutta steps,
+    classifier-free guidance) and hands its vocoder, from the noise of a seeded generator."""
+    def stop(module, args):
+        raise _Mel(args[0])
+
+    handle = model.code2wav_bigvgan_model.register_forward_pre_hook(stop)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), pytest.raises(_Mel) as caught:
+            torch.manual_seed(0)
+            model(*inputs, num_steps=4)
+    finally:
+        handle.remove()
+    return caught.value.args[0]
+
+
+def test_token_to_wave_forward_patched_samples_transformers_mel():
+    """The probe runs the token-to-wave model's DiT (its FEEDS entry); its own forward, whose
+    sampler calls that DiT with guidance, samples the same mel spectrogram patched, from the same
+    seeded noise, and unpatched again bit for bit."""
+    model = coverage.tiny_model("qwen2_5_omni_token2wav")
+    dit = model.config.dit_config
+    (feed,) = part_feeds.token_to_wave(model.config)
+    assert feed.part == "code2wav_dit_model" and coverage_table.FEEDS["qwen2_5_omni_token2wav"][0] == feed.part
+    gen = torch.Generator().manual_seed(11)
+    inputs = (torch.randint(3, 97, (2, 10), generator=gen), torch.randn(2, dit.enc_emb_dim, generator=gen),
+              torch.randn(2, 20, dit.mel_dim, generator=gen))
+    expected = _sampled_mel(model, inputs)
+    assert expected.shape == (2, dit.mel_dim, 20) and expected.abs().max() > 0.1
+    record = rope.hf.patch(model)
+    try:
+        assert [r.name for r in record.rotary_modules] == ["code2wav_dit_model.rotary_embed"]
+        torch.testing.assert_close(_sampled_mel(model, inputs), expected, **coverage.LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(_sampled_mel(model, inputs), expected)

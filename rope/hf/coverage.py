@@ -816,12 +816,15 @@ DiffusionGemma's canvas (``decoder_input_ids``: without them its forward draws t
 unseeded ``torch.randint``, so no two runs agree), Qwen2.5-Omni's DiT's conditioning (a reference
 mel spectrogram for its speaker encoder, a speaker embedding per frame, codec codes, which it
 repeats ``repeats`` times per frame, and a diffusion time per sample). Qwen2.5-Omni's token-to-wave
-model has none: its forward draws its initial noise with an unseeded ``torch.randn``."""
+model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS`."""
 
 
-PART_FEEDS = {"sam2_video": part_feeds.memory_attention, "sam3_tracker_video": part_feeds.memory_attention}
-"""Model types whose own forward the probe cannot run (an inference session it does not make),
-and the feeds of their rotating part it tries first, from the tiny config (:mod:`rope.hf.part_feeds`)."""
+PART_FEEDS = {"sam2_video": part_feeds.memory_attention, "sam3_tracker_video": part_feeds.memory_attention,
+              "qwen2_5_omni_token2wav": part_feeds.token_to_wave}
+"""Model types whose forward the probe cannot run from its signature, and the feeds it tries
+first, from the tiny config, their rotating part's (:mod:`rope.hf.part_feeds`): the video
+trackers' memory attention (their own forward takes an inference session); Qwen2.5-Omni's
+token-to-wave model's DiT (its own forward draws unseeded noise and ends in a vocoder)."""
 
 
 PROBE_SHIFT = 24

@@ -2,6 +2,8 @@
 of them that rotates (:data:`rope.hf.coverage.PART_FEEDS`, tried before
 :func:`rope.hf.feeds.candidates`).
 
+Qwen2.5-Omni's token-to-wave model is probed by its DiT (:func:`token_to_wave`).
+
 SAM 2 Video's and SAM 3 Tracker Video's forward takes an inference session (frames, prompts and
 the memory of earlier frames, which a processor builds); the only part of them that rotates by
 their ``apply_rotary_pos_emb_2d`` is the memory attention, which a tracked frame's features run
@@ -17,7 +19,7 @@ them is checked against transformers' in ``tests/test_hf_part_feeds.py``.
 
 from __future__ import annotations
 
-from .feeds import BATCH, GRID, Feed
+from .feeds import BATCH, GRID, LENGTH, Feed
 
 MEMORY_FRAMES = 2
 """Earlier frames in the memory a tracked frame attends to (SAM 2 keeps up to 7)."""
@@ -48,3 +50,18 @@ def memory_attention(config) -> tuple[Feed, ...]:
     memory = (MEMORY_FRAMES * positions, BATCH, config.memory_encoder_output_channels)
     return (Feed("memory_attention", "current_vision_features", (positions, BATCH, config.memory_attention_hidden_size),
                  (("memory", memory), ("memory_posision_embeddings", memory))),)
+
+
+def token_to_wave(config) -> tuple[Feed, ...]:
+    """Qwen2.5-Omni's token-to-wave model by its DiT (``code2wav_dit_model``), the part that
+    rotates: one step of its diffusion, as its sampler calls it (noisy mel frames
+    ``[batch, LENGTH, mel_dim]``, the reference mel spectrogram as ``condition_vector``, a speaker
+    embedding per frame, codec codes of ``repeats`` frames each, a diffusion time per sample).
+    Its own forward draws the diffusion's start with ``torch.randn`` and hands the mel
+    spectrogram to a vocoder, whose tiny random waveform is 1e-8 to 1e-2 at most: no measure of
+    the rotation."""
+    dit = config.dit_config
+    frames = (BATCH, LENGTH, dit.mel_dim)
+    return (Feed("code2wav_dit_model", "hidden_states", frames,
+                 (("condition_vector", frames), ("speaker_embedding", (BATCH, LENGTH, dit.enc_emb_dim)),
+                  ("quantized_code", (BATCH, LENGTH // dit.repeats)), ("time_step", (BATCH,)))),)
