@@ -393,7 +393,7 @@ REFUSED = {
     'edgetam_video_prompt_encoder': "its rotary functions (apply_rotary_pos_emb_2d_cross_attn, apply_rotary_pos_emb_2d_self_attn, rotate_pairwise) compute none of rope's conventions (rope.hf.families.CONVENTIONS)",
     'efficientloftr': 'rotary_emb (EfficientLoFTRRotaryEmbedding) is called as forward(x): it takes no position ids, so it does not follow the contract rotary_emb(x, position_ids) of rope.hf.RotaryEmbedding; ...',
     'emu3_vqgan': 'no rotary_emb module (what patch swaps) nor other rotary module in its tiny Emu3VQVAE; its modeling module defines apply_rotary_pos_emb, rotate_half',
-    'eomt_dinov3': 'its tiny model needs the scipy library (not installed here), so it was not run; its modeling module defines EomtDinov3RotaryEmbedding',
+    'eomt_dinov3': 'rope_embeddings (EomtDinov3RotaryEmbedding) is called as forward(pixel_values): it takes no position ids, so it does not follow the contract rotary_emb(x, position_ids) of ...',
     'esmfold2': 'input_embedder.atom_encoder.rotary_emb (EsmFold2RotaryEmbedding) is called as forward(ref_pos, ref_space_uid, dtype): it takes no position ids, so it does not follow the contract ...',
     'gemma3n_audio': 'no rotary_emb module (what patch swaps) nor other rotary module in its tiny Gemma3nAudioEncoder; its modeling module defines apply_rotary_pos_emb, rotate_half',
     'gemma3n_vision': 'its config (Gemma3nVisionConfig) configures a part of gemma3n and no model class of its own: patch meets it only inside such a model, under that model_type',
