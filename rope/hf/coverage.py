@@ -1060,15 +1060,16 @@ def _missing_library(library: str, config, module) -> str:
 
 def _rotating_tower(model_type: str, config) -> str:
     """Why a type holding a timm tower that rotates with timm's code is refused
-    (:func:`rope.hf.standins.rotating_tower`), and where its text model is, which patch covers
-    alone where its own type is covered."""
-    reason = standins.rotating_tower(config) + _text_verdict(config)
+    (:func:`rope.hf.standins.rotating_tower`), with its text model's verdict and, where that
+    passes alone, the submodule :func:`rope.hf.patch` covers alone (found in a skeleton whose
+    timm towers are rope's stand-ins)."""
+    verdict = _text_verdict(config)
+    reason = standins.rotating_tower(config) + verdict
+    if " passes alone " not in verdict:
+        return reason
     with standins.timm_standins(standins.ROTATING_TOWERS):
         part = text_part(skeleton(model_type, config))
-    text = config.get_text_config().model_type if part else None
-    if text in getattr(importlib.import_module(f"{__package__}.coverage_table"), "COVERED", {}):
-        reason += f": rope.hf.patch(model.{part}) patches that part alone"
-    return reason
+    return reason + (f": rope.hf.patch(model.{part}) patches that part alone" if part else "")
 
 
 def _text_verdict(config) -> str:
