@@ -67,6 +67,8 @@ OWN_POSITIONS = {
                          "sam3_vit_model's)",
     "qwen2_5_omni_dit": "its forward takes no position_ids and numbers its mel frames 0, 1, ... itself, for a "
                         "rotary module held as rotary_embed, which the shift (on rotary_emb modules) does not reach",
+    "qwen2_5_omni_token2wav": "its DiT, the part run, numbers its mel frames itself for a rotary module held as "
+                              "rotary_embed (as qwen2_5_omni_dit's), which the shift does not reach",
     "dots3_note_audio_encoder": "its forward takes no position_ids and numbers its audio tokens 0, 1, ... itself, "
                                 "for a rotary module held as rotary_embedding, which the shift does not reach",
     "dinov3_vit": "its rotary module is called with the pixel values and turns each patch by its centre normalised "

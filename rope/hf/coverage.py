@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import families, feeds, vision
+from . import families, feeds, part_feeds, standins, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
@@ -343,7 +343,7 @@ def skeleton(model_type: str, config, tries: int = 8) -> nn.Module:
     cls = model_class(model_type, config)
     for _ in range(tries):
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), standins.timm_standins():
                 return cls._from_config(config)
         except AttributeError as err:
             found = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(err))
@@ -352,7 +352,7 @@ def skeleton(model_type: str, config, tries: int = 8) -> nn.Module:
                 raise
             for owner in owners:
                 setattr(owner, found.group(2), {**TINY, **MISSING}[found.group(2)])
-    with torch.device("meta"):
+    with torch.device("meta"), standins.timm_standins():
         return cls._from_config(config)
 
 
@@ -639,7 +639,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
          "sapiens2": _set(num_key_value_heads_per_layer=[4, 2]),
          "eomt_dinov3": _set(num_blocks=1, num_queries=8, image_size=160),
-         "sam2_video": _hiera, "edgetam_video": _hiera,
+         "sam2_video": lambda config: (_hiera(config), part_feeds.memory_grid(config)), "edgetam_video": _hiera,
+         "sam3_tracker_video": part_feeds.memory_grid,
          "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
                               speech_encoder_layers=2, speech_encoder_attention_heads=4,
                               speech_encoder_intermediate_size=96, t2u_encoder_layers=2, t2u_decoder_layers=2,
@@ -693,7 +694,9 @@ conditioning, so ``mel_dim`` is that width;
 dots.llm3's audio encoder derives its convolution's output width (``conv_output_size``) and its
 adapter's input (which must be ``hidden_size``) at init, before the tiny sizes are set; SAM 2's
 and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
-(:func:`_hiera`: one block each, 16 to 128 wide); SeamlessM4T's encoders, text-to-unit model and
+(:func:`_hiera`: one block each, 16 to 128 wide), and SAM 2 Video's and SAM 3 Tracker Video's
+memory attention a grid of :data:`rope.hf.feeds.GRID`'s rows and columns
+(:func:`rope.hf.part_feeds.memory_grid`: 64 x 64 by default); SeamlessM4T's encoders, text-to-unit model and
 vocoder take their sizes from keys of their own. ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
 the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
@@ -747,7 +750,8 @@ rotation, so :func:`_materialized` draws them (seeded)."""
 
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
     """A randomly initialised model of ``model_type`` (:func:`tiny_config`, :func:`model_class`,
-    the keys the build reads set first: :func:`skeleton`) in eval mode. Raises ``ValueError``
+    the keys the build reads set first: :func:`skeleton`) in eval mode, a timm tower that does not
+    rotate built as rope's stand-in (:func:`rope.hf.standins.timm_standins`). Raises ``ValueError``
     where it would exceed :data:`MAX_PARAMETERS`."""
     config = tiny_config(model_type) if config is None else config
     return _materialized(skeleton(model_type, config), config, seed)
@@ -764,7 +768,8 @@ def _materialized(built: nn.Module, config, seed: int) -> nn.Module:
                          f"{MAX_PARAMETERS / 1e6:.0f}M for a probe, {parts.get(name, 0) / 1e6:.1f}M of them in {name} "
                          "(sizes rope's TINY does not set)")
     torch.manual_seed(seed)
-    model = type(built)._from_config(config).eval()
+    with standins.timm_standins():  # a timm tower that does not rotate: rope's stand-in
+        model = type(built)._from_config(config).eval()
     with torch.no_grad():  # weights transformers' init leaves as torch.empty made them (Qwen3-Omni's talker experts)
         for weight in model.parameters():
             if weight.is_floating_point() and weight.numel() and not (
@@ -839,7 +844,15 @@ mel spectrogram for its speaker encoder, a speaker embedding per frame, codec co
 repeats ``repeats`` times per frame, and a diffusion time per sample), EfficientLoFTR's image pair
 (``[batch, 2, channels, height, width]``, its forward's one input, of no patch size: grey images
 of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens). Qwen2.5-Omni's token-to-wave
-model has none: its forward draws its initial noise with an unseeded ``torch.randn``."""
+model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS`."""
+
+
+PART_FEEDS = {"sam2_video": part_feeds.memory_attention, "sam3_tracker_video": part_feeds.memory_attention,
+              "qwen2_5_omni_token2wav": part_feeds.token_to_wave}
+"""Model types whose forward the probe cannot run from its signature, and the feeds it tries
+first, from the tiny config, their rotating part's (:mod:`rope.hf.part_feeds`): the video
+trackers' memory attention (their own forward takes an inference session); Qwen2.5-Omni's
+token-to-wave model's DiT (its own forward draws unseeded noise and ends in a vocoder)."""
 
 
 PROBE_SHIFT = 24
@@ -868,7 +881,8 @@ def _chosen_feed(model: nn.Module, modules: list):
     tokens, failures, ranked = sample_tokens(), [], {}
     originals = {(module, name): getattr(module, name) for module, held in modules for name, _ in held.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
-    for candidate in feeds.candidates(model, text_part(model), extra):
+    parts = PART_FEEDS[model.config.model_type](model.config) if model.config.model_type in PART_FEEDS else ()
+    for candidate in [*parts, *feeds.candidates(model, text_part(model), extra)]:
         calls = []
         try:
             for (module, name), function in originals.items():
@@ -918,6 +932,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     config = None  # until the tiny config is built
     try:
         config = tiny_config(model_type)
+        if standins.rotating_tower(config):
+            return _rotating_tower(model_type, config), Feed()
         built = skeleton(model_type, config)
     except NoModelClass:  # a part's config (a vision tower's, an encoder's): only ever inside another model
         return _part_only(model_type, type(config)), Feed()
@@ -1068,6 +1084,20 @@ def _missing_library(library: str, config, module) -> str:
                  and value.__module__ == module.__name__ and re.search(r"Rotary\w*Embedding", name))
     return (f"its tiny model needs the {library} library (not installed here), so it was not run; its modeling "
             f"module defines {', '.join(own) or 'no rotary module class'}") + _text_verdict(config)
+
+
+def _rotating_tower(model_type: str, config) -> str:
+    """Why a type holding a timm tower that rotates with timm's code is refused
+    (:func:`rope.hf.standins.rotating_tower`), with its text model's verdict and, where that
+    passes alone, the submodule :func:`rope.hf.patch` covers alone (found in a skeleton whose
+    timm towers are rope's stand-ins)."""
+    verdict = _text_verdict(config)
+    reason = standins.rotating_tower(config) + verdict
+    if " passes alone " not in verdict:
+        return reason
+    with standins.timm_standins(standins.ROTATING_TOWERS):
+        part = text_part(skeleton(model_type, config))
+    return reason + (f": rope.hf.patch(model.{part}) patches that part alone" if part else "")
 
 
 def _text_verdict(config) -> str:

@@ -65,7 +65,9 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
 * :data:`VISION_PAIRWISE`: Inkling 2's ``apply_rotary_pos_emb_vision``, the same with a
   ``rotate_pairwise`` that pairs (2i, 2i + 1) (``modeling_inkling2.py``).
 * :data:`SAM`: ``apply_rotary_pos_emb_2d(q, k, cos, sin)``, pairs (2i, 2i + 1) in float32 on
-  tables ``[seq, head_dim]`` broadcast as they are (``modeling_sam3.py``, ``modeling_sam2_video.py``).
+  tables ``[seq, head_dim]`` broadcast as they are (``modeling_sam3.py``, ``modeling_sam2_video.py``);
+  the video trackers' memory attention also passes ``num_k_exclude_rope`` (object pointers left
+  unrotated) and ``repeat_freqs_k`` (each frame of memory turned by the tables), which rope's takes.
 * :data:`PATCHES`: DINOv3's ``apply_rotary_pos_emb(q, k, cos, sin)``, Llama's formula on the last
   ``cos.shape[-2]`` tokens of q and k (the image's patches) with tables ``[patches, head_dim]``
   broadcast as they are, the class and register tokens before them passed through

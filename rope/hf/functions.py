@@ -532,23 +532,52 @@ def apply_rotary_pos_emb_vision_pairwise(q, k, cos, sin):
     return _rotate({"q": q, "k": k}, cos, sin, -2, _VISION_PAIRWISE)
 
 
-def apply_rotary_pos_emb_2d(q, k, cos, sin):
+def apply_rotary_pos_emb_2d(q, k, cos, sin, num_k_exclude_rope=0, repeat_freqs_k=False):
     """transformers-compatible with SAM 2's and SAM 3's ``apply_rotary_pos_emb_2d`` (its
     ``rotate_pairwise`` pairs (2i, 2i + 1)): ``q cos + rotate_pairs_interleaved(q) sin`` with the
     tables ``[seq, head_dim]`` (each angle twice in a row) broadcast to q as they are, no heads
     dimension added (q ``[..., seq, head_dim]``); in float64, each output rounded once to its
     input's dtype, as :func:`apply_rotary_pos_emb_vision`.
 
+    The video trackers' memory attention (SAM 2 Video's, SAM 3 Tracker Video's) also passes
+    ``num_k_exclude_rope``: the last keys (object pointers, which have no position) pass through
+    unrotated; and ``repeat_freqs_k``: keys of ``r`` frames of memory, ``r`` times as many as the
+    queries, each frame rotated by the queries' tables (the tables tiled ``r`` times along the
+    sequence). Both default to transformers' (none excluded, tables as given).
+
     Args:
         q: queries ``[..., seq, head_dim]``, floating.
         k: keys, laid out as q.
         cos: the interleaved cos table, ``[seq, width]`` (or any shape that broadcasts to q).
         sin: the sin table, of cos's shape.
+        num_k_exclude_rope: how many of the last keys pass through unrotated, in ``[0, k's seq]``.
+        repeat_freqs_k: tile the tables along the sequence to the rotated keys' length, which
+            must then be a multiple of q's (where it differs from q's).
 
     Returns:
         ``(q_out, k_out)``, each in its input's dtype.
     """
-    return _rotate({"q": q, "k": k}, cos, sin, 0, _SAM)  # unsqueezed at 0: broadcast as given
+    _checks.float_tensor("k", k)
+    if k.dim() < 2:
+        raise ValueError(f"k must have shape [..., seq, head_dim], got {tuple(k.shape)}")
+    excluded = _checks.integer("num_k_exclude_rope", num_k_exclude_rope, minimum=0, maximum=k.shape[-2])
+    if not _checks.flag("repeat_freqs_k", repeat_freqs_k) and not excluded:
+        return _rotate({"q": q, "k": k}, cos, sin, 0, _SAM)  # unsqueezed at 0: broadcast as given
+    (q_out,) = _rotate({"q": q}, cos, sin, 0, _SAM)
+    rotated, passed = k[..., : k.shape[-2] - excluded, :], k[..., k.shape[-2] - excluded :, :]
+    if not rotated.shape[-2]:  # every key excluded
+        return q_out, torch.cat([rotated, passed], dim=-2)
+    if repeat_freqs_k and rotated.shape[-2] != q.shape[-2]:
+        if q.dim() < 2 or rotated.shape[-2] % q.shape[-2]:
+            raise ValueError(f"k has {rotated.shape[-2]} rotated keys (num_k_exclude_rope={excluded} excluded), "
+                             f"expected a multiple of the {q.shape[-2] if q.dim() > 1 else 0} positions of q "
+                             f"{tuple(q.shape)} (repeat_freqs_k tiles their tables)")
+        if cos.dim() < 2:
+            raise ValueError(f"cos must have shape [seq, width] to be tiled for repeat_freqs_k, got {tuple(cos.shape)}")
+        factor = rotated.shape[-2] // q.shape[-2]
+        cos, sin = (torch.cat([table] * factor, dim=-2) for table in (cos, sin))
+    (k_out,) = _rotate({"k": rotated}, cos, sin, 0, _SAM)
+    return q_out, torch.cat([k_out, passed], dim=-2)
 
 
 def apply_rotary_pos_emb_patches(q, k, cos, sin):

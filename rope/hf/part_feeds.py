@@ -1,0 +1,67 @@
+"""Feeds of model types whose own forward the probe cannot run from its signature, by the part
+of them that rotates (:data:`rope.hf.coverage.PART_FEEDS`, tried before
+:func:`rope.hf.feeds.candidates`).
+
+Qwen2.5-Omni's token-to-wave model is probed by its DiT (:func:`token_to_wave`).
+
+SAM 2 Video's and SAM 3 Tracker Video's forward takes an inference session (frames, prompts and
+the memory of earlier frames, which a processor builds); the only part of them that rotates by
+their ``apply_rotary_pos_emb_2d`` is the memory attention, which a tracked frame's features run
+through against the memory of earlier frames. Its probe feeds it directly
+(:func:`memory_attention`): one frame's features on the grid of its rotary module (the tiny
+config's ``memory_attention_rope_feat_sizes``, :data:`rope.hf.feeds.GRID`'s rows and columns by
+:func:`memory_grid`), as ``[positions, batch, width]``, and two earlier frames' memory with its
+position embeddings (``repeat_freqs_k``: each memory frame turned by the frame's tables). No
+object pointers are fed: they pass unrotated (``num_k_exclude_rope``), so queries moved by 2^16
+would move away from them and the shift test would see absolute positions; rope's function on
+them is checked against transformers' in ``tests/test_hf_part_feeds.py``.
+"""
+
+from __future__ import annotations
+
+from .feeds import BATCH, GRID, LENGTH, Feed
+
+MEMORY_FRAMES = 2
+"""Earlier frames in the memory a tracked frame attends to (SAM 2 keeps up to 7)."""
+
+
+def memory_grid(config) -> None:
+    """Give the memory attention's rotary grid :data:`rope.hf.feeds.GRID`'s rows and columns
+    (``memory_attention_rope_feat_sizes`` is width, height: 64 x 64 by default, 4096 positions,
+    too many for a probe on CPUs; not square, so swapped axes show), and its weights the spread
+    :data:`MEMORY_INITIALIZER_RANGE`."""
+    config.memory_attention_rope_feat_sizes = [GRID[2], GRID[1]]
+    config.initializer_range = MEMORY_INITIALIZER_RANGE
+
+
+MEMORY_INITIALIZER_RANGE = 0.07
+"""The tiny video trackers' weights' standard deviation. At :data:`rope.hf.coverage.TINY`'s 0.2,
+the memory attention's one head of 256 has attention logits so large that its float32 output is
+1e-4 away from its float64 one (transformers' own, and rope's alike): past the probe's tolerance.
+At 0.07 both are within 2e-6 of float64, while transformers' float32 angles at 2^16 still move
+the output by 8e-4 (at the default 0.02, by 3e-6: the shift test could not tell them apart)."""
+
+
+def memory_attention(config) -> tuple[Feed, ...]:
+    """The memory attention's feed: ``current_vision_features`` ``[rows * columns, batch,
+    memory_attention_hidden_size]``, and ``memory`` with ``memory_posision_embeddings`` (sic)
+    ``[frames * rows * columns, batch, memory_encoder_output_channels]``."""
+    positions = config.memory_attention_rope_feat_sizes[0] * config.memory_attention_rope_feat_sizes[1]
+    memory = (MEMORY_FRAMES * positions, BATCH, config.memory_encoder_output_channels)
+    return (Feed("memory_attention", "current_vision_features", (positions, BATCH, config.memory_attention_hidden_size),
+                 (("memory", memory), ("memory_posision_embeddings", memory))),)
+
+
+def token_to_wave(config) -> tuple[Feed, ...]:
+    """Qwen2.5-Omni's token-to-wave model by its DiT (``code2wav_dit_model``), the part that
+    rotates: one step of its diffusion, as its sampler calls it (noisy mel frames
+    ``[batch, LENGTH, mel_dim]``, the reference mel spectrogram as ``condition_vector``, a speaker
+    embedding per frame, codec codes of ``repeats`` frames each, a diffusion time per sample).
+    Its own forward draws the diffusion's start with ``torch.randn`` and hands the mel
+    spectrogram to a vocoder, whose tiny random waveform is 1e-8 to 1e-2 at most: no measure of
+    the rotation."""
+    dit = config.dit_config
+    frames = (BATCH, LENGTH, dit.mel_dim)
+    return (Feed("code2wav_dit_model", "hidden_states", frames,
+                 (("condition_vector", frames), ("speaker_embedding", (BATCH, LENGTH, dit.enc_emb_dim)),
+                  ("quantized_code", (BATCH, LENGTH // dit.repeats)), ("time_step", (BATCH,)))),)

@@ -1,0 +1,194 @@
+"""The types the probe runs by their rotating part (rope.hf.part_feeds). The video trackers
+(SAM 2 Video, SAM 3 Tracker Video), run through their memory attention alone:
+
+* rope.hf.apply_rotary_pos_emb_2d with the memory attention's keywords (num_k_exclude_rope: the
+  last keys pass unrotated; repeat_freqs_k: keys of several frames, each turned by the queries'
+  tables) against the float64 formula written here, rounded once, and transformers' function;
+  bad values refused by name; gradients in float32, bfloat16 and float16 against float64 autograd;
+* the memory attention fed object pointers too (which the probe's feed leaves out), patched,
+  equals transformers' near position 0, and unpatch restores it bit for bit;
+* patch swaps SAM 3 Tracker Video's vision tower's rotary modules too, which the probe's feed
+  does not run.
+
+Qwen2.5-Omni's token-to-wave model, run through its DiT: its own forward (a seeded diffusion
+start, the sampler's guided calls of the DiT) samples the same mel spectrogram patched.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+import rope
+
+transformers = pytest.importorskip("transformers")
+from helpers import assert_correctly_rounded  # noqa: E402
+from rope.hf import coverage, coverage_table, feeds, part_feeds, vision  # noqa: E402
+from rope.hf.feeds import Feed  # noqa: E402
+
+TRACKERS = ["sam2_video", "sam3_tracker_video"]
+
+
+def reference(q, k, cos, sin, excluded, frames):
+    """q cos + rotate_pairs(q) sin in float64; the keys but the last ``excluded`` in ``frames``
+    blocks of q's length, each turned by the same tables; the excluded keys as they are."""
+    def turn(x, c, s):
+        x = x.double()
+        return x * c.double() + torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2) * s.double()
+
+    kept = k.shape[-2] - excluded
+    tiled = [torch.cat([t] * frames, dim=-2) for t in (cos, sin)]
+    return turn(q, cos, sin), torch.cat([turn(k[..., :kept, :], *tiled), k[..., kept:, :].double()], dim=-2)
+
+
+def tracker_inputs(gen, dtype, frames=3, excluded=4, seq=12, dim=16):
+    q = torch.randn(2, 1, seq, dim, generator=gen).to(dtype)
+    k = torch.randn(2, 1, frames * seq + excluded, dim, generator=gen).to(dtype)
+    angles = (torch.rand(seq, dim // 2, generator=gen, dtype=torch.float64) * 2**17).repeat_interleave(2, dim=-1)
+    return q, k, angles.cos().float()[None], angles.sin().float()[None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("frames, excluded", [(1, 0), (3, 0), (1, 5), (3, 4), (2, 0)])
+def test_memory_keywords_round_the_exact_formula_once(dtype, frames, excluded):
+    gen = torch.Generator().manual_seed(frames * 10 + excluded)
+    q, k, cos, sin = tracker_inputs(gen, dtype, frames, excluded)
+    got = rope.hf.apply_rotary_pos_emb_2d(q, k, cos, sin, num_k_exclude_rope=excluded, repeat_freqs_k=frames > 1)
+    for out, expected, x in zip(got, reference(q, k, cos, sin, excluded, frames), (q, k)):
+        assert out.dtype == dtype and out.shape == x.shape
+        assert_correctly_rounded(out, expected)
+    assert torch.equal(got[1][..., k.shape[-2] - excluded:, :], k[..., k.shape[-2] - excluded:, :])
+    for model_type in TRACKERS:
+        theirs = importlib.import_module(coverage.module_name(model_type)).apply_rotary_pos_emb_2d
+        for a, b in zip(got, theirs(q, k, cos, sin, num_k_exclude_rope=excluded, repeat_freqs_k=frames > 1)):
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_every_key_excluded_leaves_the_keys():
+    gen = torch.Generator().manual_seed(5)
+    q, k, cos, sin = tracker_inputs(gen, torch.float32, frames=0, excluded=7)
+    out_q, out_k = rope.hf.apply_rotary_pos_emb_2d(q, k, cos, sin, num_k_exclude_rope=7, repeat_freqs_k=True)
+    assert torch.equal(out_k, k)
+    assert_correctly_rounded(out_q, reference(q, q, cos, sin, 0, 1)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gradients_match_float64_autograd(dtype):
+    gen = torch.Generator().manual_seed(7)
+    q, k, cos, sin = tracker_inputs(gen, torch.float64, frames=2, excluded=3)
+    upstream = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in (q, k)]
+
+    def grads(q, k, function):
+        q, k = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        outs = function(q, k)
+        sum((o.double() * u).sum() for o, u in zip(outs, upstream)).backward()
+        return q.grad.double(), k.grad.double()
+
+    expected = grads(q, k, lambda a, b: reference(a, b, cos, sin, 3, 2))
+    got = grads(q.to(dtype), k.to(dtype), lambda a, b: rope.hf.apply_rotary_pos_emb_2d(
+        a, b, cos, sin, num_k_exclude_rope=3, repeat_freqs_k=True))
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 5e-3}[dtype]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance * 4)
+
+
+BAD = [
+    pytest.param(dict(num_k_exclude_rope=True), TypeError, "num_k_exclude_rope", id="bool count"),
+    pytest.param(dict(num_k_exclude_rope=1.0), TypeError, "num_k_exclude_rope", id="float count"),
+    pytest.param(dict(num_k_exclude_rope=-1), ValueError, "num_k_exclude_rope", id="negative count"),
+    pytest.param(dict(num_k_exclude_rope=41), ValueError, "num_k_exclude_rope", id="more than the keys"),
+    pytest.param(dict(repeat_freqs_k=1), TypeError, "repeat_freqs_k", id="int flag"),
+    pytest.param(dict(num_k_exclude_rope=3, repeat_freqs_k=True), ValueError, "k has 37 rotated keys",
+                 id="not a multiple"),
+]
+
+
+@pytest.mark.parametrize("keywords, error, match", BAD)
+def test_bad_memory_keywords_are_refused_by_name(keywords, error, match):
+    q, k, cos, sin = tracker_inputs(torch.Generator().manual_seed(1), torch.float32, frames=3, excluded=4)
+    with pytest.raises(error, match=rf"^{match}"):
+        rope.hf.apply_rotary_pos_emb_2d(q, k, cos, sin, **keywords)
+
+
+def test_integer_keys_and_a_flat_table_are_refused_by_name():
+    q, k, cos, sin = tracker_inputs(torch.Generator().manual_seed(2), torch.float32, frames=2, excluded=0)
+    with pytest.raises(TypeError, match="^k "):
+        rope.hf.apply_rotary_pos_emb_2d(q, k.long(), cos, sin, repeat_freqs_k=True)
+    with pytest.raises(ValueError, match=r"^cos must have shape \[seq, width\]"):
+        rope.hf.apply_rotary_pos_emb_2d(q, k, cos[0, 0], sin[0, 0], repeat_freqs_k=True)
+
+
+@pytest.mark.parametrize("model_type", TRACKERS)
+def test_memory_attention_with_object_pointers_is_transformers(model_type):
+    """The probe's feed plus object pointer tokens (keys the rotation leaves out), patched: the
+    output near position 0 is transformers'; unpatched again, bit for bit."""
+    model = coverage.tiny_model(model_type)
+    (feed,) = part_feeds.memory_attention(model.config)
+    pointers = feeds.LENGTH // 2  # what the feed makes for a num_ argument
+    memory = (feed.extra[0][1][0] + pointers, *feed.extra[0][1][1:])
+    extra = (("memory", memory), ("memory_posision_embeddings", memory), ("num_object_pointer_tokens", ()))
+    with_pointers = Feed(feed.part, feed.argument, feed.shape, extra)
+    tokens = coverage.sample_tokens(seed=4)
+    expected = coverage.output(model, tokens, feed=with_pointers)
+    rope.hf.patch(model)
+    try:
+        torch.testing.assert_close(coverage.output(model, tokens, feed=with_pointers), expected,
+                                   **coverage.LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(coverage.output(model, tokens, feed=with_pointers), expected)
+
+
+def test_patch_swaps_the_tracker_vision_tower_too():
+    model = coverage.tiny_model("sam3_tracker_video")
+    held = dict(vision.vision_rotary_modules(model))
+    assert any(name.startswith("vision_encoder.") for name in held)
+    record = rope.hf.patch(model)
+    try:
+        assert not vision.vision_rotary_modules(model) and not record.vision_left
+        assert {r.name for r in record.vision_modules} == set(held)
+    finally:
+        rope.hf.unpatch(model)
+    assert all(model.get_submodule(name) is module for name, module in held.items())
+
+
+class _Mel(Exception):
+    """Raised by a hook with the mel spectrogram the vocoder receives (the tiny vocoder is not run)."""
+
+
+def _sampled_mel(model, inputs) -> torch.Tensor:
+    """The mel spectrogram the token-to-wave model's own forward samples (4 Runge-Kutta steps,
+    classifier-free guidance) and hands its vocoder, from the noise of a seeded generator."""
+    def stop(module, args):
+        raise _Mel(args[0])
+
+    handle = model.code2wav_bigvgan_model.register_forward_pre_hook(stop)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), pytest.raises(_Mel) as caught:
+            torch.manual_seed(0)
+            model(*inputs, num_steps=4)
+    finally:
+        handle.remove()
+    return caught.value.args[0]
+
+
+def test_token_to_wave_forward_patched_samples_transformers_mel():
+    """The probe runs the token-to-wave model's DiT (its FEEDS entry); its own forward, whose
+    sampler calls that DiT with guidance, samples the same mel spectrogram patched, from the same
+    seeded noise, and unpatched again bit for bit."""
+    model = coverage.tiny_model("qwen2_5_omni_token2wav")
+    dit = model.config.dit_config
+    (feed,) = part_feeds.token_to_wave(model.config)
+    assert feed.part == "code2wav_dit_model" and coverage_table.FEEDS["qwen2_5_omni_token2wav"][0] == feed.part
+    gen = torch.Generator().manual_seed(11)
+    inputs = (torch.randint(3, 97, (2, 10), generator=gen), torch.randn(2, dit.enc_emb_dim, generator=gen),
+              torch.randn(2, 20, dit.mel_dim, generator=gen))
+    expected = _sampled_mel(model, inputs)
+    assert expected.shape == (2, dit.mel_dim, 20) and expected.abs().max() > 0.1
+    record = rope.hf.patch(model)
+    try:
+        assert [r.name for r in record.rotary_modules] == ["code2wav_dit_model.rotary_embed"]
+        torch.testing.assert_close(_sampled_mel(model, inputs), expected, **coverage.LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(_sampled_mel(model, inputs), expected)
