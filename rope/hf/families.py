@@ -66,6 +66,15 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   ``rotate_pairwise`` that pairs (2i, 2i + 1) (``modeling_inkling2.py``).
 * :data:`SAM`: ``apply_rotary_pos_emb_2d(q, k, cos, sin)``, pairs (2i, 2i + 1) in float32 on
   tables ``[seq, head_dim]`` broadcast as they are (``modeling_sam3.py``, ``modeling_sam2_video.py``).
+* :data:`LLAMA4_VISION`: Llama 4's ``vision_apply_rotary_emb(query, key, freqs_ci)``, pairs (2i, 2i + 1)
+  as complex numbers times ``freqs_ci`` viewed as ``[1, seq, 1, head_dim / 2]``, in complex64, on
+  its vision tower's table (``modeling_llama4.py``; :mod:`rope.hf.functions_2d`).
+* :data:`EDGETAM`: EdgeTAM video's ``apply_rotary_pos_emb_2d_self_attn`` (SAM's formula) and
+  ``apply_rotary_pos_emb_2d_cross_attn``, which turns the queries by ``cos``, ``sin`` and of the
+  keys only the spatial ones of each memory frame by ``cos_k``, ``sin_k`` (repeated per frame),
+  the temporal ones and the last ``num_k_exclude_rope`` (object pointers) passing through
+  (``modeling_edgetam_video.py``; :mod:`rope.hf.functions_2d`). No model type follows it in the
+  table yet: EdgeTAM video's forward needs an inference session, which the probe does not make.
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -80,6 +89,7 @@ from types import MappingProxyType
 
 from .. import _checks
 from . import functions as ours  # rope's replacements, one per convention
+from . import functions_2d as ours_2d  # those of vision and video attentions beyond functions.py
 from .coverage_table import COVERED
 from .embedding import TABLE_FORMS
 
@@ -132,11 +142,16 @@ SAM = Convention("sam3", (("apply_rotary_pos_emb_2d", ours.apply_rotary_pos_emb_
 VISION_PAIRWISE = Convention("inkling2_vision",
                              (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
                              "interleaved")
+LLAMA4_VISION = Convention("llama4_vision_model",
+                           (("vision_apply_rotary_emb", ours_2d.apply_rotary_emb_complex_vision),), "complex")
+EDGETAM = Convention("edgetam_video", (("apply_rotary_pos_emb_2d_self_attn", ours_2d.apply_rotary_pos_emb_2d_self_attn),
+                                       ("apply_rotary_pos_emb_2d_cross_attn",
+                                        ours_2d.apply_rotary_pos_emb_2d_cross_attn)), "interleaved")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM)})
+                                                    SAM, LLAMA4_VISION, EDGETAM)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -48,6 +48,9 @@ pairwise`                                   tower
 :func:`apply_rotary_pos_emb_2d`             SAM 2, SAM 3            interleaved   (2i, 2i + 1)
 ==========================================  ======================  ============  ==================
 
+Llama 4's vision tower and EdgeTAM video's memory attention have theirs in
+:mod:`rope.hf.functions_2d`.
+
 Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
 table width, twice that for pair tables) and the rest pass through (partial rotary: Phi,
 GPT-NeoX, GLM, GLM-4V); DeepSeek-V4's function rotates the last ``d`` instead (``rotated="last"``
