@@ -65,6 +65,10 @@ OWN_POSITIONS = {
                       "test_hf_vision.py (test_fractional_positions_are_exact)",
     "sam3_vision_model": "its ViT backbone's layers turn by grid positions of their own float buffers (as "
                          "sam3_vit_model's)",
+    "sam3": "its ViT backbone's layers turn by grid positions of their own float buffers (as sam3_vit_model's)",
+    "llama4_vision_model": "its rotary module takes no positions: forward(hidden_states) returns the table of its "
+                           "fixed patch grid (the class token at angle 0), which the shift does not move: rope's "
+                           "table is checked in test_hf_vision.py (test_llama4_complex_table_is_exact_and_the_model_s)",
     "qwen2_5_omni_dit": "its forward takes no position_ids and numbers its mel frames 0, 1, ... itself, for a "
                         "rotary module held as rotary_embed, which the shift (on rotary_emb modules) does not reach",
     "qwen2_5_omni_token2wav": "its DiT, the part run, numbers its mel frames itself for a rotary module held as "

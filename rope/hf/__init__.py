@@ -36,7 +36,10 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`apply_rotary_pos_emb_vision` (Qwen2-VL's, GLM-4V's and most others) and
   :func:`apply_rotary_pos_emb_vision_pairwise` (Inkling 2's), :func:`apply_rotary_pos_emb_2d`
   (SAM 2's and SAM 3's), :func:`apply_rotary_pos_emb_patches` (DINOv3's, Sapiens2's,
-  EoMT-DINOv3's: the image's patches after its class and register tokens).
+  EoMT-DINOv3's: the image's patches after its class and register tokens),
+  :func:`apply_rotary_emb_complex_vision` (Llama 4's) and
+  :func:`apply_rotary_pos_emb_2d_self_attn`, :func:`apply_rotary_pos_emb_2d_cross_attn` (EdgeTAM
+  video's memory attention; :mod:`rope.hf.functions_2d`).
 * :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
   exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
   CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
@@ -115,6 +118,11 @@ from .functions import (
     rotate_half,
     rotate_pairs_interleaved,
 )
+from .functions_2d import (
+    apply_rotary_emb_complex_vision,
+    apply_rotary_pos_emb_2d_cross_attn,
+    apply_rotary_pos_emb_2d_self_attn,
+)
 from .install import POSITION_TABLES, PROBE_TOLERANCE, Replacement, install, rotary_replacements
 from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
@@ -136,6 +144,7 @@ __all__ = [
     "StackedRotaryTable",
     "apply_rotary_emb_complex",
     "apply_rotary_emb_complex_heads_first",
+    "apply_rotary_emb_complex_vision",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_conjugate",
     "apply_rotary_pos_emb_every_two",
@@ -150,6 +159,8 @@ __all__ = [
     "apply_rotary_pos_emb_single",
     "apply_rotary_pos_emb_trailing",
     "apply_rotary_pos_emb_2d",
+    "apply_rotary_pos_emb_2d_cross_attn",
+    "apply_rotary_pos_emb_2d_self_attn",
     "apply_rotary_pos_emb_vision",
     "apply_rotary_pos_emb_vision_pairwise",
     "diagnose",

@@ -195,7 +195,8 @@ def source_matches_llama(model_type: str) -> bool:
 
 
 _ARGUMENTS = {"q": "q", "xq": "q", "x": "q", "tensor": "q", "k": "k", "xk": "k", "cos": "cos", "sin": "sin",
-              "freqs_cis": "freqs_cis"}
+              "freqs_cis": "freqs_cis", "query": "q", "key": "k", "freqs_ci": "freqs_cis", "cos_k": "cos",
+              "sin_k": "sin"}
 """The positional parameters of rope's functions, by name, and the input each takes."""
 
 
@@ -244,12 +245,20 @@ def _fewer_table_rows(args: tuple) -> tuple:
     return (*args[:2], *(table[..., table.shape[-2] // 2:, :] for table in args[2:]))
 
 
+def _memory_keys(args: tuple) -> tuple:
+    q, k, *tables = args
+    return (q, torch.cat((k, k, k), dim=-2), *tables, 2, 2)
+
+
 EXTRA_CALLS = {"apply_rotary_pos_emb_keys_optional": _without_keys,
                "apply_rotary_pos_emb_last_queries": _shorter_queries,
-               "apply_rotary_pos_emb_patches": _fewer_table_rows}
+               "apply_rotary_pos_emb_patches": _fewer_table_rows,
+               "apply_rotary_pos_emb_2d_cross_attn": _memory_keys}
 """rope's functions that Llama's also matches on q and k alike, and the further call that tells
 them apart (made from the first call's arguments): keys ``None``, queries shorter than the keys,
-tables of fewer rows than the tokens (DINOv3's patches after its class and register tokens)."""
+tables of fewer rows than the tokens (DINOv3's patches after its class and register tokens);
+EdgeTAM's cross-attention on keys of two memory frames (one temporal key and the spatial ones of
+``cos_k`` each) and two object pointers (``num_k_exclude_rope=2, repeat_freqs_k=2``)."""
 
 
 def _computes(theirs: Callable, ours: Callable, form: str, generator: torch.Generator) -> bool:
@@ -276,11 +285,32 @@ def convention_of(module) -> families.Convention | str:
     found = conventions_of(module)
     if found:
         return found[0]
-    own = sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
-                 and getattr(value, "__module__", None) == module.__name__
-                 and any(word in name for word in ("rotary", "rotate", "rope")))
+    own = _rotary_functions(module)
     return ("its rotary functions (" + (", ".join(own) or "none at module level") + ") compute none of rope's "
             "conventions (rope.hf.families.CONVENTIONS)")
+
+
+def _rotary_functions(module) -> list[str]:
+    """The module-level functions ``module`` defines whose names speak of rotation, sorted."""
+    return sorted(name for name, value in vars(module).items() if callable(value) and not isinstance(value, type)
+                  and getattr(value, "__module__", None) == module.__name__
+                  and any(word in name for word in ("rotary", "rotate", "rope")))
+
+
+def parts_convention(model_type: str, module) -> families.Convention | None:
+    """For a composite whose modeling module defines no rotary function at all, its rotary modules
+    all held by its parts of other types (HyperCLOVA X Vision V2: a Qwen2.5-VL vision tower and a
+    HyperCLOVA X text model, built by ``AutoModel``), the row of its text model's type in the
+    current table (:data:`rope.hf.FAMILIES`), which :func:`classify` probes it with: patch swaps
+    the functions of its parts' modules, each by its own row (:func:`rope.hf.patching.modeling_modules`),
+    and nothing in its own. ``None`` for any other module or type."""
+    if _rotary_functions(module):
+        return None
+    try:
+        text = tiny_config(model_type).get_text_config()
+    except Exception:  # no config to read a text model from: no parts
+        return None
+    return families.FAMILIES.get(text.model_type) if text.model_type != model_type else None
 
 
 def deepseek_v3_config(rope_interleave: bool = True):
@@ -613,6 +643,12 @@ def _dots3_audio(config) -> None:
     config.adapter_input_size = config.hidden_size
 
 
+def _sam3(config) -> None:
+    config.vision_config.fpn_hidden_size = config.detr_encoder_config.hidden_size
+    config.detr_decoder_config.initializer_range = 0.02
+    config.mask_decoder_config.initializer_range = 0.05
+
+
 def _codec_quantizer(config) -> None:
     config.quantization_dim = config.hidden_size + config.semantic_model_config.hidden_size
     _one_key_per_head(config)
@@ -641,6 +677,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "eomt_dinov3": _set(num_blocks=1, num_queries=8, image_size=160),
          "sam2_video": lambda config: (_hiera(config), part_feeds.memory_grid(config)), "edgetam_video": _hiera,
          "sam3_tracker_video": part_feeds.memory_grid,
+         "sam3": _sam3,
          "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
                               speech_encoder_layers=2, speech_encoder_attention_heads=4,
                               speech_encoder_intermediate_size=96, t2u_encoder_layers=2, t2u_decoder_layers=2,
@@ -696,7 +733,12 @@ adapter's input (which must be ``hidden_size``) at init, before the tiny sizes a
 and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
 (:func:`_hiera`: one block each, 16 to 128 wide), and SAM 2 Video's and SAM 3 Tracker Video's
 memory attention a grid of :data:`rope.hf.feeds.GRID`'s rows and columns
-(:func:`rope.hf.part_feeds.memory_grid`: 64 x 64 by default); SeamlessM4T's encoders, text-to-unit model and
+(:func:`rope.hf.part_feeds.memory_grid`: 64 x 64 by default); SAM 3's vision neck (``fpn_hidden_size``,
+256) feeds its DETR encoder, as wide as the tiny hidden size, which it is set to, and its DETR
+decoder (refining boxes layer by layer) and mask decoder amplify float32 noise at the tiny init
+range (pixels moved by 1e-7 move its masks, some 60 in size, by 0.01), so they are initialised
+at 0.02 and 0.05 (masks near 0.5, float32 noise of the rotation 2% of the probe's tolerance);
+SeamlessM4T's encoders, text-to-unit model and
 vocoder take their sizes from keys of their own. ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
 the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
@@ -830,7 +872,9 @@ FEED_EXTRAS = {
     "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),),
     "qwen2_5_omni_dit": lambda config: (
         ("condition_vector", (2, 20, config.mel_dim)), ("speaker_embedding", (2, 20, config.enc_emb_dim)),
-        ("quantized_code", (2, 20 // config.repeats)), ("time_step", (2,)))}
+        ("quantized_code", (2, 20 // config.repeats)), ("time_step", (2,))),
+    "sam3": lambda config: (("pixel_values", (2, 3, *(n * config.vision_config.backbone_config.patch_size
+                                                      for n in feeds.GRID[1:]))),)}
 """Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
 ``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
 transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
@@ -843,7 +887,9 @@ unseeded ``torch.randint``, so no two runs agree), Qwen2.5-Omni's DiT's conditio
 mel spectrogram for its speaker encoder, a speaker embedding per frame, codec codes, which it
 repeats ``repeats`` times per frame, and a diffusion time per sample), EfficientLoFTR's image pair
 (``[batch, 2, channels, height, width]``, its forward's one input, of no patch size: grey images
-of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens). Qwen2.5-Omni's token-to-wave
+of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens), SAM 3's image (its model
+needs pixels beside the prompt's token ids: one image of :data:`rope.hf.feeds.GRID` patches per
+prompt, whose ViT rotates). Qwen2.5-Omni's token-to-wave
 model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS`."""
 
 
@@ -1137,7 +1183,9 @@ def classify(model_type: str) -> Row:
     """The :class:`Row` of one model type: convention from its code, then the probe; where the
     module computes several conventions and the probed forward calls none of the first's
     functions, the next (Qwen2-VL's vision tower calls ``apply_rotary_pos_emb_vision``, not the
-    ``apply_rotary_pos_emb`` of its text model). A type none of them passes gets the first's verdict."""
+    ``apply_rotary_pos_emb`` of its text model). A type none of them passes gets the first's verdict.
+    A composite whose module rotates nothing itself is probed with its text model's row
+    (:func:`parts_convention`)."""
     file = source_file(model_type)
     source = str(file.relative_to(pathlib.Path(_transformers().__file__).parent))
     matches = source_matches_llama(model_type)
@@ -1147,11 +1195,12 @@ def classify(model_type: str) -> Row:
         quoted = _checks.first_line(err, 200)
         return Row(model_type, source, None, f"its modeling module does not import here ({quoted})")
     convention = convention_of(module)
-    if isinstance(convention, str):
+    parts = parts_convention(model_type, module) if isinstance(convention, str) else None
+    if isinstance(convention, str) and parts is None:
         why = convention + (f": {CONVENTION_DIFFERENCES[model_type]}" if model_type in CONVENTION_DIFFERENCES else "")
         return Row(model_type, source, None, why, matches)
     tried = []
-    for convention in conventions_of(module):
+    for convention in [parts] if parts is not None else conventions_of(module):
         reason, feed = probe(model_type, convention)
         tried.append((convention, reason, feed))
         if not reason.startswith("its attention calls none of"):

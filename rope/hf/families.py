@@ -73,6 +73,15 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   broadcast as they are, the class and register tokens before them passed through
   (``modeling_dinov3_vit.py``, ``modeling_sapiens2.py``, ``modeling_eomt_dinov3.py``). Its tables
   come from an image-grid rotary module, which :mod:`rope.hf.grid` swaps.
+* :data:`LLAMA4_VISION`: Llama 4's ``vision_apply_rotary_emb(query, key, freqs_ci)``, pairs (2i, 2i + 1)
+  as complex numbers times ``freqs_ci`` viewed as ``[1, seq, 1, head_dim / 2]``, in complex64, on
+  its vision tower's table (``modeling_llama4.py``; :mod:`rope.hf.functions_2d`).
+* :data:`EDGETAM`: EdgeTAM video's ``apply_rotary_pos_emb_2d_self_attn`` (SAM's formula) and
+  ``apply_rotary_pos_emb_2d_cross_attn``, which turns the queries by ``cos``, ``sin`` and of the
+  keys only the spatial ones of each memory frame by ``cos_k``, ``sin_k`` (repeated per frame),
+  the temporal ones and the last ``num_k_exclude_rope`` (object pointers) passing through
+  (``modeling_edgetam_video.py``; :mod:`rope.hf.functions_2d`). No model type follows it in the
+  table yet: EdgeTAM video's forward needs an inference session, which the probe does not make.
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -87,6 +96,7 @@ from types import MappingProxyType
 
 from .. import _checks
 from . import functions as ours  # rope's replacements, one per convention
+from . import functions_2d as ours_2d  # those of vision and video attentions beyond functions.py
 from .coverage_table import COVERED
 from .embedding import TABLE_FORMS
 
@@ -140,11 +150,16 @@ PATCHES = Convention("dinov3_vit", (("apply_rotary_pos_emb", ours.apply_rotary_p
 VISION_PAIRWISE = Convention("inkling2_vision",
                              (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
                              "interleaved")
+LLAMA4_VISION = Convention("llama4_vision_model",
+                           (("vision_apply_rotary_emb", ours_2d.apply_rotary_emb_complex_vision),), "complex")
+EDGETAM = Convention("edgetam_video", (("apply_rotary_pos_emb_2d_self_attn", ours_2d.apply_rotary_pos_emb_2d_self_attn),
+                                       ("apply_rotary_pos_emb_2d_cross_attn",
+                                        ours_2d.apply_rotary_pos_emb_2d_cross_attn)), "interleaved")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM)})
+                                                    SAM, LLAMA4_VISION, EDGETAM)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

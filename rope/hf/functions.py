@@ -50,6 +50,9 @@ pairwise`                                   tower
                                             EoMT-DINOv3                           the last tokens
 ==========================================  ======================  ============  ==================
 
+Llama 4's vision tower and EdgeTAM video's memory attention have theirs in
+:mod:`rope.hf.functions_2d`.
+
 Where the tables are narrower than the head, the first ``d`` coordinates rotate (``d`` the
 table width, twice that for pair tables) and the rest pass through (partial rotary: Phi,
 GPT-NeoX, GLM, GLM-4V); DeepSeek-V4's function rotates the last ``d`` instead (``rotated="last"``
