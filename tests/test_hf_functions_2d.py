@@ -278,9 +278,27 @@ def test_non_finite_entries_spread_as_in_transformers():
 
 def test_the_conventions_are_found_in_their_modeling_modules():
     assert coverage.conventions_of(edgetam) == [families.EDGETAM]
-    assert coverage.conventions_of(llama4) == [families.LLAMA4, families.LLAMA4_VISION]
+    assert coverage.conventions_of(llama4) == [families.LLAMA4]
     assert families.CONVENTIONS["edgetam_video"] is families.EDGETAM
-    assert rope.hf.FAMILIES["llama4_vision_model"] is families.LLAMA4_VISION
+    for model_type in ("llama4", "llama4_text", "llama4_vision_model"):
+        assert rope.hf.FAMILIES[model_type] is families.LLAMA4
+
+
+def test_a_whole_llama4_model_gets_both_of_rope_s_functions():
+    """Patching Llama 4 (text and vision tower) replaces the text's and the tower's apply functions
+    alike, so no rotation of the model is left to transformers' complex64 arithmetic; unpatch
+    restores both."""
+    before = llama4.apply_rotary_emb, llama4.vision_apply_rotary_emb
+    model = coverage.tiny_model("llama4")
+    record = rope.hf.patch(model)
+    try:
+        assert llama4.apply_rotary_emb is not before[0] and llama4.vision_apply_rotary_emb is not before[1]
+        assert {llama4.apply_rotary_emb.__name__, llama4.vision_apply_rotary_emb.__name__} == {
+            "apply_rotary_emb_complex", "apply_rotary_emb_complex_vision"}
+        assert record.vision_modules and not record.vision_left  # the tower's complex table is rope's too
+    finally:
+        rope.hf.unpatch(model)
+    assert (llama4.apply_rotary_emb, llama4.vision_apply_rotary_emb) == before
 
 
 def counted(function, calls: list):

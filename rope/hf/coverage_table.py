@@ -155,7 +155,7 @@ COVERED = {
     'llama': ('llama', 'models/llama/modeling_llama.py', True),
     'llama4': ('llama4', 'models/llama4/modeling_llama4.py', False),
     'llama4_text': ('llama4', 'models/llama4/modeling_llama4.py', False),
-    'llama4_vision_model': ('llama4_vision_model', 'models/llama4/modeling_llama4.py', False),
+    'llama4_vision_model': ('llama4', 'models/llama4/modeling_llama4.py', False),
     'longcat_flash': ('glm_moe_dsa', 'models/longcat_flash/modeling_longcat_flash.py', False),
     'mellum': ('llama', 'models/mellum/modeling_mellum.py', True),
     'mimi': ('llama', 'models/mimi/modeling_mimi.py', True),

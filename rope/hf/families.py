@@ -53,7 +53,10 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   sin`` on tables with each angle once repeated twice in a row, looked up by the attention in its
   ``embed_positions`` buffer (``modeling_gptj.py``, ``modeling_codegen.py``).
 * :data:`LLAMA4`: ``apply_rotary_emb(xq, xk, freqs_cis)``, pairs (2i, 2i + 1) as complex numbers
-  times ``freqs_cis`` (``modeling_llama4.py``).
+  times ``freqs_cis``, and its vision tower's ``vision_apply_rotary_emb(query, key, freqs_ci)``, the
+  same with ``freqs_ci`` viewed as ``[1, seq, 1, head_dim / 2]``, in complex64, on the tower's
+  table (``modeling_llama4.py``; :mod:`rope.hf.functions_2d`): both replaced, so a whole Llama 4
+  model, its tower alone or its text model alone rotates exactly.
 * :data:`DEEPSEEK_V2`: Llama 4's ``apply_rotary_emb`` on q and k ``[batch, heads, seq, head_dim]``
   (``modeling_deepseek_v2.py``).
 * :data:`VISION`: ``apply_rotary_pos_emb_vision(q, k, cos, sin)`` of the vision towers, Llama's
@@ -73,9 +76,6 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   broadcast as they are, the class and register tokens before them passed through
   (``modeling_dinov3_vit.py``, ``modeling_sapiens2.py``, ``modeling_eomt_dinov3.py``). Its tables
   come from an image-grid rotary module, which :mod:`rope.hf.grid` swaps.
-* :data:`LLAMA4_VISION`: Llama 4's ``vision_apply_rotary_emb(query, key, freqs_ci)``, pairs (2i, 2i + 1)
-  as complex numbers times ``freqs_ci`` viewed as ``[1, seq, 1, head_dim / 2]``, in complex64, on
-  its vision tower's table (``modeling_llama4.py``; :mod:`rope.hf.functions_2d`).
 * :data:`EDGETAM`: EdgeTAM video's ``apply_rotary_pos_emb_2d_self_attn`` (SAM's formula) and
   ``apply_rotary_pos_emb_2d_cross_attn``, which turns the queries by ``cos``, ``sin`` and of the
   keys only the spatial ones of each memory frame by ``cos_k``, ``sin_k`` (repeated per frame),
@@ -141,7 +141,8 @@ PRIVACY_FILTER = Convention("openai_privacy_filter",
 GEMMA4 = Convention("gemma4", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_single),), "rotate_half")
 DEEPSEEK_V4 = Convention("deepseek_v4", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_trailing),), "pairs")
 GPTJ = Convention("gptj", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb_every_two),), "pairs")
-LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_complex),), "complex")
+LLAMA4 = Convention("llama4", (("apply_rotary_emb", ours.apply_rotary_emb_complex),
+                               ("vision_apply_rotary_emb", ours_2d.apply_rotary_emb_complex_vision)), "complex")
 DEEPSEEK_V2 = Convention("deepseek_v2", (("apply_rotary_emb", ours.apply_rotary_emb_complex_heads_first),), "complex")
 VISION = Convention("qwen2_vl_vision", (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision),),
                     "rotate_half")
@@ -150,8 +151,6 @@ PATCHES = Convention("dinov3_vit", (("apply_rotary_pos_emb", ours.apply_rotary_p
 VISION_PAIRWISE = Convention("inkling2_vision",
                              (("apply_rotary_pos_emb_vision", ours.apply_rotary_pos_emb_vision_pairwise),),
                              "interleaved")
-LLAMA4_VISION = Convention("llama4_vision_model",
-                           (("vision_apply_rotary_emb", ours_2d.apply_rotary_emb_complex_vision),), "complex")
 EDGETAM = Convention("edgetam_video", (("apply_rotary_pos_emb_2d_self_attn", ours_2d.apply_rotary_pos_emb_2d_self_attn),
                                        ("apply_rotary_pos_emb_2d_cross_attn",
                                         ours_2d.apply_rotary_pos_emb_2d_cross_attn)), "interleaved")
@@ -159,7 +158,7 @@ EDGETAM = Convention("edgetam_video", (("apply_rotary_pos_emb_2d_self_attn", our
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM, LLAMA4_VISION, EDGETAM)})
+                                                    SAM, EDGETAM)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})
