@@ -114,7 +114,16 @@ def test_install_refuses_what_it_does_not_reproduce_and_changes_nothing():
         rope.hf.install(model)
 
 
-def test_patch_still_refuses_the_conformers_naming_why():
-    model, _ = conformer()
-    with pytest.raises(ValueError, match="model_type 'wav2vec2-conformer' is not in rope.hf.FAMILIES"):
-        rope.hf.patch(model)
+@pytest.mark.parametrize("build", [conformer, bert])
+def test_patch_swaps_the_stack_and_the_method_and_unpatch_restores(build):
+    """patch covers the conformers (rope.hf.methods): rope's stack and attention method give the
+    model's output to float32 noise; unpatch gives it back bit for bit."""
+    model, inputs = build()
+    before = hidden(model, inputs)
+    record = rope.hf.patch(model)
+    try:
+        assert isinstance(model.encoder.embed_positions, StackedRotaryTable) and record.rotary_modules
+        assert (hidden(model, inputs) - before).abs().max() < 1e-4
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(hidden(model, inputs), before)

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import families, feeds, vision
+from . import families, feeds, methods, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
@@ -260,8 +260,9 @@ def conventions_of(module) -> list[families.Convention]:
     its tower)."""
     generator = torch.Generator().manual_seed(0)
     return [convention for convention in CONVENTIONS
-            if all(_computes(getattr(module, name, None) or (lambda *a: None), ours, convention.tables, generator)
-                   for name, ours in convention.functions)]
+            if (methods.computes(module, convention) if methods.is_method(convention) else
+                all(_computes(getattr(module, name, None) or (lambda *a: None), ours, convention.tables, generator)
+                    for name, ours in convention.functions))]
 
 
 def convention_of(module) -> families.Convention | str:
@@ -629,6 +630,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
+         "vjepa2": _set(crop_size=64, frames_per_clip=4),
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
          "sam2_video": _hiera, "edgetam_video": _hiera,
          "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
@@ -636,7 +638,10 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                               speech_encoder_intermediate_size=96, t2u_encoder_layers=2, t2u_decoder_layers=2,
                               t2u_encoder_ffn_dim=96, t2u_decoder_ffn_dim=96, t2u_encoder_attention_heads=4,
                               t2u_decoder_attention_heads=4, t2u_vocab_size=97, unit_hifi_gan_vocab_size=97,
-                              unit_embed_dim=32, lang_embed_dim=16, spkr_embed_dim=16),
+                              unit_embed_dim=32, lang_embed_dim=16, spkr_embed_dim=16,
+                              position_embeddings_type="rotary"),
+         "wav2vec2-conformer": _set(position_embeddings_type="rotary"),
+         "wav2vec2-bert": _set(position_embeddings_type="rotary"),
          "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None),
          "moonshine": _set(encoder_num_attention_heads=4, encoder_num_key_value_heads=4, encoder_num_hidden_layers=2),
          "hunyuan_vl": lambda config: config.text_config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
@@ -679,7 +684,10 @@ dots.llm3's audio encoder derives its convolution's output width (``conv_output_
 adapter's input (which must be ``hidden_size``) at init, before the tiny sizes are set; SAM 2's
 and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
 (:func:`_hiera`: one block each, 16 to 128 wide); SeamlessM4T's encoders, text-to-unit model and
-vocoder take their sizes from keys of their own. ESM's default config uses
+vocoder take their sizes from keys of their own; V-JEPA 2's clip (64 frames of 256 x 256
+pixels) is 4 frames of 64 x 64 here: 2 x 4 x 4 patches of 16 pixels and 2 frames. The conformers (wav2vec2-conformer,
+wav2vec2-bert, SeamlessM4T's speech encoder) rotate only with ``position_embeddings_type="rotary"``
+(their default is relative positions), as their rotary checkpoints are configured; ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
 the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
 whose config does not rotate (it has no rotary module), naming that option."""
@@ -797,6 +805,8 @@ FEED_EXTRAS = {
         ("attention_mask", (2, 40))),
     "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
     "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),),
+    "seamless_m4t": lambda config: (("input_features", (2, feeds.FRAMES, config.feature_projection_input_dim)),
+                                    ("decoder_input_ids", ())),
     "qwen2_5_omni_dit": lambda config: (
         ("condition_vector", (2, 20, config.mel_dim)), ("speaker_embedding", (2, 20, config.enc_emb_dim)),
         ("quantized_code", (2, 20 // config.repeats)), ("time_step", (2,)))}
@@ -810,7 +820,9 @@ Realtime's text model's time conditioning (``t_cond``, which its decoder layers 
 DiffusionGemma's canvas (``decoder_input_ids``: without them its forward draws the canvas with an
 unseeded ``torch.randint``, so no two runs agree), Qwen2.5-Omni's DiT's conditioning (a reference
 mel spectrogram for its speaker encoder, a speaker embedding per frame, codec codes, which it
-repeats ``repeats`` times per frame, and a diffusion time per sample). Qwen2.5-Omni's token-to-wave
+repeats ``repeats`` times per frame, and a diffusion time per sample), SeamlessM4T's speech
+(audio features, which its forward runs through the speech encoder, the part that rotates, in
+priority over the token ids, and the text decoder's ids). Qwen2.5-Omni's token-to-wave
 model has none: its forward draws its initial noise with an unseeded ``torch.randn``."""
 
 
@@ -838,13 +850,13 @@ def _chosen_feed(model: nn.Module, modules: list):
     but the last; else the first on which it runs. Returns the feed and its output, or why none
     runs (and ``None``)."""
     tokens, failures, ranked = sample_tokens(), [], {}
-    originals = {(module, name): getattr(module, name) for module, held in modules for name, _ in held.functions}
+    originals = {(module, name): methods.get(module, name) for module, held in modules for name, _ in held.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
     for candidate in feeds.candidates(model, text_part(model), extra):
         calls = []
         try:
             for (module, name), function in originals.items():
-                setattr(module, name, _counting(function, calls))
+                methods.put(module, name, _counting(function, calls))
             out = output(model, tokens, feed=candidate)
             live = bool(calls) and float(out.abs().max()) > LIVE_OUTPUT
             moved = live and not torch.equal(output(model, tokens, PROBE_SHIFT, feed=candidate), out)
@@ -853,7 +865,7 @@ def _chosen_feed(model: nn.Module, modules: list):
             continue
         finally:
             for (module, name), function in originals.items():
-                setattr(module, name, function)
+                methods.put(module, name, function)
         if moved:
             return candidate, out
         ranked.setdefault(live, (candidate, out))
@@ -902,7 +914,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
         return (f"transformers does not build it from its default config at rope's tiny sizes ({type(err).__name__}: "
                 f"{_checks.first_line(err, 200)})" + _text_verdict(config), Feed())
     vision_only = not rotary_slots(built) and bool(vision.vision_rotary_modules(built))
-    if not rotary_slots(built) and not vision_only:
+    own_tables = convention.name in methods.OWN_TABLES  # patch swaps its method alone
+    if not rotary_slots(built) and not vision_only and not own_tables:
         return _no_rotary_emb(built, module), Feed()
     try:
         model = _materialized(built, config, seed=0)
@@ -922,7 +935,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
                     f"{found if isinstance(found, str) else 'the ' + found.name + ' convention'}, not "
                     f"{held.name} as their model type's row"), Feed()
     try:
-        swaps, left = vision.vision_replacements(model) if vision_only else (rotary_replacements(model), ())
+        swaps, left = vision.vision_replacements(model) if vision_only else (
+            () if own_tables else rotary_replacements(model), ())
     except ValueError as err:
         return _checks.first_line(err, 200).removeprefix("install: "), Feed()
     if left:  # a vision tower whose tables rope does not reproduce keeps transformers' float32 angles
@@ -930,17 +944,17 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     feed, expected = _chosen_feed(model, modules)
     if isinstance(feed, str):
         return feed, Feed()
-    if not vision_only:
+    if not vision_only and not own_tables:
         install(model)
         swaps = vision.vision_replacements(model)[0]  # as patch does: its vision towers' too
     vision.swap(model, swaps)
-    originals = {(holder, name): getattr(holder, name) for holder, held in modules for name, _ in held.functions}
+    originals = {(holder, name): methods.get(holder, name) for holder, held in modules for name, _ in held.functions}
     calls = {name: [] for _, held in modules for name, _ in held.functions}
     left = stock_rotary_calls(model)
     try:
         for holder, held in modules:
             for name, ours in held.functions:
-                setattr(holder, name, _counting(ours, calls[name]))
+                methods.put(holder, name, _counting(ours, calls[name]))
         got = output(model, sample_tokens(), feed=feed)
     except Exception as err:  # rope's function refused the model's inputs
         quoted = _checks.first_line(err, 200)
@@ -948,7 +962,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
         return f"rope's {names} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
     finally:
         for (holder, name), function in originals.items():
-            setattr(holder, name, function)
+            methods.put(holder, name, function)
         called = left.close()
     if called:
         name, kind = called[0]
@@ -1053,23 +1067,13 @@ def _text_verdict(config) -> str:
     return f"; its text model ({text.model_type}) {verdict}"
 
 
-_CONFORMER = ("its conformer's rotary module returns one cached (cos, sin) stack of positions 0 .. n - 1 per "
-              "sequence length, without position ids, which its attention's own _apply_rotary_embedding method "
-              "reads: nothing at module level to replace, and no positions to move")
 _CLVP = ("CLVP's apply_rotary_pos_emb(q, k, v, cos, sin, position_ids) also rotates the values and indexes the "
          "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states))")
 CONVENTION_DIFFERENCES = {
     "clvp": _CLVP, "clvp_decoder": _CLVP, "clvp_encoder": _CLVP,
-    "roformer": ("RoFormer rotates inside its attention (the static method apply_rotary_position_embeddings: pairs "
-                 "(2i, 2i + 1), the values too where rotary_value) from a sinusoidal table of absolute positions "
-                 "(RoFormerSinusoidalPositionalEmbedding), no function at module level"),
-    "seamless_m4t": _CONFORMER, "wav2vec2-bert": _CONFORMER, "wav2vec2-conformer": _CONFORMER,
     "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "
                       "themselves, not q and k, by the timestamps of their windows (2-D axial over window index and "
                       "time, its pos_emb), with tables it broadcasts as given"),
-    "vjepa2": ("V-JEPA 2 rotates q and k by 3-D patch positions (depth, height and width, a third of each head each: "
-               "rotate_queries_or_keys, pairs (2i, 2i + 1), frequencies computed at each call in q's dtype), with no "
-               "rotary module"),
 }
 """What the rotary functions of the types no convention fits compute instead (:func:`classify`
 adds it to the reason)."""
