@@ -397,3 +397,23 @@ def test_patching_vjepa2_replaces_its_function_alone():
     finally:
         rope.hf.unpatch(model)
     assert modeling_vjepa2.rotate_queries_or_keys is original
+
+
+def test_a_patched_conformer_cast_to_bfloat16_rotates_by_the_exact_stack():
+    """The cast keeps rope's float32 frequencies, and every layer's method rotates by the float64
+    stack behind the bfloat16 one it is handed."""
+    model = coverage.tiny_model("wav2vec2-conformer")
+    rope.hf.patch(model)
+    found = []
+    exact_stack = methods._exact_stack
+    try:
+        model.to(torch.bfloat16)
+        assert model.encoder.embed_positions.inv_freq.dtype == torch.float32
+        methods._exact_stack = lambda stack: found.append(exact_stack(stack)) or found[-1]
+        with torch.no_grad():
+            out = model(torch.randn(2, 3840, generator=torch.Generator().manual_seed(4)).bfloat16()).last_hidden_state
+    finally:
+        methods._exact_stack = exact_stack
+        rope.hf.unpatch(model)
+    assert out.dtype == torch.bfloat16 and out.isfinite().all()
+    assert found and all(stack is not None and stack.dtype == torch.float64 for stack in found)

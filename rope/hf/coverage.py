@@ -1068,7 +1068,9 @@ def _text_verdict(config) -> str:
 
 
 _CLVP = ("CLVP's apply_rotary_pos_emb(q, k, v, cos, sin, position_ids) also rotates the values and indexes the "
-         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states))")
+         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states)) "
+         "and returns their float32 angles, not cos and sin: its attention takes their cos and sin itself, so no "
+         "exact table reaches the function, and position ids past the sequence fall outside the table")
 CONVENTION_DIFFERENCES = {
     "clvp": _CLVP, "clvp_decoder": _CLVP, "clvp_encoder": _CLVP,
     "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "

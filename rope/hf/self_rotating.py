@@ -73,6 +73,15 @@ class StackedRotaryTable(nn.Module):
         self.base, self.head_dim = base, head_dim
         self.inv_freq = nn.Buffer(theta, persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """``.to()``, ``.half()``, ``.to(torch.bfloat16)`` and the like move ``inv_freq`` but keep its
+        float32 values (a cast would round theta_i: transformers issue #29496), as
+        :class:`rope.hf.RotaryEmbedding` does."""
+        theta = self._buffers["inv_freq"]
+        super()._apply(fn, recurse)
+        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
+        return self
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() < 2:
             raise TypeError("hidden_states must be a tensor [batch, seq, ...], got "
