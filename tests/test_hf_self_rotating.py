@@ -1,7 +1,8 @@
 """rope.hf.self_rotating: rope's exact table module in place of the conformers' rotary modules
 (wav2vec2-conformer, wav2vec2-bert: a stack of cos and sin of the sequence's own positions).
 The stack is checked against mpmath at positions past 2^16, against transformers' module at
-small positions (float32 noise), and install's swap and refusals on tiny models."""
+small positions (float32 noise), install's swap and refusals on tiny models, and patch, which
+swaps the stack and the attention's method (rope.hf.methods) and unpatch restores."""
 
 import math
 import types

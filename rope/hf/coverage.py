@@ -5,7 +5,8 @@ embeddings, :func:`survey` decides:
 
 1. the convention (:mod:`rope.hf.families`): the modeling module must define the convention's
    functions by name, and each must return what rope's replacement returns on random q, k and
-   tables of the convention's form (float32, within :data:`FUNCTION_TOLERANCE`);
+   tables of the convention's form (float32, within :data:`FUNCTION_TOLERANCE`; a method
+   convention's class attribute or function on its own arguments: :func:`rope.hf.methods.computes`);
    ``source_matches_llama`` also records whether the module's ``apply_rotary_pos_emb`` and
    ``rotate_half`` are Llama's source, token for token (docstrings aside);
 2. the probe (:func:`probe`): a tiny randomly initialised model of the type (:func:`tiny_model`:
@@ -14,7 +15,8 @@ embeddings, :func:`survey` decides:
    filled in (layer types, per-layer-type RoPE, keys of :data:`MISSING`), :data:`FIXES`, no
    download; a part of a composite model is built as its own class) must hold a ``rotary_emb``
    module or a position table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the
-   rotary modules or functions it has instead are named), held by classes of modeling modules
+   rotary modules or functions it has instead are named; a model of a convention of
+   :data:`rope.hf.methods.OWN_TABLES` keeps its own table or makes none), held by classes of modeling modules
    each of which computes its own convention (patch swaps the functions of each,
    :func:`rope.hf.patching.modeling_modules`: the type's own module the convention tried; another
    type's, as a composite's text model, the row of its classes' ``config.model_type`` in the
