@@ -19,7 +19,8 @@ A model that rotates in a method of its attention class (RoFormer, the conformer
 :mod:`rope.hf.methods`) gets that class attribute replaced instead of a module-level function; the
 class is shared by every model of the modeling module, so it is counted and restored in the same
 way, the very object the class held (a ``staticmethod`` included). RoFormer keeps its own table
-(float64 angles rounded once), so its modeling module is its own class's.
+(float64 angles rounded once) and V-JEPA 2 makes none (:data:`rope.hf.methods.OWN_TABLES`): no
+rotary module is swapped, and their modeling module is their own class's.
 
 A model may hold rotary modules in classes of several modeling modules (CSM's Mimi codec, a
 composite's text model of another type: Kimi-K2.5's DeepSeek-V3, PE Audio's ModernBERT). Each such
