@@ -33,7 +33,7 @@ import torch
 import rope
 
 transformers = pytest.importorskip("transformers")
-from rope.hf import coverage, coverage_table, families, feeds, vision  # noqa: E402
+from rope.hf import coverage, coverage_table, families, feeds, methods, vision  # noqa: E402
 from rope.hf.feeds import Feed  # noqa: E402
 from rope.hf.install import rotary_slots  # noqa: E402
 from test_hf_families import EARLIER  # noqa: E402
@@ -83,6 +83,13 @@ OWN_POSITIONS = {
     "efficientloftr": "its rotary module is called with the feature map and numbers its grid 1, 2, ... itself, "
                       "no position ids, which the shift does not reach: rope's tables at positions past 2^20 are "
                       "checked in test_hf_grid.py",
+    "roformer": "its forward takes no position_ids: its encoder numbers the tokens 0, 1, ... (past the cache) in its "
+                "own sinusoidal table, float64 angles rounded once, which patch keeps (rope.hf.methods)",
+    **dict.fromkeys(("wav2vec2-conformer", "wav2vec2-bert", "seamless_m4t"),
+                    "its conformer's rotary module takes no positions: it returns cos and sin of its frames 0, 1, "
+                    "... (test_hf_self_rotating.py checks rope's stack against mpmath past 2^16)"),
+    "vjepa2": "its attention numbers the patches of its clip itself (frame, row, column from their index: "
+              "get_position_ids), with no position_ids nor rotary module to move",
 }
 """Covered types that ignore the position_ids given, or whose rotary modules take positions the
 shift does not move: moved by 2^16 they still run at positions near 0."""
@@ -128,7 +135,8 @@ def test_patch_is_exact_and_unpatch_restores(model_type):
     record = rope.hf.patch(model)
     try:
         assert record.convention is rope.hf.FAMILIES[model_type]
-        if not rotary_slots(model):  # a vision tower alone: every vision rotary module is rope's now
+        if not rotary_slots(model) and record.convention.name not in methods.OWN_TABLES:  # a vision tower alone:
+            # every vision rotary module is rope's now (a model keeping its own table: its method alone)
             assert record.vision_modules and not record.vision_left and not vision.vision_rotary_modules(model)
         near = coverage.output(model, tokens)
         torch.testing.assert_close(near, expected, **coverage.LOGITS_TOLERANCE)

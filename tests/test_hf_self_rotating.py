@@ -1,7 +1,8 @@
 """rope.hf.self_rotating: rope's exact table module in place of the conformers' rotary modules
 (wav2vec2-conformer, wav2vec2-bert: a stack of cos and sin of the sequence's own positions).
 The stack is checked against mpmath at positions past 2^16, against transformers' module at
-small positions (float32 noise), and install's swap and refusals on tiny models."""
+small positions (float32 noise), install's swap and refusals on tiny models, and patch, which
+swaps the stack and the attention's method (rope.hf.methods) and unpatch restores."""
 
 import math
 import types
@@ -114,7 +115,16 @@ def test_install_refuses_what_it_does_not_reproduce_and_changes_nothing():
         rope.hf.install(model)
 
 
-def test_patch_still_refuses_the_conformers_naming_why():
-    model, _ = conformer()
-    with pytest.raises(ValueError, match="model_type 'wav2vec2-conformer' is not in rope.hf.FAMILIES"):
-        rope.hf.patch(model)
+@pytest.mark.parametrize("build", [conformer, bert])
+def test_patch_swaps_the_stack_and_the_method_and_unpatch_restores(build):
+    """patch covers the conformers (rope.hf.methods): rope's stack and attention method give the
+    model's output to float32 noise; unpatch gives it back bit for bit."""
+    model, inputs = build()
+    before = hidden(model, inputs)
+    record = rope.hf.patch(model)
+    try:
+        assert isinstance(model.encoder.embed_positions, StackedRotaryTable) and record.rotary_modules
+        assert (hidden(model, inputs) - before).abs().max() < 1e-4
+    finally:
+        rope.hf.unpatch(model)
+    assert torch.equal(hidden(model, inputs), before)

@@ -61,7 +61,13 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   wav2vec2-bert, SeamlessM4T with ``position_embeddings_type="rotary"``), which hand their
   attention one stack of the cos and sin of their sequence's own positions, no position ids:
   :func:`install` puts a :class:`StackedRotaryTable` in their place (exact angles, rounded once).
-  :func:`patch` does not cover these types: their rotation is a method of their attention.
+* :mod:`rope.hf.methods` covers the models that rotate in a method of their attention class:
+  :func:`patch` replaces that class attribute by :func:`apply_rotary_position_embeddings`
+  (RoFormer's static method) or :func:`apply_rotary_embedding_stacked` (the conformers'
+  ``_apply_rotary_embedding``, which rotates by the exact cos and sin behind rope's stack), and
+  :func:`unpatch` puts the very object back once no patched model of the class remains; likewise
+  V-JEPA 2's module-level ``rotate_queries_or_keys(x, pos)`` by :func:`rotate_queries_or_keys`
+  (exact angles, where transformers forms them in the model's dtype).
 * :func:`diagnose` measures the rotary tables of any model, patched or not, against exact angles:
   per rotary module and layer type, the worst error in units of the model's dtype, below and
   beyond its configured length, and the first position past half a unit (:mod:`rope.hf.precision`).
@@ -124,6 +130,7 @@ from .functions_2d import (
     apply_rotary_pos_emb_2d_self_attn,
 )
 from .install import POSITION_TABLES, PROBE_TOLERANCE, Replacement, install, rotary_replacements
+from .methods import apply_rotary_embedding_stacked, apply_rotary_position_embeddings, rotate_queries_or_keys
 from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
 from .self_rotating import StackedRotaryTable
@@ -143,6 +150,7 @@ __all__ = [
     "RotaryPrecision",
     "StackedRotaryTable",
     "apply_rotary_emb_complex",
+    "apply_rotary_embedding_stacked",
     "apply_rotary_emb_complex_heads_first",
     "apply_rotary_emb_complex_vision",
     "apply_rotary_pos_emb",
@@ -163,6 +171,7 @@ __all__ = [
     "apply_rotary_pos_emb_2d_self_attn",
     "apply_rotary_pos_emb_vision",
     "apply_rotary_pos_emb_vision_pairwise",
+    "apply_rotary_position_embeddings",
     "diagnose",
     "head_dim_of",
     "install",
@@ -176,5 +185,6 @@ __all__ = [
     "rotate_half",
     "rotate_half_tables",
     "rotate_pairs_interleaved",
+    "rotate_queries_or_keys",
     "unpatch",
 ]

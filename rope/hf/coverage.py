@@ -5,7 +5,8 @@ embeddings, :func:`survey` decides:
 
 1. the convention (:mod:`rope.hf.families`): the modeling module must define the convention's
    functions by name, and each must return what rope's replacement returns on random q, k and
-   tables of the convention's form (float32, within :data:`FUNCTION_TOLERANCE`);
+   tables of the convention's form (float32, within :data:`FUNCTION_TOLERANCE`; a method
+   convention's class attribute or function on its own arguments: :func:`rope.hf.methods.computes`);
    ``source_matches_llama`` also records whether the module's ``apply_rotary_pos_emb`` and
    ``rotate_half`` are Llama's source, token for token (docstrings aside);
 2. the probe (:func:`probe`): a tiny randomly initialised model of the type (:func:`tiny_model`:
@@ -14,7 +15,8 @@ embeddings, :func:`survey` decides:
    filled in (layer types, per-layer-type RoPE, keys of :data:`MISSING`), :data:`FIXES`, no
    download; a part of a composite model is built as its own class) must hold a ``rotary_emb``
    module or a position table (GPT-J's and CodeGen's, :data:`rope.hf.POSITION_TABLES`; else the
-   rotary modules or functions it has instead are named), held by classes of modeling modules
+   rotary modules or functions it has instead are named; a model of a convention of
+   :data:`rope.hf.methods.OWN_TABLES` keeps its own table or makes none), held by classes of modeling modules
    each of which computes its own convention (patch swaps the functions of each,
    :func:`rope.hf.patching.modeling_modules`: the type's own module the convention tried; another
    type's, as a composite's text model, the row of its classes' ``config.model_type`` in the
@@ -55,7 +57,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import families, feeds, part_feeds, standins, vision
+from . import families, feeds, methods, part_feeds, standins, vision
 from .embedding import RotaryEmbedding, head_dim_of
 from .feeds import Feed
 from .install import install, rotary_replacements, rotary_slots
@@ -275,8 +277,9 @@ def conventions_of(module) -> list[families.Convention]:
     its tower)."""
     generator = torch.Generator().manual_seed(0)
     return [convention for convention in CONVENTIONS
-            if all(_computes(getattr(module, name, None) or (lambda *a: None), ours, convention.tables, generator)
-                   for name, ours in convention.functions)]
+            if (methods.computes(module, convention) if methods.is_method(convention) else
+                all(_computes(getattr(module, name, None) or (lambda *a: None), ours, convention.tables, generator)
+                    for name, ours in convention.functions))]
 
 
 def convention_of(module) -> families.Convention | str:
@@ -672,6 +675,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
          "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
+         "vjepa2": _set(crop_size=64, frames_per_clip=4),
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
          "sapiens2": _set(num_key_value_heads_per_layer=[4, 2]),
          "eomt_dinov3": _set(num_blocks=1, num_queries=8, image_size=160),
@@ -683,7 +687,10 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
                               speech_encoder_intermediate_size=96, t2u_encoder_layers=2, t2u_decoder_layers=2,
                               t2u_encoder_ffn_dim=96, t2u_decoder_ffn_dim=96, t2u_encoder_attention_heads=4,
                               t2u_decoder_attention_heads=4, t2u_vocab_size=97, unit_hifi_gan_vocab_size=97,
-                              unit_embed_dim=32, lang_embed_dim=16, spkr_embed_dim=16),
+                              unit_embed_dim=32, lang_embed_dim=16, spkr_embed_dim=16,
+                              position_embeddings_type="rotary"),
+         "wav2vec2-conformer": _set(position_embeddings_type="rotary"),
+         "wav2vec2-bert": _set(position_embeddings_type="rotary"),
          "qwen3_omni_moe": lambda config: config.code2wav_config.rope_parameters.pop("mrope_section", None),
          "moonshine": _set(encoder_num_attention_heads=4, encoder_num_key_value_heads=4, encoder_num_hidden_layers=2),
          "hunyuan_vl": lambda config: config.text_config.rope_parameters.update(mrope_section=[2, 2, 2, 2]),
@@ -739,7 +746,10 @@ decoder (refining boxes layer by layer) and mask decoder amplify float32 noise a
 range (pixels moved by 1e-7 move its masks, some 60 in size, by 0.01), so they are initialised
 at 0.02 and 0.05 (masks near 0.5, float32 noise of the rotation 2% of the probe's tolerance);
 SeamlessM4T's encoders, text-to-unit model and
-vocoder take their sizes from keys of their own. ESM's default config uses
+vocoder take their sizes from keys of their own; V-JEPA 2's clip (64 frames of 256 x 256
+pixels) is 4 frames of 64 x 64 here: 2 x 4 x 4 patches of 16 pixels and 2 frames. The conformers (wav2vec2-conformer,
+wav2vec2-bert, SeamlessM4T's speech encoder) rotate only with ``position_embeddings_type="rotary"``
+(their default is relative positions), as their rotary checkpoints are configured; ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
 the configuration in which the type is covered: :func:`rope.hf.patch` refuses an ESM model
 whose config does not rotate (it has no rotary module), naming that option."""
@@ -870,6 +880,8 @@ FEED_EXTRAS = {
     "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
     "efficientloftr": lambda config: (("pixel_values", (1, 2, 1, 128, 192)),),
     "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),),
+    "seamless_m4t": lambda config: (("input_features", (2, feeds.FRAMES, config.feature_projection_input_dim)),
+                                    ("decoder_input_ids", ())),
     "qwen2_5_omni_dit": lambda config: (
         ("condition_vector", (2, 20, config.mel_dim)), ("speaker_embedding", (2, 20, config.enc_emb_dim)),
         ("quantized_code", (2, 20 // config.repeats)), ("time_step", (2,))),
@@ -889,7 +901,9 @@ repeats ``repeats`` times per frame, and a diffusion time per sample), Efficient
 (``[batch, 2, channels, height, width]``, its forward's one input, of no patch size: grey images
 of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens), SAM 3's image (its model
 needs pixels beside the prompt's token ids: one image of :data:`rope.hf.feeds.GRID` patches per
-prompt, whose ViT rotates). Qwen2.5-Omni's token-to-wave
+prompt, whose ViT rotates), SeamlessM4T's speech
+(audio features, which its forward runs through the speech encoder, the part that rotates, in
+priority over the token ids, and the text decoder's ids). Qwen2.5-Omni's token-to-wave
 model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS`."""
 
 
@@ -925,14 +939,14 @@ def _chosen_feed(model: nn.Module, modules: list):
     but the last; else the first on which it runs. Returns the feed and its output, or why none
     runs (and ``None``)."""
     tokens, failures, ranked = sample_tokens(), [], {}
-    originals = {(module, name): getattr(module, name) for module, held in modules for name, _ in held.functions}
+    originals = {(module, name): methods.get(module, name) for module, held in modules for name, _ in held.functions}
     extra = FEED_EXTRAS[model.config.model_type](model.config) if model.config.model_type in FEED_EXTRAS else ()
     parts = PART_FEEDS[model.config.model_type](model.config) if model.config.model_type in PART_FEEDS else ()
     for candidate in [*parts, *feeds.candidates(model, text_part(model), extra)]:
         calls = []
         try:
             for (module, name), function in originals.items():
-                setattr(module, name, _counting(function, calls))
+                methods.put(module, name, _counting(function, calls))
             out = output(model, tokens, feed=candidate)
             live = bool(calls) and float(out.abs().max()) > LIVE_OUTPUT
             moved = live and not torch.equal(output(model, tokens, PROBE_SHIFT, feed=candidate), out)
@@ -941,7 +955,7 @@ def _chosen_feed(model: nn.Module, modules: list):
             continue
         finally:
             for (module, name), function in originals.items():
-                setattr(module, name, function)
+                methods.put(module, name, function)
         if moved:
             return candidate, out
         ranked.setdefault(live, (candidate, out))
@@ -992,7 +1006,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
         return (f"transformers does not build it from its default config at rope's tiny sizes ({type(err).__name__}: "
                 f"{_checks.first_line(err, 200)})" + _text_verdict(config), Feed())
     vision_only = not rotary_slots(built) and bool(vision.vision_rotary_modules(built))
-    if not rotary_slots(built) and not vision_only:
+    own_tables = convention.name in methods.OWN_TABLES  # patch swaps its method alone
+    if not rotary_slots(built) and not vision_only and not own_tables:
         return _no_rotary_emb(built, module), Feed()
     try:
         model = _materialized(built, config, seed=0)
@@ -1012,7 +1027,8 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
                     f"{found if isinstance(found, str) else 'the ' + found.name + ' convention'}, not "
                     f"{held.name} as their model type's row"), Feed()
     try:
-        swaps, left = vision.vision_replacements(model) if vision_only else (rotary_replacements(model), ())
+        swaps, left = vision.vision_replacements(model) if vision_only else (
+            () if own_tables else rotary_replacements(model), ())
     except ValueError as err:
         return _checks.first_line(err, 200).removeprefix("install: "), Feed()
     if left:  # a vision tower whose tables rope does not reproduce keeps transformers' float32 angles
@@ -1020,17 +1036,17 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
     feed, expected = _chosen_feed(model, modules)
     if isinstance(feed, str):
         return feed, Feed()
-    if not vision_only:
+    if not vision_only and not own_tables:
         install(model)
         swaps = vision.vision_replacements(model)[0]  # as patch does: its vision towers' too
     vision.swap(model, swaps)
-    originals = {(holder, name): getattr(holder, name) for holder, held in modules for name, _ in held.functions}
+    originals = {(holder, name): methods.get(holder, name) for holder, held in modules for name, _ in held.functions}
     calls = {name: [] for _, held in modules for name, _ in held.functions}
     left = stock_rotary_calls(model)
     try:
         for holder, held in modules:
             for name, ours in held.functions:
-                setattr(holder, name, _counting(ours, calls[name]))
+                methods.put(holder, name, _counting(ours, calls[name]))
         got = output(model, sample_tokens(), feed=feed)
     except Exception as err:  # rope's function refused the model's inputs
         quoted = _checks.first_line(err, 200)
@@ -1038,7 +1054,7 @@ def probe(model_type: str, convention: families.Convention) -> tuple[str, Feed]:
         return f"rope's {names} functions fail on its inputs ({type(err).__name__}: {quoted})", feed
     finally:
         for (holder, name), function in originals.items():
-            setattr(holder, name, function)
+            methods.put(holder, name, function)
         called = left.close()
     if called:
         name, kind = called[0]
@@ -1157,23 +1173,15 @@ def _text_verdict(config) -> str:
     return f"; its text model ({text.model_type}) {verdict}"
 
 
-_CONFORMER = ("its conformer's rotary module returns one cached (cos, sin) stack of positions 0 .. n - 1 per "
-              "sequence length, without position ids, which its attention's own _apply_rotary_embedding method "
-              "reads: nothing at module level to replace, and no positions to move")
 _CLVP = ("CLVP's apply_rotary_pos_emb(q, k, v, cos, sin, position_ids) also rotates the values and indexes the "
-         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states))")
+         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states)) "
+         "and returns their float32 angles, not cos and sin: its attention takes their cos and sin itself, so no "
+         "exact table reaches the function, and position ids past the sequence fall outside the table")
 CONVENTION_DIFFERENCES = {
     "clvp": _CLVP, "clvp_decoder": _CLVP, "clvp_encoder": _CLVP,
-    "roformer": ("RoFormer rotates inside its attention (the static method apply_rotary_position_embeddings: pairs "
-                 "(2i, 2i + 1), the values too where rotary_value) from a sinusoidal table of absolute positions "
-                 "(RoFormerSinusoidalPositionalEmbedding), no function at module level"),
-    "seamless_m4t": _CONFORMER, "wav2vec2-bert": _CONFORMER, "wav2vec2-conformer": _CONFORMER,
     "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "
                       "themselves, not q and k, by the timestamps of their windows (2-D axial over window index and "
                       "time, its pos_emb), with tables it broadcasts as given"),
-    "vjepa2": ("V-JEPA 2 rotates q and k by 3-D patch positions (depth, height and width, a third of each head each: "
-               "rotate_queries_or_keys, pairs (2i, 2i + 1), frequencies computed at each call in q's dtype), with no "
-               "rotary module"),
 }
 """What the rotary functions of the types no convention fits compute instead (:func:`classify`
 adds it to the reason)."""

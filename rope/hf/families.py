@@ -83,6 +83,20 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   (``modeling_edgetam_video.py``; :mod:`rope.hf.functions_2d`). No model type follows it in the
   table yet: EdgeTAM video's forward needs an inference session, which the probe does not make.
 
+* :data:`ROFORMER`: the static method ``apply_rotary_position_embeddings(sinusoidal_pos, query_layer,
+  key_layer, value_layer=None)`` of RoFormer's attention class, pairs (2i, 2i + 1) on its own
+  ``[sin | cos]`` table, the values too where ``rotary_value`` (``modeling_roformer.py``; a method
+  convention, :mod:`rope.hf.methods`: the class attribute is replaced, and the model's table,
+  float64 angles rounded once, stays).
+* :data:`CONFORMER`: the method ``_apply_rotary_embedding(self, hidden_states,
+  relative_position_embeddings)`` of the conformers' attention class, ``rotate_half`` on the
+  hidden states viewed as heads, from the ``stacked`` cos and sin of
+  :class:`rope.hf.StackedRotaryTable` (``modeling_wav2vec2_conformer.py``,
+  ``modeling_wav2vec2_bert.py``, ``modeling_seamless_m4t.py``; a method convention).
+* :data:`VJEPA2`: ``rotate_queries_or_keys(x, pos)`` of V-JEPA 2, called on each third of the head
+  with the patches' frame, row or column, angles computed at each call, no table
+  (``modeling_vjepa2.py``; a module-level function of its own signature, :mod:`rope.hf.methods`).
+
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
 :func:`rope.hf.install` remain usable for them by hand.
@@ -97,6 +111,7 @@ from types import MappingProxyType
 from .. import _checks
 from . import functions as ours  # rope's replacements, one per convention
 from . import functions_2d as ours_2d  # those of vision and video attentions beyond functions.py
+from . import methods
 from .coverage_table import COVERED
 from .embedding import TABLE_FORMS
 
@@ -105,13 +120,15 @@ from .embedding import TABLE_FORMS
 class Convention:
     """How one family's modeling module rotates q and k: ``name``, the family it was read from;
     ``functions``, ``(name, replacement)`` pairs: the module-level function its attention calls by
-    that name, and rope's function with the same signature and result; ``tables``, the
+    that name (or, for ``"*.<attribute>"``, the attribute of its attention class:
+    :mod:`rope.hf.methods`), and rope's function with the same signature and result; ``tables``, the
     :data:`rope.hf.TABLE_FORMS` entry of the tables its rotary module returns.
 
     Args:
         name: the family the convention was read from (a ``model_type``).
         functions: ``(name, replacement)`` pairs: the modeling module's function and rope's.
-        tables: the form of the family's tables, one of :data:`rope.hf.TABLE_FORMS`.
+        tables: the form of the family's tables, one of :data:`rope.hf.TABLE_FORMS` (or of
+            :data:`rope.hf.methods.TABLE_FORMS`).
     """
 
     name: str
@@ -119,7 +136,7 @@ class Convention:
     tables: str
 
     def __post_init__(self):
-        _checks.choice("tables", self.tables, TABLE_FORMS)
+        _checks.choice("tables", self.tables, (*TABLE_FORMS, *methods.TABLE_FORMS))
 
 
 LLAMA = Convention("llama", (("apply_rotary_pos_emb", ours.apply_rotary_pos_emb),), "rotate_half")
@@ -154,11 +171,16 @@ VISION_PAIRWISE = Convention("inkling2_vision",
 EDGETAM = Convention("edgetam_video", (("apply_rotary_pos_emb_2d_self_attn", ours_2d.apply_rotary_pos_emb_2d_self_attn),
                                        ("apply_rotary_pos_emb_2d_cross_attn",
                                         ours_2d.apply_rotary_pos_emb_2d_cross_attn)), "interleaved")
+ROFORMER = Convention("roformer", (("*.apply_rotary_position_embeddings",
+                                   staticmethod(methods.apply_rotary_position_embeddings)),), "pairs")
+CONFORMER = Convention("wav2vec2-conformer", (("*._apply_rotary_embedding", methods.apply_rotary_embedding_stacked),),
+                       "stacked")
+VJEPA2 = Convention("vjepa2", (("rotate_queries_or_keys", methods.rotate_queries_or_keys),), "none")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM, EDGETAM)})
+                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -245,6 +245,10 @@ def _shapes(name: str, config) -> list[tuple[int, ...]]:
         return [(BATCH, c, SAMPLES) for c in _sizes(config, ("audio_channels",)) or [1]] + [(BATCH, SAMPLES)]
     if name == "past_values":
         return [(BATCH, FRAMES)]
+    if name == "pixel_values_videos" and _sizes(config, ("frames_per_clip",)) and _sizes(config, ("crop_size",)):
+        channels = _sizes(config, ("in_chans", "num_channels")) or [3]  # a clip: V-JEPA 2's frames and crops
+        side = _sizes(config, ("crop_size",))[0]
+        return [(1, _sizes(config, ("frames_per_clip",))[0], channels[0], side, side)]
     return []
 
 

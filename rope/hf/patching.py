@@ -15,6 +15,13 @@ original functions come back when the last patched model of the module is unpatc
 garbage-collected while patched. In that second case, a function someone else has replaced since
 is left as it is, because there is no caller to tell.
 
+A model that rotates in a method of its attention class (RoFormer, the conformers:
+:mod:`rope.hf.methods`) gets that class attribute replaced instead of a module-level function; the
+class is shared by every model of the modeling module, so it is counted and restored in the same
+way, the very object the class held (a ``staticmethod`` included). RoFormer keeps its own table
+(float64 angles rounded once) and V-JEPA 2 makes none (:data:`rope.hf.methods.OWN_TABLES`): no
+rotary module is swapped, and their modeling module is their own class's.
+
 A model may hold rotary modules in classes of several modeling modules (CSM's Mimi codec, a
 composite's text model of another type: Kimi-K2.5's DeepSeek-V3, PE Audio's ModernBERT). Each such
 module gets one convention: the model's own (the module of its class) the model type's row of
@@ -41,7 +48,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import vision
+from . import methods, vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
 from .install import Replacement, rotary_replacements, rotary_slots, slot_holder, table_form
@@ -133,7 +140,7 @@ def patch(model: nn.Module) -> Patch:
     _refuse_overlap(model)
     vision_only = _vision_only(model)
     try:
-        replacements = () if vision_only else rotary_replacements(model)
+        replacements = () if vision_only or convention.name in methods.OWN_TABLES else rotary_replacements(model)
     except ValueError as err:
         raise ValueError(f"patch: {err}") from err
     modules = modeling_modules(model, model_type, convention)
@@ -148,7 +155,7 @@ def patch(model: nn.Module) -> Patch:
                          f"{_checks.first_line(left[0][1], 300)}: its tables would stay transformers'; nothing changed")
     record = Patch(model_type, convention, tuple(
         (module, held, states[module.__name__].originals if states[module.__name__] is not None else tuple(
-            (name, getattr(module, name)) for name, _ in held.functions)) for module, held, _ in modules),
+            (name, methods.get(module, name)) for name, _ in held.functions)) for module, held, _ in modules),
         replacements, swapped, left)
     _apply(model, record, first={name for name, state in states.items() if state is None})
     for module, held, functions in record.modules:
@@ -284,7 +291,8 @@ def modeling_modules(model: nn.Module, model_type: str,
     Each module must define its convention's functions. Returns ``(module, convention, the
     model_type whose row it is)`` triples."""
     own, found = type(model).__module__, {}
-    for _, owner in _rotary_owners(model):
+    owners = [("", model)] if convention.name in methods.OWN_TABLES else _rotary_owners(model)  # its method alone
+    for _, owner in owners:
         if type(owner).__module__ == own:
             part, held = model_type, convention
         else:
@@ -303,7 +311,7 @@ def modeling_modules(model: nn.Module, model_type: str,
     modules = [(sys.modules[name], *next(iter(found[name].values())))
                for name in sorted(found, key=lambda name: (name != own, name))]
     for module, held, part in modules:
-        missing = [name for name, _ in held.functions if not callable(getattr(module, name, None))]
+        missing = [name for name, _ in held.functions if not callable(methods.get(module, name))]
         if missing:
             raise ValueError(f"patch: {module.__name__} has no function {missing[0]}, which the {held.name} "
                              f"convention of model_type {part!r} replaces (rope.hf.FAMILIES): another "
@@ -313,7 +321,7 @@ def modeling_modules(model: nn.Module, model_type: str,
 
 def _foreign_functions(module: ModuleType, convention: Convention) -> list[str]:
     """The names of the convention's functions that ``module`` no longer holds rope's function under."""
-    return [name for name, function in convention.functions if getattr(module, name, None) is not function]
+    return [name for name, function in convention.functions if methods.get(module, name) is not function]
 
 
 def _refuse_foreign_state(module: ModuleType, convention: Convention, state: _ModuleState) -> None:
@@ -349,7 +357,7 @@ def _apply(model: nn.Module, record: Patch, *, first: set[str]) -> None:
     named in ``first`` (those patched for no other model)."""
     for module, held, _ in record.modules:
         for name, function in held.functions:
-            setattr(module, name, function)
+            methods.put(module, name, function)
     done = []
     try:
         for r in record.rotary_modules:
@@ -362,7 +370,7 @@ def _apply(model: nn.Module, record: Patch, *, first: set[str]) -> None:
         for module, _, originals in record.modules:
             if module.__name__ in first:
                 for name, function in originals:
-                    setattr(module, name, function)
+                    methods.put(module, name, function)
         raise
 
 
@@ -376,5 +384,5 @@ def _release(module_names: tuple[str, ...]) -> None:
             continue
         del _MODULES[module_name]
         for (name, original), (_, ours) in zip(state.originals, state.convention.functions):
-            if getattr(state.module, name, None) is ours:
-                setattr(state.module, name, original)
+            if methods.get(state.module, name) is ours:
+                methods.put(state.module, name, original)

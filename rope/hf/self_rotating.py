@@ -8,12 +8,16 @@ stack ``[2, n, 1, 1, d]``: ``cos`` then ``sin`` of the angles m theta_i of posit
 each pair's angle twice (the two halves of the head, ``torch.cat((freqs, freqs))``), in the
 dtype of ``hidden_states``; theta_i = base^(-2i/d) with ``base = config.rotary_embedding_base``
 and d the head width. Its attention rotates its query and key by ``x cos + rotate_half(x) sin``
-in its own method (``_apply_rotary_embedding``), which stays the model's. transformers forms
+in its own method (``_apply_rotary_embedding``), which :func:`rope.hf.install` leaves as it is and
+:func:`rope.hf.patch` replaces (:mod:`rope.hf.methods`). transformers forms
 m theta_i in float32 (off by up to about 2^-24 m theta_i rad, 2^-8 rad at m = 2^16 for theta_i
 = 1) and rounds cos and sin from there; :class:`StackedRotaryTable` reduces m theta_i exactly
 (:func:`rope.apply.exact_cos_sin`, rope's float32 frequencies of the config) and rounds each
 entry of the stack once to the dtype of ``hidden_states``: within half a unit of that dtype of
-the exact cos and sin.
+the exact cos and sin. The stack it returns carries the float64 stack it was rounded from
+(:data:`rope.hf.methods.EXACT_ATTRIBUTE`), from which :func:`rope.hf.patch`'s replacement of the
+attention's method (:func:`rope.hf.methods.apply_rotary_embedding_stacked`) rotates while the
+stack is untouched.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch import nn
 from ..apply import exact_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .methods import EXACT_ATTRIBUTE
 
 STACKED_CLASS_SUFFIX = "RotaryPositionalEmbedding"
 """The ending of the class names of transformers' rotary modules of this kind."""
@@ -68,6 +73,15 @@ class StackedRotaryTable(nn.Module):
         self.base, self.head_dim = base, head_dim
         self.inv_freq = nn.Buffer(theta, persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        """``.to()``, ``.half()``, ``.to(torch.bfloat16)`` and the like move ``inv_freq`` but keep its
+        float32 values (a cast would round theta_i: transformers issue #29496), as
+        :class:`rope.hf.RotaryEmbedding` does."""
+        theta = self._buffers["inv_freq"]
+        super()._apply(fn, recurse)
+        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
+        return self
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() < 2:
             raise TypeError("hidden_states must be a tensor [batch, seq, ...], got "
@@ -75,7 +89,10 @@ class StackedRotaryTable(nn.Module):
         positions = torch.arange(hidden_states.shape[1], device=self.inv_freq.device)
         cos, sin = exact_cos_sin(positions, self.inv_freq)
         stack = torch.stack([cos, sin]).repeat(1, 1, 2)[:, :, None, None, :]
-        return round_once(stack, hidden_states.dtype)
+        out = round_once(stack, hidden_states.dtype)
+        if stack.dtype == torch.float64 and out is not stack:  # for rope.hf.methods: rotate by the exact values
+            setattr(out, EXACT_ATTRIBUTE, (stack, out._version))
+        return out
 
 
 def reproduce_stacked(name: str, old: nn.Module, config: Any) -> StackedRotaryTable:

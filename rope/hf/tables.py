@@ -79,6 +79,7 @@ from .. import _checks
 from ..angles import cos_sin
 from . import vision
 from .embedding import ROTARY_MODULES, LayerTypeRotaryEmbedding, RotaryEmbedding
+from .self_rotating import StackedRotaryTable
 
 LAYOUT_TOLERANCE = 0.05
 """How far (times the attention factor) a column may be from its pair's exact values at the first
@@ -354,7 +355,7 @@ class _Frequencies:
             raise ValueError(f"it has no {self._name} buffer, nor a Linear of coordinates: no frequencies to read")
         else:
             self.module, self.source = self._rebuilt(module, config)
-            if isinstance(module, vision.VISION_MODULES):  # rope's vision or image-grid module: float32 frequencies
+            if isinstance(module, (*vision.VISION_MODULES, StackedRotaryTable)):  # rope's: float32 frequencies
                 self.source = "rope's float32 frequencies"
 
     @property
