@@ -163,7 +163,23 @@ def augmented(coordinates: torch.Tensor, config: Any) -> torch.Tensor:
     return coordinates
 
 
-class PatchCentreRotaryEmbedding(nn.Module):
+class _GridTable(nn.Module):
+    """What both grid modules hold: the float32 frequencies ``inv_freq``, kept through casts, and
+    the stock module's config and class name."""
+
+    def __init__(self, theta: torch.Tensor, config: Any, source: str):
+        super().__init__()
+        _checks.finite_frequencies("theta", theta)
+        self.config = config
+        self.source = source
+        self.register_buffer("inv_freq", theta.detach().clone(), persistent=False)
+
+    def _apply(self, fn, recurse: bool = True):
+        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values."""
+        return _keep_float32(self, fn, recurse)
+
+
+class PatchCentreRotaryEmbedding(_GridTable):
     """The drop-in for transformers' patch-centre rotary modules (DINOv3's
     ``DINOv3ViTRopePositionEmbedding``, Sapiens2's, EoMT-DINOv3's: module docstring).
     ``forward(pixel_values)`` returns ``(cos, sin)`` ``[h w, 4n]``: cos and sin of 2 pi c theta_j
@@ -181,16 +197,8 @@ class PatchCentreRotaryEmbedding(nn.Module):
     """
 
     def __init__(self, theta: torch.Tensor, patch_size, *, config: Any = None, source: str = ""):
-        super().__init__()
-        _checks.finite_frequencies("theta", theta)
+        super().__init__(theta, config, source)
         self.patch_size = _pair("patch_size", patch_size)
-        self.config = config
-        self.source = source
-        self.register_buffer("inv_freq", theta.detach().clone(), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values."""
-        return _keep_float32(self, fn, recurse)
 
     def extra_repr(self) -> str:
         return f"{self.source or 'patch centres'}, pairs={self.inv_freq.numel()}, patch_size={self.patch_size}"
@@ -221,7 +229,7 @@ class PatchCentreRotaryEmbedding(nn.Module):
         return tuple(round_once(t.flatten(1, 2).tile(2), pixel_values.dtype) for t in (cos, sin))
 
 
-class FeatureGridRotaryEmbedding(nn.Module):
+class FeatureGridRotaryEmbedding(_GridTable):
     """The drop-in for EfficientLoFTR's ``EfficientLoFTRRotaryEmbedding`` (module docstring).
     ``forward(x)`` returns ``(cos, sin)`` ``[1, h, w, 4n]`` for the feature map x: cell (r, c)
     at the positions i = r + 1, j = c + 1, entries 4m, 4m + 1 cos or sin of i theta_m and 4m + 2,
@@ -241,17 +249,9 @@ class FeatureGridRotaryEmbedding(nn.Module):
     """
 
     def __init__(self, theta: torch.Tensor, kernel_size: int, stride: int, *, config: Any = None, source: str = ""):
-        super().__init__()
-        _checks.finite_frequencies("theta", theta)
+        super().__init__(theta, config, source)
         self.kernel_size = _checks.integer("kernel_size", kernel_size, minimum=1)
         self.stride = _checks.integer("stride", stride, minimum=1)
-        self.config = config
-        self.source = source
-        self.register_buffer("inv_freq", theta.detach().clone(), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values."""
-        return _keep_float32(self, fn, recurse)
 
     def extra_repr(self) -> str:
         return (f"{self.source or 'feature grid'}, pairs={self.inv_freq.numel()}, kernel_size={self.kernel_size}, "
