@@ -129,10 +129,11 @@ from .functions_2d import (
     apply_rotary_pos_emb_2d_cross_attn,
     apply_rotary_pos_emb_2d_self_attn,
 )
-from .install import POSITION_TABLES, PROBE_TOLERANCE, Replacement, install, rotary_replacements
+from .install import POSITION_TABLES, Replacement, install, rotary_replacements
 from .methods import apply_rotary_embedding_stacked, apply_rotary_position_embeddings, rotate_queries_or_keys
 from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
+from .probing import PROBE_TOLERANCE
 from .self_rotating import StackedRotaryTable
 
 __all__ = [

@@ -57,6 +57,7 @@ from .embedding import (
     layer_type_parameters,
     rope_parameters_from_config,
 )
+from .probing import PROBE_TOLERANCE, call_module, float32_allowance, output_gap, probe_copy, probes
 
 AXES_LAYOUTS = ("blocks", "alternating")
 """How the columns of the tables read the axes (module docstring): ``blocks`` (HunYuan-VL) and
@@ -218,7 +219,7 @@ def axes_candidates(config: Any, old: nn.Module, axes: int):
 def find_axes(name: str, old: nn.Module, config: Any, device, axes: int) -> tuple[nn.Module | None, list[str]]:
     """The first module of :func:`axes_candidates` whose tables reproduce ``old`` (which reads
     ``axes`` rows of position ids) at install's probe positions, each row shuffled on its own
-    (install's ``_probes``: lengths on both sides of the config's for the rope types that read
+    (install's ``probes``: lengths on both sides of the config's for the rope types that read
     one), for every layer type, within install's ``PROBE_TOLERANCE`` beyond transformers'
     float32 error, or ``None``; and each layout tried with its gap. A deep copy of ``old`` is
     called, never ``old``.
@@ -230,21 +231,18 @@ def find_axes(name: str, old: nn.Module, config: Any, device, axes: int) -> tupl
         device: the device of ``old``'s buffers (``None``: the CPU).
         axes: the rows of position ids it reads.
     """
-    # here, not at the top: install imports this module (its probe is reused)
-    from .install import PROBE_TOLERANCE, _call, _float32_allowance, _gap, _probe_copy, _probes
-
-    old = _probe_copy(name, old)
+    old = probe_copy(name, old)
     tried = []
     for label, new in axes_candidates(config, old, axes):
         new = new.to(device) if device is not None else new
         cases = list(new.layer_types.items()) if isinstance(new, LayerTypeRotaryEmbedding) else [(None, new)]
         worst = 0.0
         for layer_type, embedding in cases:
-            for positions in _probes(config, embedding, axes, device):
+            for positions in probes(config, embedding, axes, device):
                 positions = positions.reshape(axes, 1, -1)  # install's probes are [3, 1, n] only for three rows
-                theirs = _call(name, old, positions, layer_type, device)
+                theirs = call_module(name, old, positions, layer_type, device)
                 ours = embedding(torch.zeros(1, device=device), positions)
-                gap = _gap(theirs, ours, _float32_allowance(embedding, positions))
+                gap = output_gap(theirs, ours, float32_allowance(embedding, positions))
                 worst = float("inf") if gap is None else max(worst, gap)
         if worst <= PROBE_TOLERANCE:
             return new, tried

@@ -66,16 +66,12 @@ from .. import _checks
 from ..apply import exact_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .probing import PROBE_TOLERANCE
 
 FREQUENCY_ULPS = 4
 """How many float32 ulps a module's ``inv_freq`` may be from rope's frequencies: transformers
 computes ``1 / base ** (...)`` in float32 (a power and a division, each within an ulp or two);
 another base, width or order is off by far more."""
-
-PROBE_TOLERANCE = 1e-5
-"""How far :func:`reproduce` lets the module's tables and rope's differ beyond the float32 error
-of the module's angles (2^-20 of the largest angle's size, 2 pi c theta or i theta): a wrong
-layout, axis or frequency is off by O(1)."""
 
 PROBE_GRID = (5, 7)
 """The grid :func:`reproduce` compares tables on: rows and columns of patches (or of the feature

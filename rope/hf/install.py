@@ -4,7 +4,6 @@ the model's own tables; and, for the models that keep their tables in a buffer o
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,26 +20,24 @@ from .embedding import (
     LayerTypeRotaryEmbedding,
     RotaryEmbedding,
     head_dim_of,
-    laid_out_tables,
     layer_type_head_dim,
     layer_type_parameters,
     position_table,
     rope_parameters_from_config,
     rotary_embedding,
 )
+from .probing import (
+    PROBE_FLOAT32,
+    PROBE_TOLERANCE,
+    call_module,
+    float32_allowance,
+    output_gap,
+    probe_copy,
+    probes,
+    shuffled_positions,
+)
 from .self_rotating import StackedRotaryTable, is_stacked_rotary, reproduce_stacked
 from .vision import is_vision_rotary
-
-PROBE_TOLERANCE = 1e-5
-"""How far install's probe lets the old and new tables differ, beyond the error of transformers'
-float32 angles: at positions below 8 those are off by less than 1e-6, and at a position m the
-probe allows a further 2^-20 m theta_i (times the attention factor) for the table entries of pair
-i (the float32 product m theta_i and float32 frequencies are within a few ulps); a wrong layout,
-axis assignment or length threshold is off by O(1)."""
-
-LENGTH_DEPENDENT = ("dynamic", "longrope", "yarn", "llama3")
-"""The rope types whose frequencies depend on a length of the config (``max_position_embeddings``,
-``original_max_position_embeddings``): install probes them on both sides of each such length."""
 
 POSITION_TABLES = ("embed_positions",)
 """Names of the buffers in which a model's attention keeps its rotary table by position and looks
@@ -57,128 +54,30 @@ its value named, unless that value is one of :data:`ROTATING`."""
 ROTATING = ("rotary", "rope", True)
 """The values of :data:`ROTARY_OPTIONS` with which a type rotates."""
 
-_PROBE_FLOAT32 = 2**-20
-_LONGEST_PROBE = 2**24  # float32 holds every position up to here, so transformers' tables are exact enough
-
-
-def _probe_positions(rows: int, device) -> torch.Tensor:
-    """Positions 0..7 in a fixed shuffled order per row: ``[1, 8]``, or ``[3, 1, 8]`` (M-RoPE's t, h
-    and w rows differ, so a wrong assignment of pairs to axes shows)."""
-    gen = torch.Generator().manual_seed(0)
-    positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])
-    return (positions[:, None] if rows == 3 else positions).to(device)
-
-
-def _length_positions(length: int, rows: int, device) -> torch.Tensor:
-    """A few positions of a sequence of ``length`` tokens, the last one (length - 1) included, so
-    that ``max(position_ids) + 1`` is ``length``: ``[1, n]``, or ``[3, 1, n]`` (each row in another order)."""
-    values = torch.tensor(sorted({0, 1, length // 2, length - 2, length - 1} & set(range(length))))
-    positions = torch.stack([values.roll(row) for row in range(rows)])
-    return (positions[:, None] if rows == 3 else positions).to(device)
-
-
-def _thresholds(config: Any, embedding: RotaryEmbedding) -> set[int]:
-    """Every length of the config a rope type of :data:`LENGTH_DEPENDENT` could switch at: the
-    config's own ``max_position_embeddings`` and ``original_max_position_embeddings`` (top level,
-    in ``rope_parameters``, in each layer type's) and the ones rope read. Both readings are probed,
-    so a length one side reads differently from the other shows."""
-    keys = ("max_position_embeddings", "original_max_position_embeddings")
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    mappings = [params, *params.values()] if isinstance(params, Mapping) else []
-    values = [mapping.get(key) for mapping in mappings if isinstance(mapping, Mapping) for key in keys]
-    values += [getattr(source, key, None) for source in (config, embedding.rope_config) for key in keys]
-    return {value for value in values if isinstance(value, int) and not isinstance(value, bool) and value >= 1}
-
-
-def _probes(config: Any, embedding: RotaryEmbedding, rows: int, device) -> list[torch.Tensor]:
-    """The position ids install calls both modules with, by increasing length: one position (a
-    stateful module such as transformers' dynamic one resets there), the shuffled 0..7, and for a
-    rope type of :data:`LENGTH_DEPENDENT`, sequences of length T - 1, T, T + 1 and 2 T for every
-    threshold T (:func:`_thresholds`), up to 2^24. Increasing, so that transformers' dynamic
-    module, which keeps the largest base it has seen, computes each length's own."""
-    lengths = set()
-    if embedding.rope_config.rope_type in LENGTH_DEPENDENT:
-        for threshold in _thresholds(config, embedding):
-            lengths |= {threshold - 1, threshold, threshold + 1, 2 * threshold}
-    probes = [(1, _length_positions(1, rows, device)), (8, _probe_positions(rows, device))]
-    probes += [(length, _length_positions(length, rows, device)) for length in lengths if 1 < length <= _LONGEST_PROBE]
-    return [positions for _, positions in sorted(probes, key=lambda probe: probe[0])]
-
-
-def _float32_allowance(embedding: RotaryEmbedding, positions: torch.Tensor) -> torch.Tensor:
-    """2^-20 m theta_i times the attention factor, laid out as ``embedding``'s tables (M-RoPE: the
-    largest of the three rows' m): what transformers' float32 angles may be off by beyond
-    :data:`PROBE_TOLERANCE`."""
-    theta, attention = embedding.frequencies(positions)
-    largest = positions.amax(dim=0) if positions.dim() == 3 else positions
-    angles = largest.to(torch.float64)[..., None].abs() * theta.to(largest.device, torch.float64)
-    form = "pairs" if embedding.tables == "complex" else embedding.tables
-    return laid_out_tables(angles, angles, attention * _PROBE_FLOAT32, torch.float64, form)[0]
-
-
-def _call(name: str, module: nn.Module, positions, layer_type, device):
-    """``module(x, positions[, layer_type])`` with a float32 ``x``, or an error naming the module."""
-    x = torch.zeros(1, dtype=torch.float32, device=device)
-    extra = () if layer_type is None else (layer_type,)
-    try:
-        return module(x, positions, *extra)
-    except Exception as err:  # any failure means the module does not follow the contract
-        call = "rotary_emb(x, position_ids" + ("" if layer_type is None else f", {layer_type!r}") + ")"
-        raise ValueError(f"install: {name} could not be called as {call} ({type(err).__name__}: {err}); "
-                         "nothing was replaced") from err
-
-
-def _gap(theirs, ours, allowance: torch.Tensor | None = None) -> float | None:
-    """The largest difference of two module outputs ((cos, sin) or one complex tensor), less
-    ``allowance`` (per entry, broadcast); ``None`` when their structure or shapes differ."""
-    theirs, ours = (tuple(out) if isinstance(out, (tuple, list)) else (out,) for out in (theirs, ours))
-    if not (len(theirs) == len(ours) and all(
-            isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_complex() == b.is_complex()
-            for a, b in zip(theirs, ours))):
-        return None
-    gaps = [(a.to(b.dtype) - b).abs().to(torch.float64) for a, b in zip(theirs, ours)]
-    if allowance is not None:
-        gaps = [gap - allowance.to(gap.device) for gap in gaps]
-    return max(float(gap.max()) if gap.numel() else 0.0 for gap in gaps)
-
-
-def _probe_copy(name: str, old: nn.Module) -> nn.Module:
-    """A deep copy of ``old`` to call in its place: transformers' rotary modules can change state
-    when called (``dynamic`` keeps the largest base it has seen, and its config is standardized
-    again), and probing must leave the model exactly as it was. A module that cannot be copied
-    is refused rather than called."""
-    try:
-        return copy.deepcopy(old)
-    except Exception as err:  # any failure: the module cannot be probed without the risk of changing it
-        raise ValueError(f"install: {name} ({type(old).__name__}) could not be copied for the probe "
-                         f"({type(err).__name__}: {err}), and calling the model's own module could change its state; "
-                         "nothing was replaced") from err
-
-
 def _table_gap(name: str, old: nn.Module, new: nn.Module, config: Any, device) -> float | None:
     """The largest difference between the tables of ``old`` and ``new`` at probe positions
-    (:func:`_probes`), over every layer type, beyond transformers' float32 error
-    (:func:`_float32_allowance`); ``None`` where they differ in shape or in what position ids
+    (:func:`~rope.hf.probing.probes`), over every layer type, beyond transformers' float32 error
+    (:func:`~rope.hf.probing.float32_allowance`); ``None`` where they differ in shape or in what position ids
     they take. A module that takes M-RoPE's three rows of position ids must be matched by an
     M-RoPE module, which the three-row probe checks whichever kind ``new`` is. ``old`` itself is
-    never called: a deep copy of it is (:func:`_probe_copy`). Raises if it cannot be called."""
-    old = _probe_copy(name, old)
+    never called: a deep copy of it is (:func:`~rope.hf.probing.probe_copy`). Raises if it cannot be called."""
+    old = probe_copy(name, old)
     cases = list(new.layer_types.items()) if isinstance(new, LayerTypeRotaryEmbedding) else [(None, new)]
     worst = 0.0
     for layer_type, embedding in cases:
         mrope = embedding.mrope_axes is not None
-        for positions in _probes(config, embedding, 3 if mrope else 1, device):
-            gap = _gap(_call(name, old, positions, layer_type, device),
-                       embedding(torch.zeros(1, device=device), positions), _float32_allowance(embedding, positions))
+        for positions in probes(config, embedding, 3 if mrope else 1, device):
+            gap = output_gap(call_module(name, old, positions, layer_type, device),
+                       embedding(torch.zeros(1, device=device), positions), float32_allowance(embedding, positions))
             if gap is None:
                 return None
             worst = max(worst, gap)
         if not mrope and layer_type is None:  # does the old module read three rows of position ids?
             try:
-                theirs = old(torch.zeros(1, dtype=torch.float32, device=device), _probe_positions(3, device))
+                theirs = old(torch.zeros(1, dtype=torch.float32, device=device), shuffled_positions(3, device))
             except Exception:  # it does not take them: nothing to match
                 continue
-            if _gap(theirs, embedding(torch.zeros(1, device=device), _probe_positions(1, device))) is not None:
+            if output_gap(theirs, embedding(torch.zeros(1, device=device), shuffled_positions(1, device))) is not None:
                 return None  # it reduced three rows to tables of one: M-RoPE, which this module is not
     return worst
 
@@ -310,13 +209,13 @@ def _other_rows(name: str, old: nn.Module, config: Any, device) -> int | None:
     copy is called."""
     per_type = layer_type_parameters(rope_parameters_from_config(config))
     extra = () if per_type is None else (next(iter(per_type)),)
-    old = _probe_copy(name, old)
+    old = probe_copy(name, old)
     x = torch.zeros(1, dtype=torch.float32, device=device)
     gen = torch.Generator().manual_seed(1)
     for rows in OTHER_ROWS:
         positions = torch.stack([torch.randperm(8, generator=gen) for _ in range(rows)])[:, None].to(device)
         try:
-            gap = _gap(old(x, positions, *extra), old(x, positions[0], *extra))
+            gap = output_gap(old(x, positions, *extra), old(x, positions[0], *extra))
         except Exception:  # it does not take them: nothing to match
             continue
         if gap is not None and gap > 0:
@@ -473,7 +372,7 @@ def table_embedding(config: Any, width: int) -> RotaryEmbedding:
 
 def _reproduce_table(name: str, old: torch.Tensor, config: Any) -> torch.Tensor | None:
     """rope's table in place of the position table ``old`` (:func:`rope.hf.position_table`, in
-    its dtype, on its device), checked against every row of ``old`` to :data:`PROBE_TOLERANCE`
+    its dtype, on its device), checked against every row of ``old`` to :data:`~rope.hf.probing.PROBE_TOLERANCE`
     beyond transformers' float32 angles and, for a half-precision table, one unit of its dtype;
     ``None`` where ``old`` is rope's table already, bit for bit; else an error."""
     rows, width = old.shape
@@ -486,7 +385,7 @@ def _reproduce_table(name: str, old: torch.Tensor, config: Any) -> torch.Tensor 
         return None
     positions = torch.arange(rows, device=old.device)
     theta, attention = embedding.frequencies(positions[None])
-    allowance = positions[:, None].to(torch.float64) * theta.to(torch.float64) * abs(attention) * _PROBE_FLOAT32
+    allowance = positions[:, None].to(torch.float64) * theta.to(torch.float64) * abs(attention) * PROBE_FLOAT32
     allowance = allowance.repeat(1, 2) + (torch.finfo(old.dtype).eps if old.dtype in _HALF_DTYPES else 0.0)
     gap = float(((old.to(torch.float64) - new.to(torch.float64)).abs() - allowance).max())
     rounded = next((dtype for dtype in _HALF_DTYPES if old.dtype not in _HALF_DTYPES
@@ -561,8 +460,8 @@ def install(model: nn.Module) -> int:
 
     Every replacement is first checked: the old and new modules must return the same ``(cos,
     sin)`` at a few probe positions (shuffled per axis for M-RoPE, for every layer type if the
-    config has several; for the rope types of :data:`LENGTH_DEPENDENT`, also sequences ending
-    on both sides of each length of the config), to within :data:`PROBE_TOLERANCE` beyond
+    config has several; for the rope types of :data:`~rope.hf.probing.LENGTH_DEPENDENT`, also sequences ending
+    on both sides of each length of the config), to within :data:`~rope.hf.probing.PROBE_TOLERANCE` beyond
     transformers' float32 error, in one of the :data:`TABLE_FORMS`, which the new module then
     keeps, with the old module's ``config`` (which a model may read). The probe calls a deep copy
     of the old module, never the module itself, so that a stateful one (transformers'

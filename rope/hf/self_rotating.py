@@ -32,6 +32,7 @@ from ..apply import exact_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
 from .methods import EXACT_ATTRIBUTE
+from .probing import PROBE_TOLERANCE
 
 STACKED_CLASS_SUFFIX = "RotaryPositionalEmbedding"
 """The ending of the class names of transformers' rotary modules of this kind."""
@@ -39,10 +40,6 @@ STACKED_CLASS_SUFFIX = "RotaryPositionalEmbedding"
 PROBE_LENGTHS = (1, 8, 3)
 """Sequence lengths install's probe calls both modules with (the stock module caches the table
 of the last length: 3 after 8 reads a fresh one)."""
-
-PROBE_TOLERANCE = 1e-5
-"""How far the probe lets the two stacks differ: transformers' float32 angles of positions below
-8 are off by less than 1e-6; a wrong base, width or layout by O(1)."""
 
 
 def is_stacked_rotary(module: nn.Module) -> bool:

@@ -65,6 +65,7 @@ from ..axial import llama4_vision_positions, pair_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
 from . import grid
+from .probing import PROBE_FLOAT32, PROBE_TOLERANCE, output_gap
 
 ORDERS = {"ascending": "theta_0, theta_1, ..., theta_(n-1)",
           "even_odd": "theta_0, theta_2, ..., then theta_1, theta_3, ... (Pixtral)"}
@@ -75,12 +76,6 @@ FREQUENCY_ULPS = 4
 computes ``1 / b ** (2j / d)`` in float32 (a power and a division, each within an ulp or two);
 a wrong base, width or order is off by far more."""
 
-PROBE_TOLERANCE = 1e-5
-"""How far :func:`reproduce` lets the module's tables and rope's differ, beyond the error of the
-module's float32 angles, 2^-20 ``|p| theta_j`` per entry (times the attention factor): a wrong
-layout, axis or frequency is off by O(1)."""
-
-_PROBE_FLOAT32 = 2.0**-20
 _PROBE_POSITIONS = 16
 _FAR = ((1000, 3), (5, 4099))  # rows past the grid: a swapped axis shows at once
 _MAX_SCALED = 2.0**62  # |M| below it, so that M = p 2^s is an int64
@@ -372,16 +367,6 @@ def _called(name: str, module: nn.Module, *args):
                                     f"{_checks.first_line(err, 120)})") from err
 
 
-def _gap(theirs, ours, allowance: torch.Tensor) -> float | None:
-    """The largest difference of two (cos, sin) results beyond ``allowance``; ``None`` where their
-    structure, shapes or dtypes differ."""
-    if not (isinstance(theirs, (tuple, list)) and len(theirs) == 2 and all(
-            isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype for a, b in zip(theirs, ours))):
-        return None
-    return max(float(((a.double() - b.double()).abs() - allowance.to(a.device)).max()) if a.numel() else 0.0
-               for a, b in zip(theirs, ours))
-
-
 def _reproduce_axial(name: str, module: nn.Module, device) -> VisionRotaryEmbedding:
     theta = _frequencies(name, module)
     layout = getattr(type(module), "recomposition_frequencies", None)
@@ -400,8 +385,8 @@ def _reproduce_axial(name: str, module: nn.Module, device) -> VisionRotaryEmbedd
                                 dtype=None if returned == torch.float64 else torch.float32,
                                 source=type(module).__name__, config=module.config).to(device)
     allowance = new.layout(new, positions[..., None].abs().double() * theta.double().to(device)
-                           * (_PROBE_FLOAT32 * float(scaling)))
-    gap = _gap(theirs, new(x, positions), allowance)
+                           * (PROBE_FLOAT32 * float(scaling)))
+    gap = output_gap(theirs, new(x, positions), allowance, same_dtype=True)
     if gap is None or gap > PROBE_TOLERANCE:
         got = "other shapes or dtypes" if gap is None else f"tables off by {gap:.3g} beyond float32's error"
         raise _refuse(name, module, f"{got} at probe positions: its forward is not the axial form "
@@ -424,7 +409,7 @@ def _reproduce_llama4(name: str, module: nn.Module, device) -> VisionComplexRota
                                     f"{list(theirs.shape)}, not complex64 {list(new.freqs_ci.shape)} (a cast drops "
                                     "its imaginary part: patch before casting)")
     positions = llama4_vision_positions(new.freqs_ci.shape[0] - 1).amax(dim=-1).double()
-    allowance = positions[:, None, None] * _PROBE_FLOAT32 + PROBE_TOLERANCE  # angles of at most (s + 1) theta_0
+    allowance = positions[:, None, None] * PROBE_FLOAT32 + PROBE_TOLERANCE  # angles of at most (s + 1) theta_0
     gap = (theirs.detach().cpu() - new.freqs_ci).abs().double() - allowance
     if float(gap.max()) > 0:
         raise _refuse(name, module, f"its freqs_ci differs from rope's mllama4 table by {float(gap.max()):.3g} beyond "
@@ -437,7 +422,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
     checked: :class:`VisionRotaryEmbedding` for the axial modules, whose frequencies must equal
     rope's (:func:`axial_frequencies`), whose layout must be a rearrangement, and whose (cos, sin)
     at :func:`probe_positions` (called on a copy with a float64 x) must equal rope's within
-    :data:`PROBE_TOLERANCE` beyond float32's error; :class:`VisionComplexRotaryEmbedding` for
+    :data:`PROBE_TOLERANCE` beyond float32's error (2^-20 ``|p| theta_j`` per entry);
+    :class:`VisionComplexRotaryEmbedding` for
     Llama 4's, whose ``freqs_ci`` must equal rope's likewise; :func:`rope.hf.grid.reproduce` for
     the image-grid modules. On the module's device.
 
