@@ -10,6 +10,11 @@
 * patch swaps SAM 3 Tracker Video's vision tower's rotary modules too, which the probe's feed
   does not run.
 
+EdgeTAM Video, run through its memory attention too: fed the 1-D latents of every memory frame
+and object pointers (the keys its cross-attention leaves unrotated, which the probe's feed leaves
+out), patched (rope's two functions called), it equals transformers' near position 0, and
+unpatch restores it bit for bit.
+
 Qwen2.5-Omni's token-to-wave model, run through its DiT: its own forward (a seeded diffusion
 start, the sampler's guided calls of the DiT) samples the same mel spectrogram patched.
 """
@@ -137,6 +142,45 @@ def test_memory_attention_with_object_pointers_is_transformers(model_type):
     finally:
         rope.hf.unpatch(model)
     assert torch.equal(coverage.output(model, tokens, feed=with_pointers), expected)
+
+
+@pytest.mark.parametrize("latents, pointers", [(0, 3), (4, 0), (4, 5)])
+def test_edgetam_memory_attention_with_latents_and_object_pointers_is_transformers(latents, pointers, monkeypatch):
+    """The probe's feed with ``latents`` 1-D latents before each frame's spatial keys (temporal
+    keys) and ``pointers`` object pointer keys after the frames, both unrotated, patched: rope's
+    functions run, and the output near position 0 is transformers'; unpatched, bit for bit."""
+    model = coverage.tiny_model("edgetam_video")
+    (feed,) = part_feeds.edgetam_memory_attention(model.config)
+    keys = model.config.memory_attention_rope_k_sizes[0] * model.config.memory_attention_rope_k_sizes[1]
+    memory = (part_feeds.MEMORY_FRAMES * (latents + keys) + pointers, *feed.extra[0][1][1:])
+    extra = (("memory", memory), ("memory_posision_embeddings", memory),
+             ("num_spatial_memory_tokens", (part_feeds.MEMORY_FRAMES,)), ("num_object_pointer_tokens", (pointers,)))
+    fed = Feed(feed.part, feed.argument, feed.shape, extra)
+    tokens = coverage.sample_tokens(seed=latents + pointers)
+    expected = coverage.output(model, tokens, feed=fed)
+    assert expected.abs().max() > coverage.LIVE_OUTPUT
+    modeling, calls = importlib.import_module(coverage.module_name("edgetam_video")), []
+
+    def counted(name):
+        ours = getattr(rope.hf.functions_2d, name)
+        assert getattr(modeling, name) is ours  # patched
+        return lambda *args, **kwargs: (calls.append((name, kwargs)), ours(*args, **kwargs))[1]
+
+    rope.hf.patch(model)
+    try:
+        with monkeypatch.context() as m:
+            for name in ("apply_rotary_pos_emb_2d_self_attn", "apply_rotary_pos_emb_2d_cross_attn"):
+                m.setattr(modeling, name, counted(name))
+            got = coverage.output(model, tokens, feed=fed)
+        torch.testing.assert_close(got, expected, **coverage.LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+    layers = model.config.memory_attention_num_layers
+    assert sorted(name for name, _ in calls) == sorted(["apply_rotary_pos_emb_2d_self_attn",
+                                                        "apply_rotary_pos_emb_2d_cross_attn"] * layers)
+    assert all(kwargs["num_k_exclude_rope"] == pointers and kwargs["repeat_freqs_k"] == part_feeds.MEMORY_FRAMES
+               for name, kwargs in calls if name.endswith("cross_attn"))
+    assert torch.equal(coverage.output(model, tokens, feed=fed), expected)
 
 
 def test_patch_swaps_the_tracker_vision_tower_too():

@@ -679,7 +679,8 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
          "sapiens2": _set(num_key_value_heads_per_layer=[4, 2]),
          "eomt_dinov3": _set(num_blocks=1, num_queries=8, image_size=160),
-         "sam2_video": lambda config: (_hiera(config), part_feeds.memory_grid(config)), "edgetam_video": _hiera,
+         "sam2_video": lambda config: (_hiera(config), part_feeds.memory_grid(config)),
+         "edgetam_video": lambda config: (_hiera(config), part_feeds.edgetam_grids(config)),
          "sam3_tracker_video": part_feeds.memory_grid,
          "sam3": _sam3,
          "seamless_m4t": _set(encoder_layers=2, encoder_ffn_dim=96, encoder_attention_heads=4, decoder_ffn_dim=96,
@@ -740,7 +741,8 @@ adapter's input (which must be ``hidden_size``) at init, before the tiny sizes a
 and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
 (:func:`_hiera`: one block each, 16 to 128 wide), and SAM 2 Video's and SAM 3 Tracker Video's
 memory attention a grid of :data:`rope.hf.feeds.GRID`'s rows and columns
-(:func:`rope.hf.part_feeds.memory_grid`: 64 x 64 by default); SAM 3's vision neck (``fpn_hidden_size``,
+(:func:`rope.hf.part_feeds.memory_grid`: 64 x 64 by default), EdgeTAM Video's too, with a 3 x 3
+grid of keys and no 1-D latents (:func:`rope.hf.part_feeds.edgetam_grids`); SAM 3's vision neck (``fpn_hidden_size``,
 256) feeds its DETR encoder, as wide as the tiny hidden size, which it is set to, and its DETR
 decoder (refining boxes layer by layer) and mask decoder amplify float32 noise at the tiny init
 range (pixels moved by 1e-7 move its masks, some 60 in size, by 0.01), so they are initialised
@@ -908,10 +910,11 @@ model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS
 
 
 PART_FEEDS = {"sam2_video": part_feeds.memory_attention, "sam3_tracker_video": part_feeds.memory_attention,
-              "qwen2_5_omni_token2wav": part_feeds.token_to_wave}
+              "qwen2_5_omni_token2wav": part_feeds.token_to_wave, "edgetam_video": part_feeds.edgetam_memory_attention}
 """Model types whose forward the probe cannot run from its signature, and the feeds it tries
 first, from the tiny config, their rotating part's (:mod:`rope.hf.part_feeds`): the video
-trackers' memory attention (their own forward takes an inference session); Qwen2.5-Omni's
+trackers' memory attention (their own forward takes an inference session; EdgeTAM Video's is
+told its number of memory frames); Qwen2.5-Omni's
 token-to-wave model's DiT (its own forward draws unseeded noise and ends in a vocoder)."""
 
 

@@ -80,8 +80,9 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   ``apply_rotary_pos_emb_2d_cross_attn``, which turns the queries by ``cos``, ``sin`` and of the
   keys only the spatial ones of each memory frame by ``cos_k``, ``sin_k`` (repeated per frame),
   the temporal ones and the last ``num_k_exclude_rope`` (object pointers) passing through
-  (``modeling_edgetam_video.py``; :mod:`rope.hf.functions_2d`). No model type follows it in the
-  table yet: EdgeTAM video's forward needs an inference session, which the probe does not make.
+  (``modeling_edgetam_video.py``; :mod:`rope.hf.functions_2d`). EdgeTAM video's forward needs an
+  inference session, which the probe does not make: it is probed by its memory attention
+  (:func:`rope.hf.part_feeds.edgetam_memory_attention`).
 
 * :data:`ROFORMER`: the static method ``apply_rotary_position_embeddings(sinusoidal_pos, query_layer,
   key_layer, value_layer=None)`` of RoFormer's attention class, pairs (2i, 2i + 1) on its own

@@ -41,9 +41,10 @@ class Feed:
         shape: its shape (``()``: the token ids given, as they are).
         extra: other arguments the forward requires, ``(name, shape)`` each: integer ids where
             the name ends in ``_ids`` (``()``: the token ids given) or ``_code`` (codec codes),
-            ones where it ends in ``_mask``, a count (half the sequence: image patches, frames)
-            where it starts with ``num_``, an image's grid where it ends in ``_thw`` or ``image_sizes`` (one row: the
-            shape's numbers, :data:`GRID` patches or their pixels), the merge size per image
+            ones where it ends in ``_mask``, a count where it starts with ``num_`` (the shape's
+            first number; where the shape is ``()``, half the sequence: image patches, frames),
+            an image's grid where it ends in ``_thw`` or ``image_sizes`` (one row: the shape's
+            numbers, :data:`GRID` patches or their pixels), the merge size per image
             where it ends in ``merge_sizes`` and each audio chunk's waveform samples where it ends
             in ``sample_lengths`` (the shape's numbers), the patches' (row, column) where it ends
             in ``position_ids`` with a last dimension of 2, else float.
@@ -67,7 +68,7 @@ def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) 
     if name.endswith("_mask"):
         return torch.ones(shape, dtype=torch.long)
     if name.startswith("num_"):
-        return LENGTH // 2
+        return shape[0] if shape else LENGTH // 2
     if name.endswith(GRID_NAMES):
         return torch.tensor([shape])
     if name.endswith(("merge_sizes", "sample_lengths")):

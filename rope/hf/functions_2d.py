@@ -11,10 +11,10 @@ their attention directly, and rope's (:mod:`rope.hf.vision`) are exactly rounded
 not checked (a check would wait for the device at every attention call): a non-finite entry
 gives non-finite outputs where transformers' formula reads it, as there.
 
-:func:`rope.hf.patch` covers ``llama4_vision_model`` with the first; EdgeTAM video's model types
-stay refused (its forward needs an inference session, which :mod:`rope.hf.coverage`'s probe does
-not make), and its two functions are checked on its memory attention alone
-(``tests/test_hf_functions_2d.py``).
+:func:`rope.hf.patch` covers ``llama4_vision_model`` with the first and ``edgetam_video`` with
+the other two (its forward needs an inference session, which :mod:`rope.hf.coverage`'s probe does
+not make: it is probed by its memory attention, :func:`rope.hf.part_feeds.edgetam_memory_attention`);
+they are checked against their formulas in ``tests/test_hf_functions_2d.py``.
 
 ==========================================  ======================  ============  ==================
 function                                    models                  tables        pairs

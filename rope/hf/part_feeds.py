@@ -15,6 +15,19 @@ position embeddings (``repeat_freqs_k``: each memory frame turned by the frame's
 object pointers are fed: they pass unrotated (``num_k_exclude_rope``), so queries moved by 2^16
 would move away from them and the shift test would see absolute positions; rope's function on
 them is checked against transformers' in ``tests/test_hf_part_feeds.py``.
+
+EdgeTAM Video's forward takes an inference session too. Its memory attention turns the queries
+by their grid's tables (``apply_rotary_pos_emb_2d_self_attn``, and the queries of
+``apply_rotary_pos_emb_2d_cross_attn``), and of the memory only the spatial keys, by a grid of
+their own (``memory_attention_rope_k_sizes``: the perceiver's 2-D latents, a square of windows);
+the 1-D latents that open each memory frame (temporal keys) and the object pointers after the
+frames pass unrotated. Its probe (:func:`edgetam_memory_attention`) feeds the frames' spatial
+keys alone (:func:`edgetam_grids` sets no 1-D latents and a 3 x 3 key grid): unrotated keys, as
+SAM 2's object pointers, would let the shift test see absolute positions. The memory attention
+counts the frames by ``num_spatial_memory_tokens`` (the model passes the length of its list of
+frames), fed as :data:`MEMORY_FRAMES` (a ``num_`` argument of shape ``(n,)`` is the count n,
+:class:`rope.hf.feeds.Feed`); latents and object pointers are checked against transformers in
+``tests/test_hf_part_feeds.py``.
 """
 
 from __future__ import annotations
@@ -50,6 +63,37 @@ def memory_attention(config) -> tuple[Feed, ...]:
     memory = (MEMORY_FRAMES * positions, BATCH, config.memory_encoder_output_channels)
     return (Feed("memory_attention", "current_vision_features", (positions, BATCH, config.memory_attention_hidden_size),
                  (("memory", memory), ("memory_posision_embeddings", memory))),)
+
+
+EDGETAM_KEY_SIDE = 3
+"""The side of EdgeTAM's tiny key grid (``memory_attention_rope_k_sizes``, 16 x 16 by default):
+the perceiver's 2-D latents are a square of windows, so it is square."""
+
+
+def edgetam_grids(config) -> None:
+    """EdgeTAM Video's memory attention's query grid and spread as :func:`memory_grid`'s, its key
+    grid :data:`EDGETAM_KEY_SIDE` a side, as many 2-D latents in its perceiver, and no 1-D
+    latents (the keys that pass unrotated, 256 by default: see the module docstring). At
+    :data:`MEMORY_INITIALIZER_RANGE` (two layers, one head of 256), rope's output near position 0
+    is within 1.5e-6 of transformers' and moves by 2.5e-6 at 2^16, transformers' by 8e-4."""
+    memory_grid(config)
+    config.memory_attention_rope_k_sizes = [EDGETAM_KEY_SIDE, EDGETAM_KEY_SIDE]
+    config.perceiver_resampler_num_latents_2d = EDGETAM_KEY_SIDE**2
+    config.perceiver_resampler_num_latents = 0
+
+
+def edgetam_memory_attention(config) -> tuple[Feed, ...]:
+    """EdgeTAM Video's memory attention's feed: ``current_vision_features`` as
+    :func:`memory_attention`'s, and ``memory`` with ``memory_posision_embeddings`` (sic)
+    ``[frames * (latents + keys), batch, memory_encoder_output_channels]`` (each frame its 1-D
+    latents, then its 2-D ones, a key on each position of ``memory_attention_rope_k_sizes``),
+    ``num_spatial_memory_tokens`` the frames."""
+    (feed,) = memory_attention(config)
+    keys = config.memory_attention_rope_k_sizes[0] * config.memory_attention_rope_k_sizes[1]
+    memory = (MEMORY_FRAMES * (config.perceiver_resampler_num_latents + keys), BATCH,
+              config.memory_encoder_output_channels)
+    return (Feed(feed.part, feed.argument, feed.shape, (("memory", memory), ("memory_posision_embeddings", memory),
+                                                        ("num_spatial_memory_tokens", (MEMORY_FRAMES,)))),)
 
 
 def token_to_wave(config) -> tuple[Feed, ...]:
