@@ -68,6 +68,10 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   :func:`unpatch` puts the very object back once no patched model of the class remains; likewise
   V-JEPA 2's module-level ``rotate_queries_or_keys(x, pos)`` by :func:`rotate_queries_or_keys`
   (exact angles, where transformers forms them in the model's dtype).
+* :mod:`rope.hf.clvp` covers CLVP, whose rotary module returns angles that its attention takes
+  cos and sin of: :func:`install` puts a :class:`RotaryAngleTable` in its place (exactly reduced
+  angles, float64 once patched) and :func:`patch` replaces its ``apply_rotary_pos_emb(q, k, v,
+  cos, sin, position_ids)`` by :func:`apply_rotary_pos_emb_values` (rounded once to the model's dtype).
 * :func:`diagnose` measures the rotary tables of any model, patched or not, against exact angles:
   per rotary module and layer type, the worst error in units of the model's dtype, below and
   beyond its configured length, and the first position past half a unit (:mod:`rope.hf.precision`).
@@ -89,6 +93,7 @@ has seen until the length falls back below the original context. Both agree on a
 """
 
 from .axes import AxesRotaryEmbedding
+from .clvp import RotaryAngleTable, apply_rotary_pos_emb_values
 from .embedding import (
     TABLE_FORMS,
     LayerTypeRotaryEmbedding,
@@ -148,6 +153,7 @@ __all__ = [
     "Patch",
     "Replacement",
     "RotaryEmbedding",
+    "RotaryAngleTable",
     "RotaryPrecision",
     "StackedRotaryTable",
     "apply_rotary_emb_complex",
@@ -167,6 +173,7 @@ __all__ = [
     "apply_rotary_pos_emb_patches",
     "apply_rotary_pos_emb_single",
     "apply_rotary_pos_emb_trailing",
+    "apply_rotary_pos_emb_values",
     "apply_rotary_pos_emb_2d",
     "apply_rotary_pos_emb_2d_cross_attn",
     "apply_rotary_pos_emb_2d_self_attn",

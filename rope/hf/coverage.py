@@ -657,6 +657,14 @@ def _codec_quantizer(config) -> None:
     _one_key_per_head(config)
 
 
+def _clvp(config) -> None:
+    for part in (config, getattr(config, "text_config", None), getattr(config, "speech_config", None)):
+        if part is not None:
+            part.projection_dim = 64
+        if part is not None and hasattr(part, "use_rotary_embedding"):
+            part.num_attention_heads = 1
+
+
 def _hrm(config) -> None:
     config.num_layers_per_stack, config.L_cycles, config.L_bp_cycles = 1, 1, [1]
     config.num_hidden_layers = config.num_layers_per_stack * config.H_cycles * (config.L_cycles + 1)
@@ -666,6 +674,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "chameleon": _set(vocabulary_map={}), "emu3": _set(vocabulary_map={}),
          "granite4_vision": _set(deepstack_layer_map=[], downsample_rate="1/4"),
          "kyutai_speech_to_text": _kyutai, "hrm_text": _hrm, "efficientloftr": _efficientloftr,
+         "clvp": _clvp, "clvp_encoder": _clvp,
          "dots3_note": _dots3, "dots3_note_text": _dots3,
          "dots3_note_audio_encoder": _dots3_audio, "neucodec": _codec_quantizer, "xcodec2": _codec_quantizer,
          "esm": _set(position_embedding_type="rotary"),
@@ -736,6 +745,9 @@ takes the pixel-shuffled patches (``hidden_size / pixel_shuffle_ratio**2`` wide:
 width) in a layer as wide as ``intermediate_size``, which is set to that; Qwen2.5-Omni's DiT
 concatenates its noisy mel frames (the feed's hidden states, of the tiny hidden size) with its
 conditioning, so ``mel_dim`` is that width;
+CLVP's encoders rotate max(projection_dim / (2 heads), 32) coordinates of each head (96 of the
+default projection's 768 over 4 heads, wider than the tiny heads): one head of 64 coordinates and
+a projection of 64 here, of which the first 32 rotate and the rest pass through;
 dots.llm3's audio encoder derives its convolution's output width (``conv_output_size``) and its
 adapter's input (which must be ``hidden_size``) at init, before the tiny sizes are set; SAM 2's
 and EdgeTAM's Hiera backbone sets its four stages' widths, depths and global blocks per stage
@@ -1176,12 +1188,7 @@ def _text_verdict(config) -> str:
     return f"; its text model ({text.model_type}) {verdict}"
 
 
-_CLVP = ("CLVP's apply_rotary_pos_emb(q, k, v, cos, sin, position_ids) also rotates the values and indexes the "
-         "tables by position_ids, from a module that computes positions 0 .. n - 1 itself (forward(hidden_states)) "
-         "and returns their float32 angles, not cos and sin: its attention takes their cos and sin itself, so no "
-         "exact table reaches the function, and position ids past the sequence fall outside the table")
 CONVENTION_DIFFERENCES = {
-    "clvp": _CLVP, "clvp_decoder": _CLVP, "clvp_encoder": _CLVP,
     "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "
                       "themselves, not q and k, by the timestamps of their windows (2-D axial over window index and "
                       "time, its pos_emb), with tables it broadcasts as given"),

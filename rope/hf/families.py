@@ -97,6 +97,10 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
 * :data:`VJEPA2`: ``rotate_queries_or_keys(x, pos)`` of V-JEPA 2, called on each third of the head
   with the patches' frame, row or column, angles computed at each call, no table
   (``modeling_vjepa2.py``; a module-level function of its own signature, :mod:`rope.hf.methods`).
+* :data:`CLVP`: CLVP's ``apply_rotary_pos_emb(q, k, v, cos, sin, position_ids)``, Llama's formula on
+  q, k and the values, on the rows ``position_ids`` of tables ``[n, d]`` that its attention takes
+  as cos and sin of the ``angles`` of :class:`rope.hf.RotaryAngleTable` (float64, exactly reduced)
+  (``modeling_clvp.py``; :mod:`rope.hf.clvp`).
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -110,9 +114,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .. import _checks
+from . import clvp, methods
 from . import functions as ours  # rope's replacements, one per convention
 from . import functions_2d as ours_2d  # those of vision and video attentions beyond functions.py
-from . import methods
 from .coverage_table import COVERED
 from .embedding import TABLE_FORMS
 
@@ -177,11 +181,12 @@ ROFORMER = Convention("roformer", (("*.apply_rotary_position_embeddings",
 CONFORMER = Convention("wav2vec2-conformer", (("*._apply_rotary_embedding", methods.apply_rotary_embedding_stacked),),
                        "stacked")
 VJEPA2 = Convention("vjepa2", (("rotate_queries_or_keys", methods.rotate_queries_or_keys),), "none")
+CLVP = Convention("clvp", (("apply_rotary_pos_emb", clvp.apply_rotary_pos_emb_values),), "angles")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2)})
+                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2, CLVP)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .clvp import RotaryAngleTable
+from .self_rotating import is_stacked_rotary
 from .vision import is_vision_rotary
 
 
@@ -90,9 +92,12 @@ def _parameters(module: nn.Module) -> dict[str, inspect.Parameter]:
 def takes_positions(module: nn.Module, feed: Feed) -> bool:
     """Whether ``feed`` passes the positions as ``position_ids``: the forward takes them, and its
     sequence is the tokens' or embeddings' (not audio frames a convolution subsamples), with no
-    second sequence (a decoder's) beside it."""
+    second sequence (a decoder's) beside it, and no rotary module that numbers the sequence itself
+    (``forward(hidden_states)``: CLVP's, whose table holds the sequence's positions only, so that
+    position ids moved past it fall outside)."""
     return ("position_ids" in _parameters(module) and feed.argument in ("input_ids", "inputs_embeds")
-            and not any(name.startswith("decoder_") for name, _ in feed.extra))
+            and not any(name.startswith("decoder_") for name, _ in feed.extra)
+            and not any(is_stacked_rotary(m) or isinstance(m, RotaryAngleTable) for m in module.modules()))
 
 
 def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..mrope import MROPE_STYLES
 from .axes import find_axes, reproduce_axes
+from .clvp import RotaryAngleTable, reproduce_angles, returns_angles
 from .embedding import (
     ROTARY_MODULES,
     TABLE_FORMS,
@@ -330,7 +331,7 @@ def rotary_slots(model: nn.Module) -> list[tuple[str, str, nn.Module | torch.Ten
             continue
         for attribute, child in module.named_children():
             if (attribute == "rotary_emb" or type(child).__name__.endswith(ROTARY_CLASS_SUFFIX)
-                    or is_stacked_rotary(child)) and not is_vision_rotary(child):
+                    or is_stacked_rotary(child) or isinstance(child, RotaryAngleTable)) and not is_vision_rotary(child):
                 slots.append((owner, attribute, child))
                 inside.append(f"{owner}.{attribute}." if owner else f"{attribute}.")
         for attribute in POSITION_TABLES:
@@ -429,7 +430,7 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
                          f"rotary_emb modules of transformers models){why}")
     replacements = []
     for owner, attribute, old in found:
-        if isinstance(old, (*ROTARY_MODULES, StackedRotaryTable)):
+        if isinstance(old, (*ROTARY_MODULES, StackedRotaryTable, RotaryAngleTable)):
             continue
         name = f"{owner}.{attribute}" if owner else attribute
         config = getattr(old, "config", None) or getattr(model, "config", None)
@@ -440,8 +441,9 @@ def rotary_replacements(model: nn.Module) -> tuple[Replacement, ...]:
             if new is not None:
                 replacements.append(Replacement(owner, old, new, attribute))
             continue
-        if is_stacked_rotary(old):  # a conformer's table of its own positions 0 .. n - 1
-            replacements.append(Replacement(owner, old, reproduce_stacked(name, old, config), attribute))
+        if is_stacked_rotary(old):  # a conformer's table of its own positions 0 .. n - 1 (CLVP's: their angles)
+            new = reproduce_angles(name, old) if returns_angles(old) else reproduce_stacked(name, old, config)
+            replacements.append(Replacement(owner, old, new, attribute))
             continue
         device = next((buffer.device for buffer in old.buffers()), None)
         new = _reproduce(name, old, config, device)
@@ -476,7 +478,8 @@ def install(model: nn.Module) -> int:
     A conformer's rotary module (``...RotaryPositionalEmbedding``, wav2vec2-conformer,
     wav2vec2-bert, SeamlessM4T: a stack of the cos and sin of its sequence's positions, no
     position ids) gets rope's :class:`rope.hf.self_rotating.StackedRotaryTable`, checked on a few
-    sequence lengths (:func:`rope.hf.self_rotating.reproduce_stacked`).
+    sequence lengths (:func:`rope.hf.self_rotating.reproduce_stacked`); CLVP's, which returns the
+    angles of those positions, gets :class:`rope.hf.RotaryAngleTable` (:func:`rope.hf.clvp.reproduce_angles`).
 
     A model whose attention keeps its table in a buffer (GPT-J, CodeGen: :data:`POSITION_TABLES`)
     gets rope's table of the same rows in that buffer instead (:func:`rope.hf.position_table`:

@@ -59,14 +59,17 @@ from .. import _checks
 from ..angles import cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .clvp import method_inputs as _clvp_inputs
 
 ANY_CLASS = "*."
 """The prefix of a convention's name for a class attribute (:func:`resolve`)."""
 
-TABLE_FORMS = ("stacked", "none")
+TABLE_FORMS = ("stacked", "none", "angles")
 """The table forms of method conventions beside :data:`rope.hf.TABLE_FORMS`: ``stacked``, the
 conformers' one tensor ``[2, n, 1, 1, d]`` of cos then sin (:class:`rope.hf.StackedRotaryTable`);
-``none``, no table: the function computes its angles from the positions it is given (V-JEPA 2)."""
+``none``, no table: the function computes its angles from the positions it is given (V-JEPA 2);
+``angles``, CLVP's ``[1, n, d]`` angles, whose cos and sin its attention takes itself
+(:class:`rope.hf.RotaryAngleTable`, :mod:`rope.hf.clvp`)."""
 
 OWN_TABLES = frozenset({"roformer", "vjepa2"})
 """The conventions whose models keep their own tables or make none (no rotary module nor position
@@ -317,9 +320,11 @@ def _patch_position_inputs(generator: torch.Generator) -> Iterator[tuple]:
 
 
 METHOD_INPUTS: dict[str, Callable[[torch.Generator], Iterator[tuple]]] = {
-    "roformer": _roformer_inputs, "wav2vec2-conformer": _stacked_inputs, "vjepa2": _patch_position_inputs}
+    "roformer": _roformer_inputs, "wav2vec2-conformer": _stacked_inputs, "vjepa2": _patch_position_inputs,
+    "clvp": _clvp_inputs}
 """Each method convention by name, and the random arguments on which a modeling module's method
-must return what rope's does (:func:`computes`)."""
+must return what rope's does (:func:`computes`); also the conventions of module-level functions
+of their own signature (V-JEPA 2's, CLVP's: :func:`rope.hf.clvp.method_inputs`)."""
 
 
 def is_method(convention) -> bool:

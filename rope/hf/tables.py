@@ -78,6 +78,7 @@ from torch import nn
 from .. import _checks
 from ..angles import cos_sin
 from . import vision
+from .clvp import RotaryAngleTable
 from .embedding import ROTARY_MODULES, LayerTypeRotaryEmbedding, RotaryEmbedding
 from .self_rotating import StackedRotaryTable
 
@@ -355,7 +356,8 @@ class _Frequencies:
             raise ValueError(f"it has no {self._name} buffer, nor a Linear of coordinates: no frequencies to read")
         else:
             self.module, self.source = self._rebuilt(module, config)
-            if isinstance(module, (*vision.VISION_MODULES, StackedRotaryTable)):  # rope's: float32 frequencies
+            if isinstance(module, (*vision.VISION_MODULES, StackedRotaryTable,
+                                   RotaryAngleTable)):  # rope's: float32 frequencies
                 self.source = "rope's float32 frequencies"
 
     @property
