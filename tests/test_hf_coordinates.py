@@ -1,8 +1,8 @@
 """rope.hf.coordinates: exact tables for transformers' coordinate rotary modules.
 
 * LightGlue's keypoint encoder: rope's tables are cos and sin of the exact angles W p (mpmath at
-  200 bits from the float values of W and p, rounded once), in each dtype, at coordinates up to
-  2^20 and past it, where transformers' float32 angles are off by far more than a unit; the
+  200 bits from the float values of W and p, rounded once), in each dtype and on both of its paths
+  (the CPU's two-term sum, the turns), at coordinates up to 2^20 and past it, where transformers' float32 angles are off by far more than a unit; the
   float64 formula written here agrees at small coordinates; gradients to the weights and the
   keypoints match float64 autograd of the formula; bad inputs are refused by name; patch shares
   the model's Linear (same parameter, same state-dict key, loading while patched reaches the
@@ -73,8 +73,11 @@ def far_keypoints(dtype, seed: int = 1) -> torch.Tensor:
     return torch.cat([near, far.expand(2, -1, -1)], dim=1).to(dtype)
 
 
+@pytest.mark.parametrize("turns", [False, True], ids=["cpu-path", "turns"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-def test_keypoint_tables_are_the_exact_angles_rounded_once(dtype):
+def test_keypoint_tables_are_the_exact_angles_rounded_once(dtype, turns, monkeypatch):
+    if turns:  # the path of devices whose reads are not free: the angles reduced as turns
+        monkeypatch.setattr(coordinates._checks, "reads_are_free", lambda device: False)
     module = random_encoder(dtype=dtype)
     keypoints = far_keypoints(dtype)
     if dtype == torch.float16:
