@@ -2,8 +2,9 @@
 
 * LightGlue's keypoint encoder: rope's tables are cos and sin of the exact angles W p (mpmath at
   200 bits from the float values of W and p, rounded once), in each dtype and on both of its paths
-  (the CPU's two-term sum, the turns), at coordinates up to 2^20 and past it, where transformers' float32 angles are off by far more than a unit; the
-  float64 formula written here agrees at small coordinates; gradients to the weights and the
+  (the CPU's two-term sum, the turns), at coordinates up to 2^20 and past it, where transformers'
+  float32 angles are off by far more than a unit; the float64 formula written here agrees at
+  small coordinates; gradients to the weights and the
   keypoints match float64 autograd of the formula; bad inputs are refused by name; patch shares
   the model's Linear (same parameter, same state-dict key, loading while patched reaches the
   model) and unpatch puts the very module back, outputs bit for bit; diagnose reads the patched
