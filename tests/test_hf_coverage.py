@@ -79,6 +79,9 @@ OWN_POSITIONS = {
                   "to [-1, 1], no position ids, which the shift does not reach: rope's tables there are checked "
                   "against exact angles in test_hf_grid.py",
     "sapiens2": "its rotary module turns patches by their normalised centres, as dinov3_vit's",
+    "lightglue": "its encoder turns keypoints by a learned projection of their float coordinates, no position ids, "
+                 "which the shift does not reach: rope's tables at coordinates up to 2^20 and past are checked "
+                 "against mpmath in test_hf_coordinates.py",
     "eomt_dinov3": "its rotary module turns patches by their normalised centres, as dinov3_vit's",
     "efficientloftr": "its rotary module is called with the feature map and numbers its grid 1, 2, ... itself, "
                       "no position ids, which the shift does not reach: rope's tables at positions past 2^20 are "

@@ -55,6 +55,7 @@ from .. import _checks
 from ..angles import exact_angles
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .probing import PROBE_TOLERANCE
 
 BASE = 10000.0
 """CLVP's RoPE base, fixed in its modeling code (no config key)."""
@@ -65,11 +66,6 @@ FUNCTION_NAME = "apply_rotary_pos_emb"
 PROBE_LENGTHS = (1, 8, 3)
 """Sequence lengths :func:`reproduce_angles` calls both modules with (the stock module caches
 the angles of the last length: 3 after 8 reads fresh ones)."""
-
-PROBE_TOLERANCE = 1e-5
-"""How far the cos and sin of the two modules' angles may differ in the probe: transformers'
-float32 angles of positions below 8 are off by less than 1e-6; a wrong width or base, or
-frequencies rounded by a cast, by far more."""
 
 
 def apply_rotary_pos_emb_values(q, k, v, cos, sin, position_ids, unsqueeze_dim=1):

@@ -665,6 +665,23 @@ def _clvp(config) -> None:
             part.num_attention_heads = 1
 
 
+def _lightglue(config) -> None:
+    """LightGlue's descriptors as wide as its tiny layers, every keypoint through every layer
+    (no early stop, pruning or match threshold, whose thresholds would make the output jump),
+    20 keypoints per image, and its layers' outputs returned (:func:`rope.hf.feeds.first_output`)."""
+    config.descriptor_dim, config.intermediate_size = config.hidden_size, 2 * config.hidden_size
+    config.depth_confidence, config.width_confidence, config.filter_threshold = -1.0, -1.0, 0.0
+    config.keypoint_detector_config.max_keypoints, config.keypoint_detector_config.keypoint_threshold = 20, 0.0
+    config.output_hidden_states = True
+
+
+def _esmfold2(config) -> None:
+    """EsmFold2's atom encoders' rotary pairs fitted to their tiny heads of 8 pairs (its default
+    3 x 2 spatial and 10 id pairs need heads of 32 or more): 3 x 1 spatial, 4 id pairs, 1 unturned."""
+    for atoms in (config.atom_encoder, config.structure_head.diffusion_module.atom_encoder):
+        atoms.num_spatial_rope_pairs_per_axis, atoms.num_uid_rope_pairs = 1, 4
+
+
 def _hrm(config) -> None:
     config.num_layers_per_stack, config.L_cycles, config.L_bp_cycles = 1, 1, [1]
     config.num_hidden_layers = config.num_layers_per_stack * config.H_cycles * (config.L_cycles + 1)
@@ -674,7 +691,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "chameleon": _set(vocabulary_map={}), "emu3": _set(vocabulary_map={}),
          "granite4_vision": _set(deepstack_layer_map=[], downsample_rate="1/4"),
          "kyutai_speech_to_text": _kyutai, "hrm_text": _hrm, "efficientloftr": _efficientloftr,
-         "clvp": _clvp, "clvp_encoder": _clvp,
+         "clvp": _clvp, "clvp_encoder": _clvp, "lightglue": _lightglue, "esmfold2": _esmfold2,
          "dots3_note": _dots3, "dots3_note_text": _dots3,
          "dots3_note_audio_encoder": _dots3_audio, "neucodec": _codec_quantizer, "xcodec2": _codec_quantizer,
          "esm": _set(position_embedding_type="rotary"),
@@ -761,7 +778,9 @@ range (pixels moved by 1e-7 move its masks, some 60 in size, by 0.01), so they a
 at 0.02 and 0.05 (masks near 0.5, float32 noise of the rotation 2% of the probe's tolerance);
 SeamlessM4T's encoders, text-to-unit model and
 vocoder take their sizes from keys of their own; V-JEPA 2's clip (64 frames of 256 x 256
-pixels) is 4 frames of 64 x 64 here: 2 x 4 x 4 patches of 16 pixels and 2 frames. The conformers (wav2vec2-conformer,
+pixels) is 4 frames of 64 x 64 here: 2 x 4 x 4 patches of 16 pixels and 2 frames; LightGlue's
+descriptors (256 wide) match its tiny layers, and its thresholds are off (:func:`_lightglue`). The
+conformers (wav2vec2-conformer,
 wav2vec2-bert, SeamlessM4T's speech encoder) rotate only with ``position_embeddings_type="rotary"``
 (their default is relative positions), as their rotary checkpoints are configured; ESM's default config uses
 absolute positions; ESM-2's released checkpoints rotate (``position_embedding_type="rotary"``),
@@ -893,6 +912,7 @@ FEED_EXTRAS = {
         ("attention_mask", (2, 40))),
     "voxtral_realtime_text": lambda config: (("t_cond", (1, config.hidden_size)),),
     "efficientloftr": lambda config: (("pixel_values", (1, 2, 1, 128, 192)),),
+    "lightglue": lambda config: (("pixel_values", (1, 2, 1, 64, 96)),),
     "diffusion_gemma": lambda config: (("decoder_input_ids", (2, config.canvas_length)),),
     "seamless_m4t": lambda config: (("input_features", (2, feeds.FRAMES, config.feature_projection_input_dim)),
                                     ("decoder_input_ids", ())),
@@ -913,7 +933,9 @@ unseeded ``torch.randint``, so no two runs agree), Qwen2.5-Omni's DiT's conditio
 mel spectrogram for its speaker encoder, a speaker embedding per frame, codec codes, which it
 repeats ``repeats`` times per frame, and a diffusion time per sample), EfficientLoFTR's image pair
 (``[batch, 2, channels, height, width]``, its forward's one input, of no patch size: grey images
-of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens), SAM 3's image (its model
+of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens), LightGlue's image pair (the same
+form: grey images of 64 x 96 pixels, in which its keypoint detector finds the keypoints whose
+coordinates its encoder projects), SAM 3's image (its model
 needs pixels beside the prompt's token ids: one image of :data:`rope.hf.feeds.GRID` patches per
 prompt, whose ViT rotates), SeamlessM4T's speech
 (audio features, which its forward runs through the speech encoder, the part that rotates, in
@@ -942,7 +964,13 @@ is zero, and would show nothing of the rotation)."""
 
 UNFED = {"blt_local_encoder": "BLT's local encoder pools its bytes into patches by patch_ids and num_patches, "
                               "which BLT's model computes from its patcher's entropies: alone it runs on none of the "
-                              "inputs the probe makes; it is probed inside blt"}
+                              "inputs the probe makes; it is probed inside blt",
+         "esmfold2": "EsmFold2's forward folds a featurized complex (token and chain indices, residue types, token "
+                     "bonds, and an EsmFold2AtomInputs of reference-conformer atoms: coordinates, charges, elements, "
+                     "atom names, space ids), inputs the probe does not make, so its output is not compared; its "
+                     "atom encoders' tables, cos and sin of float32 coordinates and integer space ids times float32 "
+                     "frequencies (EsmFold2RotaryEmbedding), rope reproduces exactly "
+                     "(rope.hf.coordinates.AtomRotaryEmbedding, checked in test_hf_coordinates.py)"}
 """Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
 
 

@@ -119,7 +119,9 @@ def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> 
 
 
 def first_output(out) -> torch.Tensor:
-    """The logits, else the last hidden state, else the largest floating tensor of a forward's
+    """The logits, else the last hidden state, else the last of the hidden states where the output
+    holds them (LightGlue's, whose other outputs are its detector's keypoints and thresholded
+    match scores), else the largest floating tensor of a forward's
     output (a codec's waveform, a patcher's logits beside its entropies), else the first floating
     tensor of its first tuple (a backbone's feature maps: EfficientLoFTR's coarse features, its
     transformer's output, come first)."""
@@ -127,6 +129,9 @@ def first_output(out) -> torch.Tensor:
         value = getattr(out, name, None)
         if isinstance(value, torch.Tensor):
             return value
+    hidden = getattr(out, "hidden_states", None)  # a keypoint matcher's: its last layer's output
+    if isinstance(hidden, tuple) and hidden and isinstance(hidden[-1], torch.Tensor) and hidden[-1].is_floating_point():
+        return hidden[-1]
     values = out.to_tuple() if hasattr(out, "to_tuple") else out if isinstance(out, (tuple, list)) else (out,)
     found = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
     nested = next((v for v in values if isinstance(v, (tuple, list))), ())

@@ -150,7 +150,9 @@ def _has_inv_freq(module: nn.Module) -> bool:
 
 def _coordinate_linear(module: nn.Module) -> nn.Linear | None:
     """The one bias-free ``nn.Linear`` of 2 coordinates of a module named for positions (form 3),
-    or ``None``."""
+    or ``None``; rope's :class:`rope.hf.coordinates.CoordinateRotaryEmbedding` holds the model's."""
+    if isinstance(module, vision.coordinates.COORDINATE_MODULES):
+        return module.projector
     if "posit" not in type(module).__name__.lower():
         return None
     linears = [m for m in module.children() if isinstance(m, nn.Linear)]
