@@ -96,6 +96,11 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
 * :data:`VJEPA2`: ``rotate_queries_or_keys(x, pos)`` of V-JEPA 2, called on each third of the head
   with the patches' frame, row or column, angles computed at each call, no table
   (``modeling_vjepa2.py``; a module-level function of its own signature, :mod:`rope.hf.methods`).
+* :data:`MUSICFLAMINGO`: ``apply_rotary_time_emb(hidden_states, cos, sin)``, which turns the audio
+  features themselves (not q and k) in pairs (2i, 2i + 1) on the first ``cos.shape[-1]``
+  coordinates, in float64, by tables broadcast as given: those of its rotary time module
+  ``pos_emb`` (the timestamps of each window, 2-D over window and time), which
+  :mod:`rope.hf.time_rotary` swaps (``modeling_musicflamingo.py``; its text model follows its own row).
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -111,7 +116,7 @@ from types import MappingProxyType
 from .. import _checks
 from . import functions as ours  # rope's replacements, one per convention
 from . import functions_2d as ours_2d  # those of vision and video attentions beyond functions.py
-from . import methods
+from . import methods, time_rotary
 from .coverage_table import COVERED
 from .embedding import TABLE_FORMS
 
@@ -176,11 +181,13 @@ ROFORMER = Convention("roformer", (("*.apply_rotary_position_embeddings",
 CONFORMER = Convention("wav2vec2-conformer", (("*._apply_rotary_embedding", methods.apply_rotary_embedding_stacked),),
                        "stacked")
 VJEPA2 = Convention("vjepa2", (("rotate_queries_or_keys", methods.rotate_queries_or_keys),), "none")
+MUSICFLAMINGO = Convention("musicflamingo", (("apply_rotary_time_emb", time_rotary.apply_rotary_time_emb),),
+                           "interleaved")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2)})
+                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2, MUSICFLAMINGO)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

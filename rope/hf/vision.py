@@ -43,7 +43,8 @@ column and row, the class token at angle 0: :func:`rope.axial.llama4_vision_posi
 in a warning and in the :class:`rope.hf.Patch` record) and :func:`rope.hf.unpatch` puts the
 originals back (:func:`swap`, :func:`restore`). The image-grid rotary modules, called with the
 pixel values or a feature map (DINOv3, Sapiens2, EoMT-DINOv3, EfficientLoFTR), are vision rotary
-modules here too: :mod:`rope.hf.grid` reproduces them. :func:`rope.hf.install` and the text side of
+modules here too: :mod:`rope.hf.grid` reproduces them; so is MusicFlamingo's rotary time
+module, which :mod:`rope.hf.time_rotary` reproduces. :func:`rope.hf.install` and the text side of
 patch leave vision rotary modules to this module, even where a family names one ``rotary_emb``
 (:func:`is_vision_rotary`).
 """
@@ -64,7 +65,7 @@ from ..apply import exact_cos_sin
 from ..axial import llama4_vision_positions, pair_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
-from . import grid
+from . import grid, time_rotary
 
 ORDERS = {"ascending": "theta_0, theta_1, ..., theta_(n-1)",
           "even_odd": "theta_0, theta_2, ..., then theta_1, theta_3, ... (Pixtral)"}
@@ -255,7 +256,8 @@ class VisionComplexRotaryEmbedding(nn.Module):
         return self.freqs_ci.to(hidden_states.device)
 
 
-VISION_MODULES = (VisionRotaryEmbedding, VisionComplexRotaryEmbedding, *grid.GRID_MODULES)
+VISION_MODULES = (VisionRotaryEmbedding, VisionComplexRotaryEmbedding, *grid.GRID_MODULES,
+                  time_rotary.TimeRotaryEmbedding)
 """rope's vision rotary module classes."""
 
 
@@ -269,13 +271,15 @@ def _is_llama4(module: nn.Module) -> bool:
 
 def is_vision_rotary(module: nn.Module) -> bool:
     """Whether ``module`` is a vision rotary module, transformers' (a class with
-    ``compute_axial_rope_parameters``, Llama 4's ``_compute_freqs_ci``, or an image-grid module:
-    :func:`rope.hf.grid.is_grid_rotary`) or rope's.
+    ``compute_axial_rope_parameters``, Llama 4's ``_compute_freqs_ci``, an image-grid module:
+    :func:`rope.hf.grid.is_grid_rotary`, or MusicFlamingo's rotary time module:
+    :func:`rope.hf.time_rotary.is_time_rotary`) or rope's.
 
     Args:
         module: any module.
     """
-    return isinstance(module, VISION_MODULES) or _is_axial(module) or _is_llama4(module) or grid.is_grid_rotary(module)
+    return (isinstance(module, VISION_MODULES) or _is_axial(module) or _is_llama4(module) or grid.is_grid_rotary(module)
+            or time_rotary.is_time_rotary(module))
 
 
 def _refuse(name: str, module: nn.Module, why: str) -> ValueError:
@@ -439,7 +443,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
     at :func:`probe_positions` (called on a copy with a float64 x) must equal rope's within
     :data:`PROBE_TOLERANCE` beyond float32's error; :class:`VisionComplexRotaryEmbedding` for
     Llama 4's, whose ``freqs_ci`` must equal rope's likewise; :func:`rope.hf.grid.reproduce` for
-    the image-grid modules. On the module's device.
+    the image-grid modules; :func:`rope.hf.time_rotary.reproduce` for the rotary time module. On
+    the module's device.
 
     Raises ``ValueError`` naming the module and what differs where rope does not reproduce it.
 
@@ -451,6 +456,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     if grid.is_grid_rotary(module):
         return grid.reproduce(name, module)
+    if time_rotary.is_time_rotary(module):
+        return time_rotary.reproduce(name, module)
     device = next((buffer.device for buffer in module.buffers()), None)
     if _is_llama4(module):
         return _reproduce_llama4(name, module, device)
