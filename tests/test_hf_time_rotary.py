@@ -133,10 +133,11 @@ def assert_rounded_once(got: torch.Tensor, exact: torch.Tensor):
     assert bool(((got.double() - exact).abs() <= half_ulp + 2.0**-50).all())
 
 
-@pytest.mark.parametrize("scale", [1.0, 3600.0, 2.0**20])
+@pytest.mark.parametrize("scale", [1.0, 3600.0, 2.0**20, 2.0**30])
 def test_module_tables_are_exact_at_large_fractional_timestamps(scale):
-    """Windows of fractional timestamps up to an hour and up to 2^20 s: angles up to 10^3 and 10^5
-    rad, where transformers' float32 angles are off by 10^-4 and 10^-2 rad."""
+    """Windows of fractional timestamps up to an hour, 2^20 s and 2^30 s: angles up to 10^3, 10^5
+    and 10^8 rad (past 2^22, the turns' reduction), where transformers' float32 angles are off by
+    10^-4 rad and more."""
     ours = time_rotary.reproduce("pos_emb", stock_module())
     gen = torch.Generator().manual_seed(int(scale) % 1000)
     seq_len = 6
@@ -197,6 +198,39 @@ BAD_MODULE_CALLS = [
 def test_module_refuses_bad_inputs_by_name(call, error, message):
     with pytest.raises(error, match=message):
         call(time_rotary.reproduce("pos_emb", stock_module()))
+
+
+def hard_angles() -> torch.Tensor:
+    """float64 angles of every magnitude, both signs, across 2^22 (where the reduction changes),
+    and the float64 numbers nearest to multiples of pi (whose rest modulo 2 pi cancels most bits)."""
+    gen = torch.Generator().manual_seed(22)
+    spread = torch.ldexp(torch.rand(400, generator=gen, dtype=torch.float64) + 0.5,
+                         torch.randint(-60, 120, (400,), generator=gen, dtype=torch.int32))
+    edge = torch.tensor([2.0**22 * (1 - 2.0**-52), 2.0**22, 2.0**22 * (1 + 2.0**-52), 3 * 2.0**21], dtype=torch.float64)
+    near_pi = torch.tensor([k * math.pi for k in (1, 2, 3, 355, 710, 103993, 2**19 + 1, 6381956970095103, 2**40)],
+                           dtype=torch.float64)
+    angles = torch.cat((spread, edge, near_pi))
+    return torch.cat((angles, -angles))
+
+
+def test_cos_sin_of_angles_are_the_exact_values_of_the_float64_angles():
+    angles = hard_angles()
+    cos, sin = time_rotary.cos_sin_of_angles(angles)
+    with mpmath.workprec(400):  # enough bits of pi for the reduction of 2^120 rad
+        exact_cos = torch.tensor([float(mpmath.cos(mpmath.mpf(float(a)))) for a in angles], dtype=torch.float64)
+        exact_sin = torch.tensor([float(mpmath.sin(mpmath.mpf(float(a)))) for a in angles], dtype=torch.float64)
+    assert float((cos - exact_cos).abs().max()) <= 2.0**-51
+    assert float((sin - exact_sin).abs().max()) <= 2.0**-51
+    assert float((torch.cos(angles.float()).double() - exact_cos).abs().max()) > 0.1  # float32 angles: far off
+
+
+def test_cos_sin_of_angles_refuses_what_it_cannot_reduce():
+    with pytest.raises(ValueError, match="angles must be finite and below 2\\^127"):
+        time_rotary.cos_sin_of_angles(torch.tensor([1.0, 2.0**127], dtype=torch.float64))
+    with pytest.raises(ValueError, match="angles must be finite"):
+        time_rotary.cos_sin_of_angles(torch.tensor([float("nan")], dtype=torch.float64))
+    with pytest.raises(TypeError, match="angles must be float64"):
+        time_rotary.cos_sin_of_angles(torch.ones(3))
 
 
 def test_module_integer_timestamps_and_tiny_angles():

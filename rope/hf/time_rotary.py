@@ -28,13 +28,12 @@ float16 or bfloat16 goes through float32 and may land an ulp off); and
 :class:`TimeRotaryEmbedding` in place of ``pos_emb`` (:func:`reproduce`, which checks it against
 the module first), whose angles are the float64 value of the formula above (each operation in
 float64, in transformers' order, on the float64 timestamps and float32 theta_j), reduced modulo
-2 pi exactly (:func:`rope.angles.turns_of_checked_frequencies`, to 2^-122 turns, and
-:func:`rope.angles.cos_sin_of_turns`, within 2^-52), rounded once to float32: every entry is
+2 pi exactly (:func:`cos_sin_of_angles`: Cody and Waite's three pieces of 2 pi below 2^22 rad,
+the angle's turns to 2^-122 beyond; cos and sin within 2^-52), rounded once to float32: every entry is
 within half a float32 ulp of the cos or sin of that float64 angle, but for an entry within
 2^-52 of a rounding boundary. The float64 angle itself is within a few float64 roundings
 (relative 2^-51) of the real formula's: 2^-51 ``|angle|`` rad, below 2^-30 rad for angles below
-2^21 rad. Angles of magnitude below 2^-100 rad have cos 1 and sin the angle (exact to float64);
-timestamps must be finite and their angles below 2^127 rad.
+2^21 rad. Timestamps must be finite and their angles below 2^127 rad.
 
 :func:`rope.hf.patch` covers ``musicflamingo`` with both: its convention
 (:data:`rope.hf.families.MUSICFLAMINGO`) replaces ``apply_rotary_time_emb``, and
@@ -71,8 +70,26 @@ of the module's angles (2^-20 of the largest angle): a wrong layout, axis or for
 PROBE_WINDOWS, PROBE_FRAMES = 3, 7
 """The timestamps :func:`reproduce` compares tables on: windows of frames, as MusicFlamingo builds them."""
 
-_SMALLEST = 2.0**-100  # below it the three float32 pieces of an angle are not exact: cos 1, sin the angle
 _LARGEST = 2.0**127
+_SHORT = 2.0**22  # below it Cody and Waite's reduction (k < 2^20) is exact, and 40 times cheaper than the turns'
+
+
+def _two_pi_pieces() -> tuple[float, float, float]:
+    """2 pi = P1 + P2 + P3 (+ less than 2^-110): P1 and P2 of 30 significant bits each (k P1 and
+    k P2 exact in float64 for ``|k|`` < 2^23), P3 the rest rounded to float64 (``|P3|`` < 2^-58);
+    from 2 pi to 100 digits."""
+    from fractions import Fraction
+    two_pi = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803"
+                          "4825342117068")
+    pieces = []
+    for _ in range(2):
+        rest = two_pi - sum(pieces, Fraction(0))
+        scale = 2 ** (29 - (rest.numerator.bit_length() - rest.denominator.bit_length()))
+        pieces.append(Fraction(int(rest * scale), scale))  # truncated to 30 (or 29) significant bits
+    return float(pieces[0]), float(pieces[1]), float(two_pi - pieces[0] - pieces[1])
+
+
+_P1, _P2, _P3 = _two_pi_pieces()
 
 
 def apply_rotary_time_emb(hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -125,11 +142,30 @@ def apply_rotary_time_emb(hidden_states: torch.Tensor, cos: torch.Tensor, sin: t
     return round_once(torch.cat((turned, x[..., rotated:]), dim=-1), hidden_states.dtype)
 
 
+def _cody_waite(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of float64 angles a with ``|a|`` < 2^22: k = round(a / (2 pi)) (``|k|`` < 2^20; an
+    off-by-one k only widens the rest), a - k P1 exact (both are multiples of 2^-51 where k != 0
+    and differ by less than 4), minus k P2 (exact) as a float64 pair by Knuth's two-sum, minus
+    k P3 (``|k P3|`` < 2^-38, its rounding below 2^-91; P3's own below 2^-111 times k): the rest
+    r = hi + lo within 2^-89 of a mod 2 pi, ``|r|`` < 4; then cos(hi + lo) = cos hi - lo sin hi
+    and sin(hi + lo) = sin hi + lo cos hi (``|lo|`` < 2^-37: lo^2 / 2 is below 2^-74)."""
+    k = torch.round(a * (1 / (2 * math.pi)))
+    first = a - k * _P1
+    second = -(k * _P2)
+    hi = first + second
+    back = hi - first
+    lo = (first - (hi - back)) + (second - back) - k * _P3
+    cos, sin = torch.cos(hi), torch.sin(hi)
+    return cos - lo * sin, sin + lo * cos
+
+
 def cos_sin_of_angles(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 cos and sin of float64 angles (radians, any shape), each reduced modulo 2 pi exactly:
-    frac(a / (2 pi)) to 2^-122 turns (the angle as three float32 pieces,
-    :func:`rope.angles.turns_of_checked_frequencies`), then :func:`rope.angles.cos_sin_of_turns`,
-    within 2^-52. Angles below 2^-100 in magnitude give cos 1 and sin the angle.
+    """float64 cos and sin of float64 angles (radians, any shape), each reduced modulo 2 pi
+    exactly: below 2^22 in magnitude by Cody and Waite's three pieces of 2 pi, the rest as a
+    float64 pair within 2^-90 (:func:`_cody_waite`); from there by the angle's turns,
+    frac(a / (2 pi)) to 2^-122 (the angle as three float32 pieces,
+    :func:`rope.angles.turns_of_checked_frequencies`, and :func:`rope.angles.cos_sin_of_turns`).
+    Either is within 2^-52 (and the float64 cos and sin of the rest) of the exact values.
 
     Args:
         angles: float64, finite, magnitudes below 2^127.
@@ -138,9 +174,12 @@ def cos_sin_of_angles(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     flat = angles.reshape(-1)
     if flat.numel() and not bool((flat.abs() < _LARGEST).all()):  # NaN fails too
         raise ValueError("angles must be finite and below 2^127 in magnitude (where rope's exact reduction stops)")
-    small = flat.abs() < _SMALLEST
-    cos, sin = cos_sin_of_turns(turns_of_checked_frequencies(torch.where(small, 0.0, flat)))
-    cos, sin = torch.where(small, 1.0, cos), torch.where(small, flat, sin)
+    short = flat.abs() < _SHORT
+    cos, sin = _cody_waite(torch.where(short, flat, 0.0))
+    long = (~short).nonzero()[:, 0]
+    if long.numel():  # one read of the device, and the turns only where needed
+        far_cos, far_sin = cos_sin_of_turns(turns_of_checked_frequencies(flat[long]))  # |a| >= 2^22: in its range
+        cos, sin = cos.index_put((long,), far_cos), sin.index_put((long,), far_sin)
     return cos.reshape(angles.shape), sin.reshape(angles.shape)
 
 
