@@ -39,7 +39,8 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   EoMT-DINOv3's: the image's patches after its class and register tokens),
   :func:`apply_rotary_emb_complex_vision` (Llama 4's) and
   :func:`apply_rotary_pos_emb_2d_self_attn`, :func:`apply_rotary_pos_emb_2d_cross_attn` (EdgeTAM
-  video's memory attention; :mod:`rope.hf.functions_2d`).
+  video's memory attention; :mod:`rope.hf.functions_2d`), :func:`apply_rotary_time_emb`
+  (MusicFlamingo's, on its audio features; :mod:`rope.hf.time_rotary`).
 * :func:`install` swaps rope's module into every ``rotary_emb`` of a loaded model (and rope's
   exactly rounded table, :func:`position_table`, into the attention's table buffer of GPT-J and
   CodeGen, :data:`POSITION_TABLES`), after checking that the new module returns the old one's
@@ -51,7 +52,8 @@ model of that module is unpatched (:mod:`rope.hf.patching`). The pieces it puts 
   transformers vision rotary module of the 2D ``axial`` form (Qwen2-VL's and 32 others, in the
   tower's own layout) or Llama 4's complex table, which :func:`patch` swaps too; and, through
   :mod:`rope.hf.grid`, the image-grid rotary modules called with the pixel values or a feature
-  map (DINOv3, Sapiens2, EoMT-DINOv3, EfficientLoFTR).
+  map (DINOv3, Sapiens2, EoMT-DINOv3, EfficientLoFTR), and, through :mod:`rope.hf.time_rotary`,
+  MusicFlamingo's rotary time module (angles of its audio windows' timestamps).
 * :mod:`rope.hf.axes` does the same for text rotary modules that read positions on axes laid out
   otherwise than M-RoPE: HunYuan-VL's XD-RoPE (``[4, batch, seq]`` or ``[3, batch, seq]``, blocks
   of the doubled table, so that a pair's two columns may follow different axes) and NeoMME's row
@@ -140,6 +142,7 @@ from .patching import Patch, patch, unpatch
 from .precision import Diagnosis, RotaryPrecision, diagnose
 from .probing import PROBE_TOLERANCE
 from .self_rotating import StackedRotaryTable
+from .time_rotary import TimeRotaryEmbedding, apply_rotary_time_emb
 
 __all__ = [
     "AxesRotaryEmbedding",
@@ -156,6 +159,7 @@ __all__ = [
     "RotaryAngleTable",
     "RotaryPrecision",
     "StackedRotaryTable",
+    "TimeRotaryEmbedding",
     "apply_rotary_emb_complex",
     "apply_rotary_embedding_stacked",
     "apply_rotary_emb_complex_heads_first",
@@ -177,6 +181,7 @@ __all__ = [
     "apply_rotary_pos_emb_2d",
     "apply_rotary_pos_emb_2d_cross_attn",
     "apply_rotary_pos_emb_2d_self_attn",
+    "apply_rotary_time_emb",
     "apply_rotary_pos_emb_vision",
     "apply_rotary_pos_emb_vision_pairwise",
     "apply_rotary_position_embeddings",

@@ -198,7 +198,7 @@ def source_matches_llama(model_type: str) -> bool:
 
 _ARGUMENTS = {"q": "q", "xq": "q", "x": "q", "tensor": "q", "k": "k", "xk": "k", "cos": "cos", "sin": "sin",
               "freqs_cis": "freqs_cis", "query": "q", "key": "k", "freqs_ci": "freqs_cis", "cos_k": "cos",
-              "sin_k": "sin"}
+              "sin_k": "sin", "hidden_states": "q"}
 """The positional parameters of rope's functions, by name, and the input each takes."""
 
 
@@ -682,6 +682,17 @@ def _esmfold2(config) -> None:
         atoms.num_spatial_rope_pairs_per_axis, atoms.num_uid_rope_pairs = 1, 4
 
 
+def _musicflamingo(config) -> None:
+    """MusicFlamingo's config derives its rotary width from the audio encoder's and its M from its
+    base (``__post_init__``), which the tiny sizes replace: set again; its audio tokens take an id
+    of the tiny vocabulary (1, which the sample tokens never draw); its encoder reads windows of
+    ``2 max_source_positions`` feature frames (16 output frames here)."""
+    config.head_dim = config.audio_config.hidden_size
+    config.max_position_embeddings = config.rope_parameters["rope_theta"]
+    config.audio_token_id = TINY["bos_token_id"]
+    config.audio_config.max_source_positions = 16
+
+
 def _hrm(config) -> None:
     config.num_layers_per_stack, config.L_cycles, config.L_bp_cycles = 1, 1, [1]
     config.num_hidden_layers = config.num_layers_per_stack * config.H_cycles * (config.L_cycles + 1)
@@ -700,7 +711,7 @@ FIXES = {"dbrx": _dbrx, "deepseek_v4": _deepseek_v4,
          "zamba2": lambda config: _set(use_mem_rope=True, attention_hidden_size=128, attention_head_dim=32,
                                        hybrid_layer_ids=[i for i, kind in enumerate(config.layers_block_type)
                                                          if kind == "hybrid"])(config),
-         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8),
+         "gptj": _set(rotary_dim=8), "codegen": _set(rotary_dim=8), "musicflamingo": _musicflamingo,
          "vjepa2": _set(crop_size=64, frames_per_clip=4),
          "llama4_vision_model": _llama4_vision, "qwen2_5_omni_dit": _set(mel_dim=64),
          "sapiens2": _set(num_key_value_heads_per_layer=[4, 2]),
@@ -920,7 +931,10 @@ FEED_EXTRAS = {
         ("condition_vector", (2, 20, config.mel_dim)), ("speaker_embedding", (2, 20, config.enc_emb_dim)),
         ("quantized_code", (2, 20 // config.repeats)), ("time_step", (2,))),
     "sam3": lambda config: (("pixel_values", (2, 3, *(n * config.vision_config.backbone_config.patch_size
-                                                      for n in feeds.GRID[1:]))),)}
+                                                      for n in feeds.GRID[1:]))),),
+    "musicflamingo": lambda config: (
+        ("input_features", (2, config.audio_config.num_mel_bins, 2 * config.audio_config.max_source_positions)),
+        ("input_features_mask", (2, 2 * config.audio_config.max_source_positions)))}
 """Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
 ``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
 transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
@@ -937,7 +951,8 @@ of 128 x 192 pixels, a 4 x 6 grid of its transformer's tokens), LightGlue's imag
 form: grey images of 64 x 96 pixels, in which its keypoint detector finds the keypoints whose
 coordinates its encoder projects), SAM 3's image (its model
 needs pixels beside the prompt's token ids: one image of :data:`rope.hf.feeds.GRID` patches per
-prompt, whose ViT rotates), SeamlessM4T's speech
+prompt, whose ViT rotates), MusicFlamingo's audio (two windows of features and their mask, whose
+audio tokens :mod:`rope.hf.audio_feeds` writes into the ids), SeamlessM4T's speech
 (audio features, which its forward runs through the speech encoder, the part that rotates, in
 priority over the token ids, and the text decoder's ids). Qwen2.5-Omni's token-to-wave
 model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS`."""
@@ -1217,9 +1232,6 @@ def _text_verdict(config) -> str:
 
 
 CONVENTION_DIFFERENCES = {
-    "musicflamingo": ("MusicFlamingo's apply_rotary_time_emb(hidden_states, cos, sin) turns the audio features "
-                      "themselves, not q and k, by the timestamps of their windows (2-D axial over window index and "
-                      "time, its pos_emb), with tables it broadcasts as given"),
 }
 """What the rotary functions of the types no convention fits compute instead (:func:`classify`
 adds it to the reason)."""

@@ -101,6 +101,11 @@ types (a text model of type ``deepseek_v3``) follow those types' rows (:mod:`rop
   q, k and the values, on the rows ``position_ids`` of tables ``[n, d]`` that its attention takes
   as cos and sin of the ``angles`` of :class:`rope.hf.RotaryAngleTable` (float64, exactly reduced)
   (``modeling_clvp.py``; :mod:`rope.hf.clvp`).
+* :data:`MUSICFLAMINGO`: ``apply_rotary_time_emb(hidden_states, cos, sin)``, which turns the audio
+  features themselves (not q and k) in pairs (2i, 2i + 1) on the first ``cos.shape[-1]``
+  coordinates, in float64, by tables broadcast as given: those of its rotary time module
+  ``pos_emb`` (the timestamps of each window, 2-D over window and time), which
+  :mod:`rope.hf.time_rotary` swaps (``modeling_musicflamingo.py``; its text model follows its own row).
 
 Model types not in the table are refused by :func:`rope.hf.patch`, with the reason
 :mod:`rope.hf.coverage` found (:data:`rope.hf.coverage_table.REFUSED`); the functions and
@@ -114,7 +119,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .. import _checks
-from . import clvp, methods
+from . import clvp, methods, time_rotary
 from . import functions as ours  # rope's replacements, one per convention
 from . import functions_2d as ours_2d  # those of vision and video attentions beyond functions.py
 from .coverage_table import COVERED
@@ -182,11 +187,14 @@ CONFORMER = Convention("wav2vec2-conformer", (("*._apply_rotary_embedding", meth
                        "stacked")
 VJEPA2 = Convention("vjepa2", (("rotate_queries_or_keys", methods.rotate_queries_or_keys),), "none")
 CLVP = Convention("clvp", (("apply_rotary_pos_emb", clvp.apply_rotary_pos_emb_values),), "angles")
+MUSICFLAMINGO = Convention("musicflamingo", (("apply_rotary_time_emb", time_rotary.apply_rotary_time_emb),),
+                           "interleaved")
 
 CONVENTIONS = MappingProxyType({c.name: c for c in (KEYS_OPTIONAL, LAST_QUERIES, PATCHES, LLAMA, GLM, COHERE, GPT_OSS,
                                                     DEEPSEEK_V3, INTERLEAVE, NANOCHAT, PRIVACY_FILTER, GEMMA4,
                                                     DEEPSEEK_V4, GPTJ, LLAMA4, DEEPSEEK_V2, VISION, VISION_PAIRWISE,
-                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2, CLVP)})
+                                                    SAM, EDGETAM, ROFORMER, CONFORMER, VJEPA2, CLVP,
+                                                    MUSICFLAMINGO)})
 """Each :class:`Convention` by its name."""
 
 FAMILIES = MappingProxyType({model_type: CONVENTIONS[name] for model_type, (name, *_) in COVERED.items()})

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import audio_feeds
 from .clvp import RotaryAngleTable
 from .self_rotating import is_stacked_rotary
 from .vision import is_vision_rotary
@@ -107,6 +108,7 @@ def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> 
     main = _value(feed.argument, feed.shape, tokens, 0)
     kwargs = {feed.argument: main}
     kwargs.update((name, _value(name, shape, tokens, i + 1)) for i, (name, shape) in enumerate(feed.extra))
+    kwargs = audio_feeds.with_placeholders(module, kwargs)  # MusicFlamingo: audio tokens where its features go
     if "use_cache" in _parameters(module):
         kwargs["use_cache"] = False  # one forward: a cache changes nothing, and some configs cannot size one
     shift = contextlib.nullcontext()

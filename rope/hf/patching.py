@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import methods, vision
+from . import methods, time_rotary, vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
 from .install import Replacement, rotary_replacements, rotary_slots, slot_holder, table_form
@@ -246,11 +246,14 @@ def _vision_only(model: nn.Module) -> bool:
 def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(qualified name, module)`` of every submodule whose class holds a rotary module (vision
     rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`; a list's
-    holder: :func:`rope.hf.install.slot_holder`), each once; in a vision tower alone
-    (:func:`_vision_only`), of every holder of a vision rotary module."""
+    holder: :func:`rope.hf.install.slot_holder`) or a rotary time module (MusicFlamingo's:
+    :mod:`rope.hf.time_rotary`), each once; in a vision tower alone (:func:`_vision_only`), of
+    every holder of a vision rotary module."""
     if _vision_only(model):
         return vision.owners(model)
     owners = {owner: slot_holder(model, owner) for owner, _, _ in rotary_slots(model)}
+    owners.update((name, held) for name, held in vision.owners(model)  # MusicFlamingo's pos_emb: its holder's
+                  if any(time_rotary.is_time_rotary(m) for m in held.children()))  # module turns the audio
     return list(owners.items())
 
 

@@ -44,7 +44,8 @@ in a warning and in the :class:`rope.hf.Patch` record) and :func:`rope.hf.unpatc
 originals back (:func:`swap`, :func:`restore`). The image-grid rotary modules, called with the
 pixel values or a feature map (DINOv3, Sapiens2, EoMT-DINOv3, EfficientLoFTR), are vision rotary
 modules here too: :mod:`rope.hf.grid` reproduces them; so are LightGlue's coordinate encoders,
-which :mod:`rope.hf.coordinates` reproduces. :func:`rope.hf.install` and the text side of
+which :mod:`rope.hf.coordinates` reproduces, and MusicFlamingo's rotary time module, which
+:mod:`rope.hf.time_rotary` reproduces. :func:`rope.hf.install` and the text side of
 patch leave vision rotary modules to this module, even where a family names one ``rotary_emb``
 (:func:`is_vision_rotary`).
 """
@@ -65,7 +66,7 @@ from ..apply import exact_cos_sin
 from ..axial import llama4_vision_positions, pair_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
-from . import coordinates, grid
+from . import coordinates, grid, time_rotary
 from .probing import PROBE_FLOAT32, PROBE_TOLERANCE, output_gap
 
 ORDERS = {"ascending": "theta_0, theta_1, ..., theta_(n-1)",
@@ -252,7 +253,7 @@ class VisionComplexRotaryEmbedding(nn.Module):
 
 
 VISION_MODULES = (VisionRotaryEmbedding, VisionComplexRotaryEmbedding, *grid.GRID_MODULES,
-                  *coordinates.COORDINATE_MODULES)
+                  *coordinates.COORDINATE_MODULES, time_rotary.TimeRotaryEmbedding)
 """rope's vision rotary module classes."""
 
 
@@ -267,14 +268,15 @@ def _is_llama4(module: nn.Module) -> bool:
 def is_vision_rotary(module: nn.Module) -> bool:
     """Whether ``module`` is a vision rotary module, transformers' (a class with
     ``compute_axial_rope_parameters``, Llama 4's ``_compute_freqs_ci``, an image-grid module:
-    :func:`rope.hf.grid.is_grid_rotary`, or a coordinate encoder:
-    :func:`rope.hf.coordinates.is_coordinate_rotary`) or rope's.
+    :func:`rope.hf.grid.is_grid_rotary`, a coordinate encoder:
+    :func:`rope.hf.coordinates.is_coordinate_rotary`, or MusicFlamingo's rotary time module:
+    :func:`rope.hf.time_rotary.is_time_rotary`) or rope's.
 
     Args:
         module: any module.
     """
     return (isinstance(module, VISION_MODULES) or _is_axial(module) or _is_llama4(module) or grid.is_grid_rotary(module)
-            or coordinates.is_coordinate_rotary(module))
+            or coordinates.is_coordinate_rotary(module) or time_rotary.is_time_rotary(module))
 
 
 def _refuse(name: str, module: nn.Module, why: str) -> ValueError:
@@ -429,8 +431,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
     :data:`PROBE_TOLERANCE` beyond float32's error (2^-20 ``|p| theta_j`` per entry);
     :class:`VisionComplexRotaryEmbedding` for
     Llama 4's, whose ``freqs_ci`` must equal rope's likewise; :func:`rope.hf.grid.reproduce` for
-    the image-grid modules; :func:`rope.hf.coordinates.reproduce` for the coordinate encoders.
-    On the module's device.
+    the image-grid modules; :func:`rope.hf.coordinates.reproduce` for the coordinate encoders;
+    :func:`rope.hf.time_rotary.reproduce` for the rotary time module. On the module's device.
 
     Raises ``ValueError`` naming the module and what differs where rope does not reproduce it.
 
@@ -444,6 +446,8 @@ def reproduce(name: str, module: nn.Module) -> nn.Module:
         return grid.reproduce(name, module)
     if coordinates.is_coordinate_rotary(module):
         return coordinates.reproduce(name, module)
+    if time_rotary.is_time_rotary(module):
+        return time_rotary.reproduce(name, module)
     device = next((buffer.device for buffer in module.buffers()), None)
     if _is_llama4(module):
         return _reproduce_llama4(name, module, device)
