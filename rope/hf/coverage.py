@@ -1180,8 +1180,27 @@ def _no_rotary_emb(model: nn.Module, module) -> str:
     if own and not _called(pathlib.Path(module.__file__).read_text(), own):
         return (f"its attention does not rotate: its tiny {type(model).__name__} holds no rotary module, and its "
                 f"modeling module defines {', '.join(own)} but nothing else in it calls them")
+    callers = _callers(pathlib.Path(module.__file__).read_text(), own)
+    if callers and not any(type(m).__name__ in callers for m in model.modules()):
+        return (f"this part does not rotate: its tiny {type(model).__name__} holds no rotary module and none of the "
+                f"classes that call its modeling module's {', '.join(own)} ({', '.join(sorted(callers))})")
     return (f"no rotary_emb module (what patch swaps) nor other rotary module in its tiny {type(model).__name__}"
             + (f"; its modeling module defines {', '.join(own)}" if own else ""))
+
+
+def _callers(source: str, names: list[str]) -> set[str]:
+    """The classes of ``source`` (module level) whose bodies call a function of ``names`` by name,
+    or a module-level function that does (transitively)."""
+    body = ast.parse(source).body
+
+    def calls(node, wanted) -> bool:
+        return any(isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in wanted
+                   for call in ast.walk(node))
+
+    wanted, functions = set(names), [node for node in body if isinstance(node, ast.FunctionDef)]
+    while grown := {f.name for f in functions if f.name not in wanted and calls(f, wanted)}:
+        wanted |= grown
+    return {node.name for node in body if isinstance(node, ast.ClassDef) and calls(node, wanted)}
 
 
 def _called(source: str, names: list[str]) -> bool:
