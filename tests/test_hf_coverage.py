@@ -25,6 +25,7 @@ covered, a refused type is refused with its recorded reason, and the survey of a
 reproduces the table (the whole survey is marked slow)."""
 
 import pathlib
+import types
 from dataclasses import astuple
 
 import pytest
@@ -220,7 +221,13 @@ def test_conventions_are_told_apart_by_their_functions():
                              ("deepseek_v3", "deepseek_v3"), ("gemma4_text", "gemma4"), ("llama4_text", "llama4"),
                              ("deepseek_v2", "deepseek_v2"), ("deepseek_v4", "deepseek_v4"), ("gptj", "gptj"),
                              ("codegen", "gptj"), ("nanochat", "nanochat"), ("glm_moe_dsa", "glm_moe_dsa"),
-                             ("openai_privacy_filter", "openai_privacy_filter"), ("clvp", "clvp")]:
+                             ("openai_privacy_filter", "openai_privacy_filter"), ("clvp", "clvp"),
+                             ("musicflamingo", "musicflamingo"), ("roformer", "roformer"), ("vjepa2", "vjepa2")]:
         module = importlib.import_module(coverage.module_name(model_type))
         assert coverage.convention_of(module).name == name
-    assert isinstance(coverage.convention_of(importlib.import_module(coverage.module_name("musicflamingo"))), str)
+    llama = importlib.import_module(coverage.module_name("llama"))
+    unturned = types.ModuleType("modeling_unturned")  # Llama's names, a formula of none: q cos, k cos
+    unturned.rotate_half = llama.rotate_half
+    unturned.apply_rotary_pos_emb = lambda q, k, cos, sin, unsqueeze_dim=1: (q * cos.unsqueeze(unsqueeze_dim),
+                                                                            k * cos.unsqueeze(unsqueeze_dim))
+    assert isinstance(coverage.convention_of(unturned), str)

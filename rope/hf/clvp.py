@@ -55,7 +55,8 @@ from .. import _checks
 from ..angles import exact_angles
 from ..frequencies import inv_freq
 from ..rotation import round_once
-from .probing import PROBE_TOLERANCE
+from .embedding import Float32Frequencies
+from .probing import PROBE_TOLERANCE, probe_copy
 
 BASE = 10000.0
 """CLVP's RoPE base, fixed in its modeling code (no config key)."""
@@ -129,7 +130,7 @@ def apply_rotary_pos_emb_values(q, k, v, cos, sin, position_ids, unsqueeze_dim=1
     return tuple(out)
 
 
-class RotaryAngleTable(nn.Module):
+class RotaryAngleTable(Float32Frequencies):
     """``forward(hidden_states)`` -> ``[1, n, 2 p]``: the angles m theta_i of positions m = 0 ..
     n - 1 (n = ``hidden_states.shape[1]``), each pair's twice (both halves), reduced exactly to
     [-pi, pi) (:func:`rope.angles.exact_angles`), theta_i = base^(-2i/d) as rope's float32
@@ -151,14 +152,6 @@ class RotaryAngleTable(nn.Module):
         theta, _ = inv_freq({"rope_type": "default", "rope_theta": base}, head_dim)
         self.head_dim, self.modeling, self.base = head_dim, modeling, base
         self.inv_freq = nn.Buffer(theta, persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values (a cast
-        would round theta_i), as :class:`rope.hf.StackedRotaryTable` does."""
-        theta = self._buffers["inv_freq"]
-        super()._apply(fn, recurse)
-        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
-        return self
 
     def exact(self) -> bool:
         """Whether the attention will rotate with rope's function (the angles stay float64)."""
@@ -202,11 +195,7 @@ def reproduce_angles(name: str, old: nn.Module) -> RotaryAngleTable:
     """
     theirs = old._buffers["inv_freq"]
     new = RotaryAngleTable(2 * theirs.numel(), type(old).__module__).to(theirs.device)
-    try:
-        probe = copy.deepcopy(old)
-    except Exception as err:  # any failure: probing the model's own module would change its cache
-        raise ValueError(f"install: {name} ({type(old).__name__}) could not be copied for the probe "
-                         f"({type(err).__name__}: {err}); nothing was replaced") from err
+    probe = probe_copy(name, old)
     for length in PROBE_LENGTHS:
         hidden = torch.zeros(1, length, 1, device=theirs.device)
         a, b = probe(hidden), new(hidden)

@@ -64,6 +64,7 @@ from ..apply import exact_cos_sin as exact_angles_cos_sin
 from ..apply import has_float64
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .embedding import Float32Frequencies
 from .probing import PROBE_TOLERANCE
 
 LARGEST_TERM = 2.0**127
@@ -247,7 +248,7 @@ def _products_cos_sin(positions: torch.Tensor, theta: torch.Tensor) -> tuple[tor
     return cos_sin_of_turns(turns_of_checked_frequencies(products.contiguous()))
 
 
-class AtomRotaryEmbedding(nn.Module):
+class AtomRotaryEmbedding(Float32Frequencies):
     """The drop-in for EsmFold2's ``EsmFold2RotaryEmbedding``, which turns atoms by their place in
     space and their group: ``forward(ref_pos, ref_space_uid, dtype)`` returns ``(cos, sin)``
     ``[..., atoms, 2P]`` (P = head_dim / 2 pairs) in ``dtype``. Pair k < 3 n_s turns by
@@ -273,6 +274,8 @@ class AtomRotaryEmbedding(nn.Module):
         source: the stock class's name, for ``repr``.
     """
 
+    FLOAT32_BUFFERS = ("spatial_inv_freq", "uid_inv_freq")
+
     def __init__(self, spatial_pairs: int, uid_pairs: int, inactive_pairs: int, spatial_base: float,
                  uid_base: float, *, source: str = ""):
         super().__init__()
@@ -285,14 +288,6 @@ class AtomRotaryEmbedding(nn.Module):
         self.register_buffer("spatial_inv_freq", _frequencies(spatial_base, self.num_spatial_pairs_per_axis),
                              persistent=False)
         self.register_buffer("uid_inv_freq", _frequencies(uid_base, self.num_uid_pairs), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move the frequencies but keep their float32 values."""
-        kept = {name: self._buffers[name] for name in ("spatial_inv_freq", "uid_inv_freq")}
-        super()._apply(fn, recurse)
-        for name, theta in kept.items():
-            self._buffers[name] = theta.to(self._buffers[name].device)
-        return self
 
     def extra_repr(self) -> str:
         return (f"{self.source or 'atoms'}, spatial_pairs={self.num_spatial_pairs_per_axis}, "

@@ -160,7 +160,24 @@ def _parameters(name: str, config: Any, rope_parameters: Mapping | None,
     return dict(rope_parameters)
 
 
-class RotaryEmbedding(nn.Module):
+class Float32Frequencies(nn.Module):
+    """A module whose frequency buffers (:attr:`FLOAT32_BUFFERS`, float32) keep their values when
+    the model is cast: ``.to()``, ``.cuda()``, ``.half()``, ``.to(torch.bfloat16)`` and the like
+    move them to the new device only. nn.Module would cast them with the model, rounding theta_i to
+    8 significant bits in bfloat16 (transformers issue #29496: at position 1000 the angles are then
+    off by whole radians). Every rotary module of :mod:`rope.hf` derives from it."""
+
+    FLOAT32_BUFFERS: tuple[str, ...] = ("inv_freq",)
+
+    def _apply(self, fn, recurse: bool = True):
+        kept = {name: self._buffers[name] for name in self.FLOAT32_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, theta in kept.items():
+            self._buffers[name] = theta.to(self._buffers[name].device)
+        return self
+
+
+class RotaryEmbedding(Float32Frequencies):
     """``(cos, sin)`` tables for transformers models, from a transformers config or explicit flat
     ``rope_parameters`` and ``head_dim``, laid out as ``tables`` says (:data:`TABLE_FORMS`): the
     drop-in for modules such as transformers' ``LlamaRotaryEmbedding``.
@@ -199,16 +216,6 @@ class RotaryEmbedding(nn.Module):
         theta, self.attention_scaling = inv_freq(self.rope_config, head_dim)
         self.register_buffer("inv_freq", theta, persistent=False)
         self.register_buffer("mrope_axes", self.rope_config.mrope_axes(head_dim), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """What ``.to()``, ``.cuda()``, ``.half()``, ``.to(torch.bfloat16)`` and the like run: the
-        frequencies move to the new device but keep their float32 values. nn.Module would cast them
-        with the model, rounding theta_i to 8 significant bits in bfloat16 (transformers issue
-        #29496: at position 1000 the angles are then off by whole radians)."""
-        theta = self._buffers["inv_freq"]
-        super()._apply(fn, recurse)
-        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
-        return self
 
     def frequencies(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention_factor)`` for this call's positions: ``dynamic`` and ``longrope``

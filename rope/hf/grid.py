@@ -66,6 +66,7 @@ from .. import _checks
 from ..apply import exact_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .embedding import Float32Frequencies
 from .probing import PROBE_TOLERANCE
 
 FREQUENCY_ULPS = 4
@@ -93,15 +94,6 @@ def _pair(name: str, value) -> tuple[int, int]:
     if len(values) != 2:
         raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
     return tuple(_checks.integer(name, v, minimum=1) for v in values)
-
-
-def _keep_float32(module: nn.Module, fn, recurse: bool) -> nn.Module:
-    """``module._apply(fn)`` that moves ``inv_freq`` but keeps its float32 values (a cast would
-    round theta_j: transformers issue #29496)."""
-    theta = module._buffers["inv_freq"]
-    nn.Module._apply(module, fn, recurse)
-    module._buffers["inv_freq"] = theta.to(module._buffers["inv_freq"].device)
-    return module
 
 
 def centre_turns(rows: int, columns: int, theta: torch.Tensor) -> torch.Tensor:
@@ -159,8 +151,8 @@ def augmented(coordinates: torch.Tensor, config: Any) -> torch.Tensor:
     return coordinates
 
 
-class _GridTable(nn.Module):
-    """What both grid modules hold: the float32 frequencies ``inv_freq``, kept through casts, and
+class _GridTable(Float32Frequencies):
+    """What both grid modules hold: the float32 frequencies ``inv_freq`` (kept through casts) and
     the stock module's config and class name."""
 
     def __init__(self, theta: torch.Tensor, config: Any, source: str):
@@ -169,10 +161,6 @@ class _GridTable(nn.Module):
         self.config = config
         self.source = source
         self.register_buffer("inv_freq", theta.detach().clone(), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values."""
-        return _keep_float32(self, fn, recurse)
 
 
 class PatchCentreRotaryEmbedding(_GridTable):

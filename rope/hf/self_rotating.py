@@ -22,7 +22,6 @@ stack is untouched.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -31,8 +30,9 @@ from torch import nn
 from ..apply import exact_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .embedding import Float32Frequencies
 from .methods import EXACT_ATTRIBUTE
-from .probing import PROBE_TOLERANCE
+from .probing import PROBE_TOLERANCE, probe_copy
 
 STACKED_CLASS_SUFFIX = "RotaryPositionalEmbedding"
 """The ending of the class names of transformers' rotary modules of this kind."""
@@ -50,7 +50,7 @@ def is_stacked_rotary(module: nn.Module) -> bool:
                                                                                torch.Tensor))
 
 
-class StackedRotaryTable(nn.Module):
+class StackedRotaryTable(Float32Frequencies):
     """``forward(hidden_states)`` -> ``[2, n, 1, 1, 2 p]``: ``cos`` then ``sin`` of the exactly
     reduced angles m theta_i, m = 0 .. n - 1 (n = ``hidden_states.shape[1]``), each pair's twice
     (both halves), rounded once to ``hidden_states.dtype``, on the device of the frequencies: the
@@ -69,15 +69,6 @@ class StackedRotaryTable(nn.Module):
         theta, _ = inv_freq({"rope_type": "default", "rope_theta": base}, head_dim)
         self.base, self.head_dim = base, head_dim
         self.inv_freq = nn.Buffer(theta, persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()``, ``.to(torch.bfloat16)`` and the like move ``inv_freq`` but keep its
-        float32 values (a cast would round theta_i: transformers issue #29496), as
-        :class:`rope.hf.RotaryEmbedding` does."""
-        theta = self._buffers["inv_freq"]
-        super()._apply(fn, recurse)
-        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
-        return self
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() < 2:
@@ -110,11 +101,7 @@ def reproduce_stacked(name: str, old: nn.Module, config: Any) -> StackedRotaryTa
                          f"(got {base!r}), which its frequencies come from; nothing was replaced")
     theirs = old._buffers["inv_freq"]
     new = StackedRotaryTable(float(base), 2 * theirs.numel()).to(theirs.device)
-    try:
-        probe = copy.deepcopy(old)
-    except Exception as err:  # any failure: probing the model's own module would change its cache
-        raise ValueError(f"install: {name} ({type(old).__name__}) could not be copied for the probe "
-                         f"({type(err).__name__}: {err}); nothing was replaced") from err
+    probe = probe_copy(name, old)
     for length in PROBE_LENGTHS:
         hidden = torch.zeros(1, length, 1, device=theirs.device)
         a, b = probe(hidden), new(hidden)

@@ -58,6 +58,7 @@ from ..angles import cos_sin_of_turns, turns_of_checked_frequencies
 from ..apply import exact_cos_sin, has_float64
 from ..frequencies import inv_freq
 from ..rotation import round_once
+from .embedding import Float32Frequencies
 from .probing import PROBE_TOLERANCE
 
 FREQUENCY_ULPS = 4
@@ -180,7 +181,7 @@ def cos_sin_of_angles(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return cos.reshape(angles.shape), sin.reshape(angles.shape)
 
 
-class TimeRotaryEmbedding(nn.Module):
+class TimeRotaryEmbedding(Float32Frequencies):
     """The drop-in for MusicFlamingo's ``MusicFlamingoRotaryEmbedding`` (module docstring).
     ``forward(timestamps, seq_len)`` returns ``(cos, sin)`` float32 ``[windows, seq_len, 4n]``:
     the window half and the time half of the angles of each window's timestamps, each angle
@@ -211,14 +212,6 @@ class TimeRotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", theta.detach().clone(), persistent=False)
         self.max_positions = _checks.number("max_positions", max_positions, minimum=1)
         self.frame_step = _checks.number("frame_step", frame_step, positive=True)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values (a cast
-        would round theta_j: transformers issue #29496)."""
-        theta = self._buffers["inv_freq"]
-        super()._apply(fn, recurse)
-        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
-        return self
 
     def extra_repr(self) -> str:
         return (f"{self.source or 'time rotary'}, pairs={self.inv_freq.numel()}, max_positions={self.max_positions}, "

@@ -67,6 +67,7 @@ from ..axial import llama4_vision_positions, pair_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
 from . import coordinates, grid, time_rotary
+from .embedding import Float32Frequencies
 from .probing import PROBE_FLOAT32, PROBE_TOLERANCE, output_gap
 
 ORDERS = {"ascending": "theta_0, theta_1, ..., theta_(n-1)",
@@ -143,7 +144,7 @@ def exact_positions(position_ids: torch.Tensor, theta: torch.Tensor) -> tuple[to
     return scaled.to(torch.int64), frequencies
 
 
-class VisionRotaryEmbedding(nn.Module):
+class VisionRotaryEmbedding(Float32Frequencies):
     """The drop-in for transformers' axial vision rotary modules (``Qwen2VLVisionRotaryEmbedding``
     and the 32 others of its form: module docstring). ``forward(x, position_ids)`` takes
     ``position_ids`` ``[..., axes]`` (integer, or float: :func:`exact_positions`) on x's device
@@ -180,14 +181,6 @@ class VisionRotaryEmbedding(nn.Module):
         self.source = source
         self.config = config
         self.register_buffer("inv_freq", theta.detach().clone(), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        """``.to()``, ``.half()`` and the like move ``inv_freq`` but keep its float32 values (a cast
-        would round theta_j: transformers issue #29496)."""
-        theta = self._buffers["inv_freq"]
-        super()._apply(fn, recurse)
-        self._buffers["inv_freq"] = theta.to(self._buffers["inv_freq"].device)
-        return self
 
     def extra_repr(self) -> str:
         dtype = "x.dtype" if self.tables_dtype is None else str(self.tables_dtype).removeprefix("torch.")
