@@ -916,6 +916,7 @@ def _codec_features(config) -> tuple:
 FEED_EXTRAS = {
     "neucodec": _codec_features, "xcodec2": _codec_features,
     "blt_local_decoder": lambda config: (("patch_embeds", (2, 20, config.hidden_size_global)),),
+    "blt_local_encoder": lambda config: (("patch_ids", (2, 20)), ("num_patches", ())),
     "idefics": lambda config: (("image_encoder_embeddings", (2, 1, 4, config.vision_config.embed_dim)),
                                ("image_attention_mask", (2, 20, 1))),
     "muse_glimmer_assistant": lambda config: (
@@ -937,7 +938,9 @@ FEED_EXTRAS = {
         ("input_features_mask", (2, 2 * config.audio_config.max_source_positions)))}
 """Model types whose forward needs an input its signature does not tell (:func:`rope.hf.feeds.candidates`'s
 ``extra``), from the tiny config: BLT's local decoder's patch embeddings (the global
-transformer's output, one patch per byte), IDEFICS's image features (one image of four patches,
+transformer's output, one patch per byte), BLT's local encoder's patches (``patch_ids`` of
+:data:`rope.hf.feeds.PATCH` bytes each, and their count: BLT's model computes both from its
+patcher's entropies), IDEFICS's image features (one image of four patches,
 every token attending to it), Muse Glimmer's assistant's context (the target model's hidden
 states of its ``target_layer_ids``, concatenated, and a mask over context and block), Voxtral
 Realtime's text model's time conditioning (``t_cond``, which its decoder layers read through
@@ -977,10 +980,7 @@ LIVE_OUTPUT = 0.1
 is zero, and would show nothing of the rotation)."""
 
 
-UNFED = {"blt_local_encoder": "BLT's local encoder pools its bytes into patches by patch_ids and num_patches, "
-                              "which BLT's model computes from its patcher's entropies: alone it runs on none of the "
-                              "inputs the probe makes; it is probed inside blt",
-         "esmfold2": "EsmFold2's forward folds a featurized complex (token and chain indices, residue types, token "
+UNFED = {"esmfold2": "EsmFold2's forward folds a featurized complex (token and chain indices, residue types, token "
                      "bonds, and an EsmFold2AtomInputs of reference-conformer atoms: coordinates, charges, elements, "
                      "atom names, space ids), inputs the probe does not make, so its output is not compared; its "
                      "atom encoders' tables, cos and sin of float32 coordinates and integer space ids times float32 "

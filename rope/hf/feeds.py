@@ -50,7 +50,9 @@ class Feed:
             numbers, :data:`GRID` patches or their pixels), the merge size per image
             where it ends in ``merge_sizes`` and each audio chunk's waveform samples where it ends
             in ``sample_lengths`` (the shape's numbers), the patches' (row, column) where it ends
-            in ``position_ids`` with a last dimension of 2, else float.
+            in ``position_ids`` with a last dimension of 2, each position's patch where it is
+            ``patch_ids`` (patches of :data:`PATCH` positions in order: ``position // PATCH``),
+            else float.
     """
 
     part: str = ""
@@ -76,6 +78,8 @@ def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) 
         return torch.tensor([shape])
     if name.endswith(("merge_sizes", "sample_lengths")):
         return torch.tensor(shape)
+    if name == "patch_ids":
+        return (torch.arange(shape[-1]) // PATCH).expand(shape)
     if name.endswith("position_ids") and shape and shape[-1] == 2:
         rows, columns = torch.meshgrid(torch.arange(GRID[1]), torch.arange(GRID[2]), indexing="ij")
         return torch.stack((rows.flatten(), columns.flatten()), dim=-1).expand(shape)
@@ -187,6 +191,11 @@ CHANNEL_KEYS = ("num_codebooks", "num_channels", "audio_channels", "num_quantize
 BATCH, LENGTH, FRAMES, SAMPLES = 2, 20, 64, 3840
 """The inputs' batch, sequence length (tokens, embeddings), feature frames (a multiple of the
 encoders' subsampling, 8 at most) and waveform samples (two frames of a 24 kHz codec at 12.5 Hz)."""
+
+
+PATCH = 2
+"""Positions per patch where a forward pools its sequence into patches by ``patch_ids`` (BLT's
+local encoder; as many patches as a ``num_`` count of shape ``()`` gives, half the sequence)."""
 
 
 GRID = (1, 6, 12)
