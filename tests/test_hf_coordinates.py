@@ -12,7 +12,10 @@
 * EsmFold2's atom rotary module: rope's tables are cos and sin of float32 coordinates and integer
   space ids times rope's float32 frequencies (themselves within a float32 unit of b^(-j/n),
   mpmath), exact (mpmath) at coordinates and ids far past transformers' float32 range; they
-  match transformers' module to float32 noise; bad inputs and impossible settings are refused.
+  match transformers' module to float32 noise; bad inputs and impossible settings are refused;
+  diagnose reads rope's module in a patched EsmFold2 (atoms at (p, p, p), space id p) as exact
+  to 2^20 and finds one that forms its angles in float32, as transformers' does, off by far more
+  than half a unit.
 """
 
 import copy
@@ -290,3 +293,37 @@ def test_atom_module_refuses_heads_too_narrow_for_its_pairs_and_keeps_float32_fr
     assert new.spatial_inv_freq.dtype == new.uid_inv_freq.dtype == torch.float32
     with pytest.raises(ValueError, match="uid_pairs"):
         coordinates.AtomRotaryEmbedding(1, -1, 0, 20.0, 1e4)
+
+
+def test_diagnose_reads_rope_s_atom_module_and_finds_float32_angles():
+    model = tiny("esmfold2")
+    rope.hf.patch(model)
+    try:
+        (row,) = (r for r in rope.hf.diagnose(model) if r.module == "input_embedder.atom_encoder.rotary_emb")
+        assert row.form == "called with atom coordinates [1, n, 3] and space ids [1, n]"
+        assert row.reference == "rope's float32 frequencies" and row.limit == 2**20
+        assert row.copies == ("structure_head.atom_encoder.rotary_emb",)
+        assert row.worst_within <= 0.5 and row.first_position is None, row
+        ours = model.input_embedder.atom_encoder.rotary_emb
+
+        class Float32Angles(type(ours)):  # a planted bug: the angles formed in float32, as transformers forms them
+            def pair_cos_sin(self, ref_pos, ref_space_uid):
+                theta = torch.cat((self.spatial_inv_freq.repeat(3), self.uid_inv_freq,
+                                   self.spatial_inv_freq.new_zeros(self.num_inactive_channels)))
+                n = self.num_spatial_pairs_per_axis
+                positions = torch.cat((ref_pos.float().repeat_interleave(n, dim=-1),
+                                       ref_space_uid.float()[..., None].expand(*ref_space_uid.shape,
+                                                                               len(theta) - 3 * n)), dim=-1)
+                angles = positions * theta
+                return angles.cos().double(), angles.sin().double()
+
+        planted = copy.deepcopy(ours)
+        planted.__class__ = Float32Angles
+        model.input_embedder.atom_encoder.rotary_emb = planted
+        try:
+            (bad,) = (r for r in rope.hf.diagnose(model) if r.module == "input_embedder.atom_encoder.rotary_emb")
+        finally:
+            model.input_embedder.atom_encoder.rotary_emb = ours
+        assert bad.form == row.form and bad.worst_within > 1000 and bad.first_position is not None, bad
+    finally:
+        rope.hf.unpatch(model)

@@ -17,6 +17,16 @@ unpatch restores it bit for bit.
 
 Qwen2.5-Omni's token-to-wave model, run through its DiT: its own forward (a seeded diffusion
 start, the sampler's guided calls of the DiT) samples the same mel spectrogram patched.
+
+EsmFold2, run through its input embedder on a complex a feed builds (Feed.build): the complex is
+one (its atoms in their tokens' order, each atom's space id its token, one-hot features, as
+EsmFold2's featurizer encodes them), drawn from the tokens' seed; the feed runs the embedder on
+exactly those inputs; patch swaps both atom encoders' rotary modules (the structure head's too,
+which the feed does not run) and the modeling module's function, and the structure head's atom
+encoder patched equals transformers' near position 0; a feed naming no builder is refused by name.
+
+BLT's local encoder, fed patch ids: patches of feeds.PATCH positions in order, as many as its
+num_patches, so that every patch pools bytes.
 """
 
 import importlib
@@ -236,3 +246,91 @@ def test_token_to_wave_forward_patched_samples_transformers_mel():
     finally:
         rope.hf.unpatch(model)
     assert torch.equal(_sampled_mel(model, inputs), expected)
+
+
+def esmfold2():
+    model = coverage.tiny_model("esmfold2")
+    (feed,) = part_feeds.folded_complex(model.config)
+    return model, feed
+
+
+def test_the_built_complex_is_one_complex_seeded_by_the_tokens():
+    model, feed = esmfold2()
+    config = model.config
+    tokens = coverage.sample_tokens(seed=2)
+    built = part_feeds.complex_inputs(model.input_embedder, feed, tokens)
+    atoms, count = built["atom_inputs"], built["num_tokens"]
+    batch, length = feed.shape
+    assert count == part_feeds.COMPLEX_TOKENS and length == count * part_feeds.ATOMS_PER_TOKEN
+    expected_token = torch.arange(count).repeat_interleave(part_feeds.ATOMS_PER_TOKEN).expand(batch, -1)
+    assert torch.equal(atoms.atom_to_token, expected_token) and torch.equal(atoms.ref_space_uid, expected_token)
+    assert not atoms.ref_space_uid.is_floating_point()  # the positions the probe's shift moves
+    assert atoms.atom_attention_mask.dtype == torch.bool and atoms.atom_attention_mask.all()
+    for one_hot, classes in ((atoms.ref_element, config.max_atomic_number),
+                             (atoms.ref_atom_name_chars, config.char_vocab_size),
+                             (built["res_type_one_hot"], config.num_res_types)):
+        assert one_hot.shape[-1] == classes and torch.equal(one_hot.sum(-1), torch.ones(one_hot.shape[:-1]))
+        assert set(one_hot.unique().tolist()) == {0.0, 1.0}
+    assert atoms.ref_pos.shape == (batch, length, 3) and set(atoms.ref_charge.unique().tolist()) <= {-1.0, 0.0, 1.0}
+    assert torch.equal(built["token_index"], torch.arange(count).expand(batch, -1))
+    again = part_feeds.complex_inputs(model.input_embedder, feed, tokens)
+    assert torch.equal(again["atom_inputs"].ref_pos, atoms.ref_pos)
+    other = part_feeds.complex_inputs(model.input_embedder, feed, coverage.sample_tokens(seed=3))
+    assert not torch.equal(other["atom_inputs"].ref_pos, atoms.ref_pos)
+
+
+def test_a_built_feed_runs_its_part_on_the_built_inputs():
+    model, feed = esmfold2()
+    tokens = coverage.sample_tokens(seed=5)
+    with torch.no_grad():
+        direct = model.input_embedder(**part_feeds.complex_inputs(model.input_embedder, feed, tokens))
+    assert torch.equal(coverage.output(model, tokens, feed=feed), feeds.first_output(direct))
+    assert coverage_table.FEEDS["esmfold2"] == (feed.part, feed.argument, feed.shape, feed.extra, feed.build)
+    with pytest.raises(ValueError, match="^build: rope.hf.part_feeds has no function 'nothing'"):
+        coverage.output(model, tokens, feed=Feed(feed.part, feed.argument, feed.shape, feed.extra, "nothing"))
+
+
+def test_patch_swaps_both_atom_encoders_and_the_structure_head_is_transformers():
+    """The feed runs the trunk's atom encoder; the structure head's (the diffusion module's, fed
+    the trunk's atom embeddings as its forward's caller does) is swapped too and, patched, gives
+    transformers' output near position 0; unpatched, bit for bit."""
+    model, feed = esmfold2()
+    modeling = importlib.import_module(coverage.module_name("esmfold2"))
+    stock = modeling.apply_rotary_pos_emb
+    encoder = model.structure_head.atom_encoder
+    atoms = part_feeds.complex_inputs(model.input_embedder, feed, coverage.sample_tokens(seed=6))["atom_inputs"]
+
+    def head():
+        with torch.no_grad():
+            embeds, tables = encoder.embed_atoms(atoms)
+            return encoder(embeds, embeds, encoder.build_attention_mask(atoms.atom_attention_mask, embeds), tables,
+                           atoms.atom_attention_mask, atoms.atom_to_token, part_feeds.COMPLEX_TOKENS)[1]
+
+    expected = head()
+    assert expected.abs().max() > coverage.LIVE_OUTPUT
+    held = dict(vision.vision_rotary_modules(model))
+    assert set(held) == {"input_embedder.atom_encoder.rotary_emb", "structure_head.atom_encoder.rotary_emb"}
+    record = rope.hf.patch(model)
+    try:
+        assert {r.name for r in record.vision_modules} == set(held) and not vision.vision_rotary_modules(model)
+        assert modeling.apply_rotary_pos_emb is not stock
+        torch.testing.assert_close(head(), expected, **coverage.LOGITS_TOLERANCE)
+    finally:
+        rope.hf.unpatch(model)
+    assert modeling.apply_rotary_pos_emb is stock
+    assert all(model.get_submodule(name) is module for name, module in held.items())
+    assert torch.equal(head(), expected)
+
+
+def test_blt_local_encoder_patches_are_fixed_size_and_all_pooled():
+    model = coverage.tiny_model("blt_local_encoder")
+    tokens = coverage.sample_tokens(seed=7)
+    extra = dict(coverage.FEED_EXTRAS["blt_local_encoder"](model.config))
+    patch_ids = feeds._value("patch_ids", extra["patch_ids"], tokens, 1)
+    count = feeds._value("num_patches", extra["num_patches"], tokens, 2)
+    assert torch.equal(patch_ids, torch.arange(feeds.LENGTH).div(feeds.PATCH, rounding_mode="floor").expand(2, -1))
+    assert count == feeds.LENGTH // feeds.PATCH
+    assert torch.equal(torch.bincount(patch_ids[0], minlength=count), torch.full((count,), feeds.PATCH))
+    with torch.no_grad():
+        _, patches = model(tokens, patch_ids=patch_ids, num_patches=count)
+    assert patches.shape[1] == count * model.config.cross_attn_k

@@ -40,9 +40,11 @@ EsmFold2's ``EsmFold2RotaryEmbedding`` turns atoms by their reference coordinate
 float32) and their space id, ``forward(ref_pos, ref_space_uid, dtype)``: angles p theta_j of
 float32 coordinates and float32 frequencies, and u phi_j of integer ids. :class:`AtomRotaryEmbedding`
 reproduces it exactly (each product exact in float64 and reduced as turns, integer ids by
-:func:`rope.apply.exact_cos_sin`; within 2^-52 before the one rounding to ``dtype``). EsmFold2 is
-not covered: the probe cannot run its forward (featurized atom inputs), so
-:data:`rope.hf.coverage_table.REFUSED` names it, and :func:`rope.hf.patch` refuses it.
+:func:`rope.apply.exact_cos_sin`; within 2^-52 before the one rounding to ``dtype``). EsmFold2's
+forward folds a featurized complex, which the probe does not make from names and shapes: it runs
+the trunk's input embedder on a complex :func:`rope.hf.part_feeds.complex_inputs` builds, and
+:func:`rope.hf.patch` swaps the atom encoders' modules and the module's ``apply_rotary_pos_emb``
+beside the ESMC backbone's tables and functions.
 
 :func:`rope.hf.patch` swaps these encoders through :mod:`rope.hf.vision` (:func:`is_coordinate_rotary`
 makes them vision rotary modules there), after :func:`reproduce` checked a copy of the model's

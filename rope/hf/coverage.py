@@ -677,9 +677,15 @@ def _lightglue(config) -> None:
 
 def _esmfold2(config) -> None:
     """EsmFold2's atom encoders' rotary pairs fitted to their tiny heads of 8 pairs (its default
-    3 x 2 spatial and 10 id pairs need heads of 32 or more): 3 x 1 spatial, 4 id pairs, 1 unturned."""
+    3 x 2 spatial and 10 id pairs need heads of 32 or more): 3 x 1 spatial, 4 id pairs, 1 unturned;
+    its single inputs as wide as the tiny atom encoder's output and the residue-type features; its
+    weights drawn at :data:`TINY`'s spread (its config has no ``initializer_range``: transformers'
+    0.02 leaves the tiny atom attention 1e-3 of the atom stream, where transformers' float32 angles
+    at 2^16 move the probed output by 6e-8 only; at 0.2, by 5e-3)."""
+    config.initializer_range = TINY["initializer_range"]
     for atoms in (config.atom_encoder, config.structure_head.diffusion_module.atom_encoder):
         atoms.num_spatial_rope_pairs_per_axis, atoms.num_uid_rope_pairs = 1, 4
+    config.single_inputs_size = config.atom_encoder.output_dim + 2 * config.num_res_types + 1
 
 
 def _musicflamingo(config) -> None:
@@ -838,10 +844,10 @@ def _part_only(model_type: str, config_class: type) -> str:
             f"and no model class of its own: patch meets it only inside such a model, under that model_type")
 
 
-ZERO_INIT = {"neomme": ("output_projection.o_proj",)}
+ZERO_INIT = {"neomme": ("output_projection.o_proj",), "esmfold2": ("adaln_linear",)}
 """Weights (by the end of their names) that a type's init sets to zero so that its attention adds
-nothing at first (NeoMME's gated output projection): its tiny model would show nothing of the
-rotation, so :func:`_materialized` draws them (seeded)."""
+nothing at first (NeoMME's gated output projection, EsmFold2's atom layers' adaLN-Zero gates):
+its tiny model would show nothing of the rotation, so :func:`_materialized` draws them (seeded)."""
 
 
 def tiny_model(model_type: str, seed: int = 0, config=None) -> nn.Module:
@@ -962,12 +968,15 @@ model, whose forward's arguments none of these make, is fed by :data:`PART_FEEDS
 
 
 PART_FEEDS = {"sam2_video": part_feeds.memory_attention, "sam3_tracker_video": part_feeds.memory_attention,
-              "qwen2_5_omni_token2wav": part_feeds.token_to_wave, "edgetam_video": part_feeds.edgetam_memory_attention}
+              "qwen2_5_omni_token2wav": part_feeds.token_to_wave, "edgetam_video": part_feeds.edgetam_memory_attention,
+              "esmfold2": part_feeds.folded_complex}
 """Model types whose forward the probe cannot run from its signature, and the feeds it tries
 first, from the tiny config, their rotating part's (:mod:`rope.hf.part_feeds`): the video
 trackers' memory attention (their own forward takes an inference session; EdgeTAM Video's is
 told its number of memory frames); Qwen2.5-Omni's
-token-to-wave model's DiT (its own forward draws unseeded noise and ends in a vocoder)."""
+token-to-wave model's DiT (its own forward draws unseeded noise and ends in a vocoder); EsmFold2's
+input embedder, its atom encoder's caller, on a complex :func:`rope.hf.part_feeds.complex_inputs`
+builds (its own forward folds a featurized complex)."""
 
 
 PROBE_SHIFT = 24
@@ -980,12 +989,7 @@ LIVE_OUTPUT = 0.1
 is zero, and would show nothing of the rotation)."""
 
 
-UNFED = {"esmfold2": "EsmFold2's forward folds a featurized complex (token and chain indices, residue types, token "
-                     "bonds, and an EsmFold2AtomInputs of reference-conformer atoms: coordinates, charges, elements, "
-                     "atom names, space ids), inputs the probe does not make, so its output is not compared; its "
-                     "atom encoders' tables, cos and sin of float32 coordinates and integer space ids times float32 "
-                     "frequencies (EsmFold2RotaryEmbedding), rope reproduces exactly "
-                     "(rope.hf.coordinates.AtomRotaryEmbedding, checked in test_hf_coordinates.py)"}
+UNFED: dict[str, str] = {}
 """Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
 
 

@@ -4,7 +4,8 @@ with what inputs, and at which positions.
 A :class:`Feed` names the submodule run (``part``; ``""``: the model), the forward's argument the
 sequence goes in (``input_ids``, ``inputs_embeds``, ``input_features``, ``input_values``, ...)
 with its shape, and any other argument the forward requires (an encoder's hidden states, a
-decoder's ids). :func:`run` calls it: token ids are the ones given (or, for another shape, drawn
+decoder's ids), or a builder of them all (inputs no name and shape tell: EsmFold2's complex,
+:mod:`rope.hf.part_feeds`). :func:`run` calls it: token ids are the ones given (or, for another shape, drawn
 in the tokens' range from a generator seeded by them), float inputs standard normal from a
 generator seeded by the token ids, so the same tokens give the same inputs. The positions are
 ``offset, offset + 1, ...``: passed as ``position_ids`` where the forward takes them for a
@@ -53,12 +54,17 @@ class Feed:
             in ``position_ids`` with a last dimension of 2, each position's patch where it is
             ``patch_ids`` (patches of :data:`PATCH` positions in order: ``position // PATCH``),
             else float.
+        build: where not ``""``, the name of a function of :mod:`rope.hf.part_feeds` that makes
+            the forward's arguments from the part, the feed and the tokens, in place of the rules
+            above: inputs no name and shape tell (a dataclass of tensors, indices that must agree
+            with each other: EsmFold2's featurized complex).
     """
 
     part: str = ""
     argument: str = "input_ids"
     shape: tuple[int, ...] = ()
     extra: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    build: str = ""
 
     def describe(self) -> str:
         """``part.forward(argument[shape], ...)``, for reasons and reports."""
@@ -109,9 +115,16 @@ def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> 
     """The output of ``feed`` on ``model`` (:func:`first_output`), seeded by ``tokens``, at
     positions ``offset, offset + 1, ...``."""
     module = model.get_submodule(feed.part) if feed.part else model
-    main = _value(feed.argument, feed.shape, tokens, 0)
-    kwargs = {feed.argument: main}
-    kwargs.update((name, _value(name, shape, tokens, i + 1)) for i, (name, shape) in enumerate(feed.extra))
+    if feed.build:
+        from . import part_feeds  # which imports this module
+        build = getattr(part_feeds, feed.build, None)
+        if not callable(build):
+            raise ValueError(f"build: rope.hf.part_feeds has no function {feed.build!r}")
+        kwargs = build(module, feed, tokens)
+    else:
+        kwargs = {feed.argument: _value(feed.argument, feed.shape, tokens, 0)}
+        kwargs.update((name, _value(name, shape, tokens, i + 1)) for i, (name, shape) in enumerate(feed.extra))
+    main = kwargs[feed.argument]
     kwargs = audio_feeds.with_placeholders(module, kwargs)  # MusicFlamingo: audio tokens where its features go
     if "use_cache" in _parameters(module):
         kwargs["use_cache"] = False  # one forward: a cache changes nothing, and some configs cannot size one

@@ -28,9 +28,22 @@ counts the frames by ``num_spatial_memory_tokens`` (the model passes the length 
 frames), fed as :data:`MEMORY_FRAMES` (a ``num_`` argument of shape ``(n,)`` is the count n,
 :class:`rope.hf.feeds.Feed`); latents and object pointers are checked against transformers in
 ``tests/test_hf_part_feeds.py``.
+
+EsmFold2's forward folds a featurized complex (token, residue and chain indices, residue types,
+token bonds, an ``EsmFold2AtomInputs`` of reference-conformer atoms), which no name and shape
+tell: its probe runs the trunk's input embedder (:func:`folded_complex`), the smallest part whose
+forward calls the atom encoder's rotary module (``embed_atoms``: cos and sin of the atoms'
+coordinates and space ids) and its atom attention, with a complex that :func:`complex_inputs`
+builds (:attr:`rope.hf.feeds.Feed.build`): one chain of :data:`COMPLEX_TOKENS` residues of
+:data:`ATOMS_PER_TOKEN` atoms each, every atom's space id its token's index, as EsmFold2's
+featurizer numbers them. The probe's shift moves the space ids (the rotary module's integer
+positions) and not the coordinates: the atoms' relative positions stay.
 """
 
 from __future__ import annotations
+
+import torch
+from torch import nn
 
 from .feeds import BATCH, GRID, LENGTH, Feed
 
@@ -109,3 +122,52 @@ def token_to_wave(config) -> tuple[Feed, ...]:
     return (Feed("code2wav_dit_model", "hidden_states", frames,
                  (("condition_vector", frames), ("speaker_embedding", (BATCH, LENGTH, dit.enc_emb_dim)),
                   ("quantized_code", (BATCH, LENGTH // dit.repeats)), ("time_step", (BATCH,)))),)
+
+
+COMPLEX_TOKENS, ATOMS_PER_TOKEN = LENGTH // 2, 2
+"""The tokens (residues) of the complex EsmFold2's probe folds and each one's atoms: as many
+atoms as :data:`rope.hf.feeds.LENGTH`, so that its atom attention's sliding window (8 atoms in
+the tiny config) covers a few tokens."""
+
+
+def folded_complex(config) -> tuple[Feed, ...]:
+    """EsmFold2's feed: its input embedder (``input_embedder``), ``atom_inputs`` of
+    ``[batch, atoms]`` atoms and ``num_tokens`` tokens, built by :func:`complex_inputs`. Its
+    first output (:func:`rope.hf.feeds.first_output`), the largest, is ``single_inputs``: the
+    atom encoder's output pooled per token, beside the residue types and profile."""
+    return (Feed("input_embedder", "atom_inputs", (BATCH, COMPLEX_TOKENS * ATOMS_PER_TOKEN),
+                 (("num_tokens", (COMPLEX_TOKENS,)),), build="complex_inputs"),)
+
+
+def complex_inputs(module: nn.Module, feed: Feed, tokens: torch.Tensor) -> dict:
+    """The arguments of EsmFold2's input embedder ``module`` for ``feed`` (:func:`folded_complex`),
+    drawn from a generator seeded by ``tokens``, in the encoded forms its model hands it
+    (``EsmFold2Model._prepare_features``: one-hot elements, atom-name characters and residue
+    types): atoms at standard normal coordinates (angstroms) with charges in {-1, 0, 1}, each
+    token's atoms in order, their space id and ``atom_to_token`` the token's index, every atom
+    valid; one chain (asym, sym and entity id 0) of residues numbered 0, 1, ..., its profile its
+    residue types (no MSA), no deletions, no token bonds."""
+    from transformers.models.esmfold2.modeling_esmfold2 import EsmFold2AtomInputs
+
+    config = module.atom_encoder.config
+    (batch, atoms), ((_, (count,)),) = feed.shape, feed.extra
+    generator = torch.Generator().manual_seed(int(tokens.sum()) * 7)
+
+    def one_hot(classes: int, *shape: int) -> torch.Tensor:
+        drawn = torch.randint(1, classes, shape, generator=generator)
+        return torch.nn.functional.one_hot(drawn, classes).float()
+
+    token_of_atom = (torch.arange(atoms) * count // atoms).expand(batch, atoms)
+    atom_inputs = EsmFold2AtomInputs(
+        ref_pos=torch.randn(batch, atoms, 3, generator=generator),
+        ref_charge=torch.randint(-1, 2, (batch, atoms), generator=generator).float(),
+        atom_attention_mask=torch.ones(batch, atoms, dtype=torch.bool),
+        ref_element=one_hot(config.max_atomic_number, batch, atoms),
+        ref_atom_name_chars=one_hot(config.char_vocab_size, batch, atoms, config.max_chars),
+        ref_space_uid=token_of_atom, atom_to_token=token_of_atom)
+    residues = one_hot(config.num_res_types, batch, count)
+    index = torch.arange(count).expand(batch, count)
+    chain = torch.zeros(batch, count, dtype=torch.long)
+    return dict(atom_inputs=atom_inputs, res_type_one_hot=residues, profile=residues,
+                deletion_mean=torch.zeros(batch, count), token_index=index, residue_index=index, asym_id=chain,
+                sym_id=chain, entity_id=chain, token_bonds=torch.zeros(batch, count, count, 1), num_tokens=count)

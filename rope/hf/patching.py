@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from . import methods, time_rotary, vision
+from . import coordinates, methods, time_rotary, vision
 from .coverage_table import REFUSED, TRANSFORMERS_VERSION
 from .families import FAMILIES, Convention
 from .install import Replacement, rotary_replacements, rotary_slots, slot_holder, table_form
@@ -247,13 +247,15 @@ def _rotary_owners(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(qualified name, module)`` of every submodule whose class holds a rotary module (vision
     rotary modules aside) or a position table (:func:`rope.hf.install.rotary_slots`; a list's
     holder: :func:`rope.hf.install.slot_holder`) or a rotary time module (MusicFlamingo's:
-    :mod:`rope.hf.time_rotary`), each once; in a vision tower alone (:func:`_vision_only`), of
-    every holder of a vision rotary module."""
+    :mod:`rope.hf.time_rotary`) or a coordinate rotary module (EsmFold2's atom encoders, beside
+    its ESMC backbone's ``rotary_emb``: :mod:`rope.hf.coordinates`), each once; in a vision tower
+    alone (:func:`_vision_only`), of every holder of a vision rotary module."""
     if _vision_only(model):
         return vision.owners(model)
     owners = {owner: slot_holder(model, owner) for owner, _, _ in rotary_slots(model)}
     owners.update((name, held) for name, held in vision.owners(model)  # MusicFlamingo's pos_emb: its holder's
-                  if any(time_rotary.is_time_rotary(m) for m in held.children()))  # module turns the audio
+                  if any(time_rotary.is_time_rotary(m) or coordinates.is_coordinate_rotary(m)  # module turns
+                         for m in held.children()))  # the audio; EsmFold2's turns the atoms
     return list(owners.items())
 
 

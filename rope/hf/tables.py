@@ -34,7 +34,12 @@ frequencies are its weights: the cast weights are then its frequencies).
    ``nn.Linear`` of 2 coordinates): ``module(coordinates)`` with coordinates ``[1, n, 2]``
    in the model dtype, whose angles are that Linear of them (LightGlue's keypoint encoder, 2-D
    Fourier features): its weights are the frequencies, learned (no formula): with p on both
-   axes, theta_i is the sum of row i of the weight, exact in float64.
+   axes, theta_i is the sum of row i of the weight, exact in float64. rope's atom rotary module
+   (:class:`rope.hf.coordinates.AtomRotaryEmbedding`, in a patched EsmFold2) likewise:
+   ``module(ref_pos, ref_space_uid, dtype)`` with atoms at (p, p, p) ``[1, n, 3]`` in float32
+   and space id p ``[1, n]``, so that each pair turns by p times its frequency: rope's float32
+   frequencies, each axis's spatial ones, then the space id's, then 0 for the pairs it leaves
+   unturned (transformers' module holds no frequencies to read: unread).
 4. **An image grid**: ``module(pixel_values)`` (DINOv3, Sapiens2, EoMT-DINOv3, and rope's
    :class:`rope.hf.grid.PatchCentreRotaryEmbedding` in their place) rotates patch (i, j) of an
    N x N grid by 2 pi c theta at the patch centres c = (2i + 1)/N - 1 of each axis: read on one
@@ -349,8 +354,9 @@ class _Frequencies:
     def __init__(self, module: nn.Module, config, layer_type: str | None):
         self.layer_type = layer_type
         self.rope = isinstance(module, ROTARY_MODULES)
+        self.atoms = isinstance(module, vision.coordinates.AtomRotaryEmbedding)
         self.linear = None if self.rope or _has_inv_freq(module) else _coordinate_linear(module)
-        if self.rope:
+        if self.rope or self.atoms:
             self.module, self.source = module, "rope's float32 frequencies"
         elif self.linear is not None:
             self.module, self.source = module, "its Linear's weights (learned), summed over the axes"
@@ -386,7 +392,7 @@ class _Frequencies:
     def update(self, call) -> None:
         """Let the reference see the call's positions (transformers' dynamic types update their
         ``inv_freq`` in forward): ``call(module)`` calls it as the model's module was called."""
-        if not self.rope and self.linear is None:
+        if not self.rope and not self.atoms and self.linear is None:
             call(self.module)
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -396,6 +402,9 @@ class _Frequencies:
             return theta.detach().to("cpu"), float(attention)
         if self.linear is not None:
             return self.linear.weight.detach().to("cpu", torch.float64).sum(dim=1), 1.0
+        if self.atoms:  # its pairs' order: x, y, z (the spatial frequencies each), the space id, unturned
+            spatial, uid = (t.detach().to("cpu") for t in (self.module.spatial_inv_freq, self.module.uid_inv_freq))
+            return torch.cat((spatial.repeat(3), uid, spatial.new_zeros(self.module.num_inactive_channels))), 1.0
         theta = getattr(self.module, self._name).detach().to("cpu")
         attention = None if self.layer_type is None else getattr(self.module, f"{self.layer_type}_attention_scaling",
                                                                  None)
@@ -431,6 +440,9 @@ _CALLS = (
     _Call("called with a sequence (hidden states [1, L, 1])",
           lambda p, dtype: (torch.zeros((), dtype=dtype, device=p.device).expand(1, int(p.max()) + 1, 1),),
           sequence=True, takes_layer_type=False),
+    _Call("called with atom coordinates [1, n, 3] and space ids [1, n]",
+          lambda p, dtype: (p[None, :, None].expand(1, -1, 3).to(torch.float32), p[None], dtype),
+          takes_layer_type=False),
 )
 
 
