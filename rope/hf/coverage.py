@@ -989,10 +989,6 @@ LIVE_OUTPUT = 0.1
 is zero, and would show nothing of the rotation)."""
 
 
-UNFED: dict[str, str] = {}
-"""Why a type runs on none of the feeds the probe makes, where the failures do not say it."""
-
-
 def _chosen_feed(model: nn.Module, modules: list):
     """The first feed of :func:`rope.hf.feeds.candidates` on which ``model`` runs, calls one of
     the functions of its modeling ``modules`` (``(module, convention)`` pairs), gives an output above
@@ -1023,8 +1019,6 @@ def _chosen_feed(model: nn.Module, modules: list):
         ranked.setdefault(live, (candidate, out))
     if ranked:
         return ranked.get(True) or ranked[False]
-    if model.config.model_type in UNFED:
-        return UNFED[model.config.model_type], None
     unmade = feeds.unmade_arguments(model)
     tried = "; ".join(failures[:3]) + (f"; and {len(failures) - 3} more" if len(failures) > 3 else "")
     if unmade:
