@@ -286,7 +286,7 @@ def test_a_built_feed_runs_its_part_on_the_built_inputs():
         direct = model.input_embedder(**part_feeds.complex_inputs(model.input_embedder, feed, tokens))
     assert torch.equal(coverage.output(model, tokens, feed=feed), feeds.first_output(direct))
     assert coverage_table.FEEDS["esmfold2"] == (feed.part, feed.argument, feed.shape, feed.extra, feed.build)
-    with pytest.raises(ValueError, match="^build: rope.hf.part_feeds has no function 'nothing'"):
+    with pytest.raises(ValueError, match="^build: no feed builder is named 'nothing'"):
         coverage.output(model, tokens, feed=Feed(feed.part, feed.argument, feed.shape, feed.extra, "nothing"))
 
 

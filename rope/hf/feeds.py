@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -54,10 +54,11 @@ class Feed:
             in ``position_ids`` with a last dimension of 2, each position's patch where it is
             ``patch_ids`` (patches of :data:`PATCH` positions in order: ``position // PATCH``),
             else float.
-        build: where not ``""``, the name of a function of :mod:`rope.hf.part_feeds` that makes
-            the forward's arguments from the part, the feed and the tokens, in place of the rules
-            above: inputs no name and shape tell (a dataclass of tensors, indices that must agree
-            with each other: EsmFold2's featurized complex).
+        build: where not ``""``, the name of a builder of :data:`BUILDERS` (those of
+            :mod:`rope.hf.part_feeds`) that makes the forward's arguments from the part, the feed
+            and the tokens, in place of the rules above: inputs no name and shape tell (a
+            dataclass of tensors, indices that must agree with each other: EsmFold2's featurized
+            complex).
     """
 
     part: str = ""
@@ -70,6 +71,17 @@ class Feed:
         """``part.forward(argument[shape], ...)``, for reasons and reports."""
         args = [f"{name}{list(shape) if shape else ''}" for name, shape in ((self.argument, self.shape), *self.extra)]
         return f"{self.part or 'the model'}({', '.join(args)})"
+
+
+BUILDERS: dict[str, Callable] = {}
+"""The builders a :class:`Feed` may name (``build``), by name: each registered by :func:`builder`
+where it is defined (:mod:`rope.hf.part_feeds`, which imports this module)."""
+
+
+def builder(function: Callable) -> Callable:
+    """Register ``function(module, feed, tokens) -> kwargs`` in :data:`BUILDERS` under its name."""
+    BUILDERS[function.__name__] = function
+    return function
 
 
 def _value(name: str, shape: tuple[int, ...], tokens: torch.Tensor, index: int) -> torch.Tensor | int:
@@ -116,11 +128,10 @@ def run(model: nn.Module, feed: Feed, tokens: torch.Tensor, offset: int = 0) -> 
     positions ``offset, offset + 1, ...``."""
     module = model.get_submodule(feed.part) if feed.part else model
     if feed.build:
-        from . import part_feeds  # which imports this module
-        build = getattr(part_feeds, feed.build, None)
-        if not callable(build):
-            raise ValueError(f"build: rope.hf.part_feeds has no function {feed.build!r}")
-        kwargs = build(module, feed, tokens)
+        if feed.build not in BUILDERS:
+            raise ValueError(f"build: no feed builder is named {feed.build!r} (rope.hf.feeds.BUILDERS: "
+                             f"{', '.join(sorted(BUILDERS)) or 'none; rope.hf.part_feeds registers them'})")
+        kwargs = BUILDERS[feed.build](module, feed, tokens)
     else:
         kwargs = {feed.argument: _value(feed.argument, feed.shape, tokens, 0)}
         kwargs.update((name, _value(name, shape, tokens, i + 1)) for i, (name, shape) in enumerate(feed.extra))

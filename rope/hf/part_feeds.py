@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .feeds import BATCH, GRID, LENGTH, Feed
+from .feeds import BATCH, GRID, LENGTH, Feed, builder
 
 MEMORY_FRAMES = 2
 """Earlier frames in the memory a tracked frame attends to (SAM 2 keeps up to 7)."""
@@ -139,6 +139,7 @@ def folded_complex(config) -> tuple[Feed, ...]:
                  (("num_tokens", (COMPLEX_TOKENS,)),), build="complex_inputs"),)
 
 
+@builder
 def complex_inputs(module: nn.Module, feed: Feed, tokens: torch.Tensor) -> dict:
     """The arguments of EsmFold2's input embedder ``module`` for ``feed`` (:func:`folded_complex`),
     drawn from a generator seeded by ``tokens``, in the encoded forms its model hands it
