@@ -67,12 +67,7 @@ from ..apply import exact_cos_sin
 from ..frequencies import inv_freq
 from ..rotation import round_once
 from .embedding import Float32Frequencies
-from .probing import PROBE_TOLERANCE
-
-FREQUENCY_ULPS = 4
-"""How many float32 ulps a module's ``inv_freq`` may be from rope's frequencies: transformers
-computes ``1 / base ** (...)`` in float32 (a power and a division, each within an ulp or two);
-another base, width or order is off by far more."""
+from .probing import FREQUENCY_ULPS, PROBE_TOLERANCE, first_other_frequency
 
 PROBE_GRID = (5, 7)
 """The grid :func:`reproduce` compares tables on: rows and columns of patches (or of the feature
@@ -333,12 +328,10 @@ def _frequencies(name: str, module: nn.Module, rope_type: str, base, pairs_per_w
     except (TypeError, ValueError) as err:
         raise _refuse(name, module, f"rope's {rope_type} type refuses its base {base!r} "
                                     f"({_checks.first_line(err, 120)})") from err
-    exact, theirs = theta.double(), theirs.detach().to("cpu", torch.float64)
-    off = ((theirs - exact).abs() > FREQUENCY_ULPS * 2.0**-23 * exact).nonzero()
-    if off.numel():
-        j = int(off[0])
+    j = first_other_frequency(theirs, theta)
+    if j is not None:
         raise _refuse(name, module, f"its inv_freq[{j}] = {float(theirs[j]):.9g} is not rope's {rope_type} frequency "
-                                    f"b^(-{j}/{n}) = {float(exact[j]):.9g} (b = {base}): another width or formula")
+                                    f"b^(-{j}/{n}) = {float(theta[j]):.9g} (b = {base}): another width or formula")
     return theta
 
 

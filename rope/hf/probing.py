@@ -27,6 +27,25 @@ LENGTH_DEPENDENT = ("dynamic", "longrope", "yarn", "llama3")
 """The rope types whose frequencies depend on a length of the config (``max_position_embeddings``,
 ``original_max_position_embeddings``): install probes them on both sides of each such length."""
 
+FREQUENCY_ULPS = 4
+"""How many float32 ulps a module's ``inv_freq`` may be from rope's frequencies: transformers
+computes ``1 / b ** (2j / d)`` in float32 (a power and a division, each within an ulp or two);
+a wrong base, width or order is off by far more."""
+
+
+def first_other_frequency(theirs: torch.Tensor, theta: torch.Tensor) -> int | None:
+    """The index of the first entry of a module's frequencies ``theirs`` more than
+    :data:`FREQUENCY_ULPS` float32 ulps from rope's ``theta`` (same shape), ``None`` where all agree.
+
+    Args:
+        theirs: the module's ``inv_freq``, any float dtype and device.
+        theta: rope's frequencies, float32 or float64.
+    """
+    theirs, theta = (t.detach().to("cpu", torch.float64) for t in (theirs, theta))
+    off = ((theirs - theta).abs() > FREQUENCY_ULPS * 2.0**-23 * theta).nonzero()
+    return int(off[0]) if off.numel() else None
+
+
 PROBE_FLOAT32 = 2**-20
 """The allowance per unit of angle for transformers' float32 angles: a table entry of pair i at
 position m may be off by 2^-20 m theta_i (times the attention factor) beyond :data:`PROBE_TOLERANCE`."""

@@ -59,11 +59,7 @@ from ..apply import exact_cos_sin, has_float64
 from ..frequencies import inv_freq
 from ..rotation import round_once
 from .embedding import Float32Frequencies
-from .probing import PROBE_TOLERANCE
-
-FREQUENCY_ULPS = 4
-"""How many float32 ulps the module's ``inv_freq`` may be from rope's frequencies
-(transformers' float32 power and division); another base or width is off by far more."""
+from .probing import FREQUENCY_ULPS, PROBE_TOLERANCE, first_other_frequency
 
 PROBE_WINDOWS, PROBE_FRAMES = 3, 7
 """The timestamps :func:`reproduce` compares tables on: windows of frames, as MusicFlamingo builds them."""
@@ -333,12 +329,10 @@ def reproduce(name: str, module: nn.Module) -> TimeRotaryEmbedding:
     except (TypeError, ValueError) as err:
         raise _refuse(name, module, f"rope's default type refuses its base {base!r} "
                                     f"({_checks.first_line(err, 120)})") from err
-    exact, got = theta.double(), theirs.detach().to("cpu", torch.float64)
-    off = ((got - exact).abs() > FREQUENCY_ULPS * 2.0**-23 * exact).nonzero()
-    if off.numel():
-        j = int(off[0])
-        raise _refuse(name, module, f"its inv_freq[{j}] = {float(got[j]):.9g} is not rope's default frequency "
-                                    f"b^(-{j}/{n}) = {float(exact[j]):.9g} (b = {base}): an odd rotary width "
+    j = first_other_frequency(theirs, theta)
+    if j is not None:
+        raise _refuse(name, module, f"its inv_freq[{j}] = {float(theirs[j]):.9g} is not rope's default frequency "
+                                    f"b^(-{j}/{n}) = {float(theta[j]):.9g} (b = {base}): an odd rotary width "
                                     "(int(head_dim * partial_rotary_factor)) or another formula")
     try:
         new = TimeRotaryEmbedding(theta, getattr(module, "max_seq_len_cached", None),

@@ -68,16 +68,11 @@ from ..frequencies import inv_freq
 from ..rotation import round_once
 from . import coordinates, grid, time_rotary
 from .embedding import Float32Frequencies
-from .probing import PROBE_FLOAT32, PROBE_TOLERANCE, output_gap
+from .probing import FREQUENCY_ULPS, PROBE_FLOAT32, PROBE_TOLERANCE, first_other_frequency, output_gap
 
 ORDERS = {"ascending": "theta_0, theta_1, ..., theta_(n-1)",
           "even_odd": "theta_0, theta_2, ..., then theta_1, theta_3, ... (Pixtral)"}
 """The orders in which a vision module may hold its n frequencies in ``inv_freq``."""
-
-FREQUENCY_ULPS = 4
-"""How many float32 ulps a module's ``inv_freq`` may be from rope's frequencies: transformers
-computes ``1 / b ** (2j / d)`` in float32 (a power and a division, each within an ulp or two);
-a wrong base, width or order is off by far more."""
 
 _PROBE_POSITIONS = 16
 _FAR = ((1000, 3), (5, 4099))  # rows past the grid: a swapped axis shows at once
@@ -302,12 +297,10 @@ def _frequencies(name: str, module: nn.Module) -> torch.Tensor:
     except (TypeError, ValueError) as err:
         raise _refuse(name, module, f"rope's axial type refuses its rope_theta ({_checks.first_line(err, 120)})") \
             from err
-    theirs = theirs.detach().to("cpu", torch.float64)
     for theta in ours.values():
-        if bool(((theirs - theta.double()).abs() <= FREQUENCY_ULPS * 2.0**-23 * theta.double()).all()):
+        if first_other_frequency(theirs, theta) is None:
             return theta
-    theta = ours["ascending"].double()
-    j = int(((theirs - theta).abs() > FREQUENCY_ULPS * 2.0**-23 * theta).nonzero()[0])  # the first that differs
+    theta, j = ours["ascending"], first_other_frequency(theirs, ours["ascending"])
     raise _refuse(name, module, f"its inv_freq[{j}] = {float(theirs[j]):.9g} is not rope's axial frequency "
                                 f"b^(-{j}/{theta.numel()}) = {float(theta[j]):.9g} (b = {params.get('rope_theta')}), "
                                 "nor in Pixtral's even-then-odd order: another width or formula")
