@@ -317,8 +317,9 @@ _TWO_PI_HI = float(TWO_PI)
 _TWO_PI_LO = float(TWO_PI - Fraction(_TWO_PI_HI))
 
 
-def _two_product(a: torch.Tensor, b: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p, e) with p = fl(a b) and p + e = a b exactly (Dekker's product, no FMA needed)."""
+def two_product(a: torch.Tensor, b: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, e) with p = fl(a b) and p + e = a b exactly, for float64 a and b (Dekker's product, no
+    FMA needed; exact while a b stays far from float64's overflow and underflow)."""
     p = a * b
     a_big = a * _SPLIT
     a_hi = a_big - (a_big - a)
@@ -360,7 +361,7 @@ def cos_sin_of_turns(limbs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tail = limbs[..., 1:4].to(torch.float64) @ constant_on(_LOW_LIMB_SCALES, limbs.device)
     x_hi = head + tail
     x_lo = tail - (x_hi - head)  # exact: |head| >= |tail| or head = 0
-    angle, error = _two_product(x_hi, _TWO_PI_HI)
+    angle, error = two_product(x_hi, _TWO_PI_HI)
     low = error + x_hi * _TWO_PI_LO + x_lo * _TWO_PI_HI
     cos, sin = torch.cos(angle), torch.sin(angle)
     return _rotate_quadrant(quadrant, cos - low * sin, sin + low * cos)

@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..angles import add_turns, cos_sin_of_turns, turns_of_checked_frequencies
+from ..angles import add_turns, cos_sin_of_turns, turns_of_checked_frequencies, two_product
 from ..apply import exact_cos_sin as exact_angles_cos_sin
 from ..apply import has_float64
 from ..frequencies import inv_freq
@@ -72,18 +72,7 @@ from .probing import PROBE_TOLERANCE
 LARGEST_TERM = 2.0**127
 """The largest ``|W_ic p_c|`` rope reduces: three float32 pieces hold each term exactly below it."""
 
-_SPLIT = 134217729.0  # 2^27 + 1, Veltkamp's splitter for float64
 _FLOAT32 = 2.0**-22
-
-
-def _two_product(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p, e) with p = fl(a b) and p + e = a b exactly, for float64 a and b (Dekker's product,
-    no FMA needed; exact while a b stays far from float64's overflow and underflow)."""
-    p = a * b
-    a_big, b_big = a * _SPLIT, b * _SPLIT
-    a_hi, b_hi = a_big - (a_big - a), b_big - (b_big - b)
-    a_lo, b_lo = a - a_hi, b - b_hi
-    return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
 
 
 def _terms(weight: torch.Tensor, keypoints: torch.Tensor) -> list[torch.Tensor]:
@@ -97,7 +86,7 @@ def _terms(weight: torch.Tensor, keypoints: torch.Tensor) -> list[torch.Tensor]:
         if narrow:
             terms.append(p[..., c, None] * w[:, c])  # exact: 24 + 24 bits
         else:
-            terms.extend(_two_product(p[..., c, None], w[:, c]))
+            terms.extend(two_product(p[..., c, None], w[:, c]))
     return terms
 
 

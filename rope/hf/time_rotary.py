@@ -48,13 +48,14 @@ import copy
 import inspect
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import nn
 
 from .. import _checks
-from ..angles import cos_sin_of_turns, turns_of_checked_frequencies
+from ..angles import TWO_PI, cos_sin_of_turns, turns_of_checked_frequencies
 from ..apply import exact_cos_sin, has_float64
 from ..frequencies import inv_freq
 from ..rotation import round_once
@@ -71,13 +72,10 @@ _SHORT = 2.0**22  # below it Cody and Waite's reduction (k < 2^20) is exact, and
 def _two_pi_pieces() -> tuple[float, float, float]:
     """2 pi = P1 + P2 + P3 (+ less than 2^-110): P1 and P2 of 30 significant bits each (k P1 and
     k P2 exact in float64 for ``|k|`` < 2^23), P3 the rest rounded to float64 (``|P3|`` < 2^-58);
-    from 2 pi to 100 digits."""
-    from fractions import Fraction
-    two_pi = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803"
-                          "4825342117068")
-    pieces = []
+    from :data:`rope.angles.TWO_PI` (256 bits)."""
+    two_pi, pieces = TWO_PI, []
     for _ in range(2):
-        rest = two_pi - sum(pieces, Fraction(0))
+        rest = two_pi - sum(pieces)
         scale = 2 ** (29 - (rest.numerator.bit_length() - rest.denominator.bit_length()))
         pieces.append(Fraction(int(rest * scale), scale))  # truncated to 30 (or 29) significant bits
     return float(pieces[0]), float(pieces[1]), float(two_pi - pieces[0] - pieces[1])
