@@ -698,6 +698,14 @@ def test_rotated_last_with_a_window_is_the_first_block_moved(method):
     assert_matches(out, reference(*moved, v, q_positions, k_positions, theta, window=window, leaky_scale=leaky_scale))
 
 
+def test_rotated_last_at_extreme_positions_depends_on_relative_ones_only():
+    """Every position moved by 2^50 (exactly reduced angles): the same output, to float64 rounding."""
+    q, k, v, q_positions, k_positions, theta = case(24, head_dim=12, pairs=2)
+    near = rotary_attention(q, k, v, q_positions, k_positions, theta, rotated="last", block_size=4)
+    far = rotary_attention(q, k, v, q_positions + 2**50, k_positions + 2**50, theta, rotated="last", block_size=4)
+    assert_matches(far, near)
+
+
 def test_rotated_must_be_first_or_last():
     with pytest.raises(ValueError, match="rotated"):
         rotary_attention(*case(23), rotated="middle")

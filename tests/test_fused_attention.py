@@ -1016,7 +1016,7 @@ def test_each_backward_kernel_takes_its_own_gpu_sizes_unless_given(monkeypatch):
         BLOCK_M=64, BLOCK_N=32, num_warps=2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rotated_last_matches_the_reference_and_its_gradients(dtype):
     """DeepSeek-V4's heads (the last rotary_dim coordinates turned, pairs interleaved): the output
     within the kernels' tolerance of the float64 blockwise reference, which
